@@ -1,0 +1,43 @@
+# One command sets up and runs the local default; one passes the tests (README "Quick start").
+#   make run    set up what is missing, then train the embedded default (digits_local)
+#   make test   set up what is missing, then run the whole test suite (what CI runs)
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+PYTEST_ARGS ?=
+
+.PHONY: setup run test test-fast validate bench lint clean help
+
+help:
+	@echo "make setup | run | test | test-fast | validate | bench | lint | clean"
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python >= 3.11 required"'
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[cpu,dev]'
+	@touch $(STAMP)
+
+run: setup
+	$(PY) -m orchestrator +experiment=digits_local
+
+test: setup
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+test-fast: setup
+	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+
+validate: setup
+	$(PY) -m orchestrator.validate
+
+bench: setup
+	$(PY) -m bench
+
+lint: setup
+	$(PY) -m ruff check .
+
+clean:
+	rm -rf outputs multirun .pytest_cache .ruff_cache

@@ -1,0 +1,171 @@
+"""Entry point: ``python -m orchestrator [+experiment=NAME] [overrides] [-m sweeps]``.
+
+Thin on purpose: compose (Hydra) → validate → plan → dry run or run. A config error prints one
+line, ``config error: <field>: <problem> (<allowed>)``, and exits 2 with no traceback. A failed
+run exits 1; Ctrl-C / SIGTERM clean up and exit 130.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import hydra
+from omegaconf import DictConfig, OmegaConf
+
+from orchestrator.errors import CONFIG_ERROR_EXIT_CODE, ConfigError
+from orchestrator.schema import register_configs
+
+CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+INTERRUPTED_EXIT_CODE = 130
+
+_failed_runs: list[str] = []
+
+
+def run_one(cfg: DictConfig) -> dict[str, Any] | None:
+    """The Hydra task: one run (or one sweep point). Returns its summary, None for a dry run.
+
+    A ConfigError exits here (SystemExit passes through Hydra's job wrapper, which would
+    otherwise log a multi-line "Error executing job" report).
+    """
+    try:
+        return _run_one(cfg)
+    except ConfigError as err:
+        print(err.line(), file=sys.stderr)
+        sys.exit(CONFIG_ERROR_EXIT_CODE)
+
+
+def _run_one(cfg: DictConfig) -> dict[str, Any] | None:
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf.errors import OmegaConfBaseException
+    from rich.console import Console
+
+    from orchestrator import sweep
+    from orchestrator.display import render_plan
+    from orchestrator.errors import from_omegaconf
+    from orchestrator.plan import make_plan
+    from orchestrator.run import execute_run
+    from orchestrator.schema import to_experiment
+    from orchestrator.validate import validate, validate_data_dir
+
+    try:
+        exp = to_experiment(cfg)
+    except OmegaConfBaseException as ex:
+        raise from_omegaconf(ex) from ex
+    validate(exp)
+    plan = make_plan(exp)
+    hc = HydraConfig.get()
+    overrides = list(hc.overrides.task)
+    multirun = hc.mode is not None and hc.mode.name == "MULTIRUN"
+    title = exp.name
+    if multirun:
+        total = sweep.sweep_size or "?"
+        title = f"run {hc.job.num + 1}/{total} {exp.name} " + " ".join(overrides)
+    if exp.dry_run:
+        if _needs_data_warning(exp):
+            plan.warnings.append(f"job.data_dir '{exp.job.data_dir}' does not exist here; "
+                                 "the run checks it when it starts")
+        render_plan(plan, Console(), title=f"Plan: {title} (dry run: nothing provisioned)")
+        return None
+    validate_data_dir(exp)
+    run_dir = Path(hc.runtime.output_dir)
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    assert isinstance(resolved, dict)
+    summary = execute_run(exp, plan, run_dir, resolved, title)
+    csv_dir = Path(hc.sweep.dir) if multirun else run_dir
+    sweep.append_run_row(csv_dir / sweep.RUNS_CSV, overrides, run_dir, summary)
+    _report(summary, run_dir)
+    if summary["status"] != "completed":
+        _failed_runs.append(str(run_dir))
+    return summary
+
+
+def _needs_data_warning(exp: Any) -> bool:
+    try:
+        from orchestrator.validate import validate_data_dir
+
+        validate_data_dir(exp)
+    except ConfigError:
+        return True
+    return False
+
+
+def _report(summary: dict[str, Any], run_dir: Path) -> None:
+    from rich.console import Console
+
+    acc = summary["final_accuracy"]
+    acc_text = "n/a" if acc is None else f"{acc:.4f}"
+    sps = summary["steps_per_sec"]
+    Console().print(
+        f"[bold]{summary['status']}[/bold] {summary['run_id']}: {summary['global_steps']} steps"
+        f" in {summary['wall_time_s']:.1f} s ({sps or 0:.1f} steps/s), accuracy {acc_text}, "
+        f"${summary['cost_usd']:.4f} on GCE; results in {run_dir}"
+        + (f"\n[red]error:[/red] {summary['error']}" if summary["error"] else ""),
+        highlight=False,
+    )
+
+
+# Hydra's argparse stops at the first override, so `+experiment=X -m a=1,2` would fail; these
+# value-less flags are moved before the overrides (the documented form puts them anywhere).
+_MOVABLE_FLAGS = ("-m", "--multirun", "-r", "--run", "--resolve")
+
+
+def normalise_argv(argv: list[str]) -> list[str]:
+    """Move value-less Hydra flags in front of the overrides, keeping everything else in order."""
+    flags = [a for a in argv[1:] if a in _MOVABLE_FLAGS]
+    rest = [a for a in argv[1:] if a not in _MOVABLE_FLAGS]
+    return [argv[0], *flags, *rest]
+
+
+def _on_sigterm(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def main() -> None:
+    """Console entry point; also ``python -m orchestrator``."""
+    from orchestrator.hydra_errors import config_error_from_hydra
+
+    register_configs()
+    user_full_error = os.environ.get("HYDRA_FULL_ERROR") == "1"
+    os.environ["HYDRA_FULL_ERROR"] = "1"  # let exceptions reach us so we can format them
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    sys.argv = normalise_argv(sys.argv)
+    app = hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")(run_one)
+    try:
+        app()
+    except KeyboardInterrupt:
+        print("interrupted: every process was stopped and every host released", file=sys.stderr)
+        sys.exit(INTERRUPTED_EXIT_CODE)
+    except Exception as ex:
+        err = _find_config_error(ex, config_error_from_hydra)
+        if err is None:
+            if user_full_error:
+                raise
+            import traceback
+
+            traceback.print_exc()
+            sys.exit(1)
+        print(err.line(), file=sys.stderr)
+        sys.exit(CONFIG_ERROR_EXIT_CODE)
+    if _failed_runs:
+        print(f"{len(_failed_runs)} run(s) did not complete: " + ", ".join(_failed_runs),
+              file=sys.stderr)
+        sys.exit(1)
+
+
+def _find_config_error(ex: BaseException, convert: Any) -> ConfigError | None:
+    """Walk the cause chain: Hydra wraps our errors and OmegaConf's in its own."""
+    seen: BaseException | None = ex
+    while seen is not None:
+        err = convert(seen)
+        if err is not None:
+            return err
+        seen = seen.__cause__
+    return None
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,291 @@
+"""The deployer: starts trainer roles on a cluster's hosts and turns their output into events.
+
+Provider-agnostic: it uses only the launch contract (`provisioning.base.HostRunner`). Every role
+runs `<python> -m trainer --role R --index I --spec PATH`. Parameter servers and workers start
+first; once each is ready (its `ready` event, or its port accepts connections) the evaluator and
+the chief start.
+
+Each process gets a reader thread. Stdout lines starting with `@event ` (Contract 2) become
+`TrainerEvent`s on one queue; every other line, and stderr, goes to
+`<run_dir>/logs/<role>-<index>.log`. When a process exits the deployer adds a synthetic
+`process_exit` event with fields `exit_code` (negative = signal) and `expected`: False when a
+ps/worker exits outside teardown or a chief/evaluator exits non-zero, so the orchestrator can
+react (restart, replace, fail the run).
+
+Call `start()` from the main thread (or a thread that outlives the run): the local provider
+ties each child's parent-death signal to the thread that starts it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import queue
+import socket
+import sys
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from provisioning.base import (
+    STOP_GRACE_S,
+    Cluster,
+    Host,
+    HostLostError,
+    Provider,
+    RemoteProcess,
+    Role,
+)
+
+#: How long a ps/worker may take to become ready (TF servers take about 5 s; imports 3-4 s).
+READY_TIMEOUT_S = 120.0
+#: How often readiness is re-checked (event flag, exit, port).
+READY_POLL_INTERVAL_S = 0.1
+#: Connect timeout of one port probe.
+PORT_PROBE_TIMEOUT_S = 0.2
+#: How long teardown waits for a reader thread to drain after its process is gone.
+READER_JOIN_TIMEOUT_S = 2.0
+EVENT_PREFIX = "@event "
+EVENT_READY = "ready"
+EVENT_PROCESS_EXIT = "process_exit"
+TRAINER_ARGV = ("-m", "trainer")
+# Without this the trainer's stdout is block-buffered into the pipe and events arrive late.
+DEFAULT_ENV = {"PYTHONUNBUFFERED": "1"}
+_PROJECT_ROOT = Path(__file__).resolve().parent.parent
+_SERVER_ROLES = (Role.PS, Role.WORKER)
+_CLIENT_ROLES = (Role.EVALUATOR, Role.CHIEF)  # started after the servers, in this order
+_TEARDOWN_WAVES = ((Role.CHIEF, Role.EVALUATOR), (Role.WORKER, Role.PS))
+
+
+class DeployError(Exception):
+    """A role could not be started or did not become ready; the message names it and its log."""
+
+
+@dataclass(frozen=True)
+class TrainerEvent:
+    """One event from a trainer role (Contract 2) or synthesized by the deployer.
+
+    `fields` holds every key except kind, time, role and index."""
+
+    kind: str
+    time: float
+    role: str
+    index: int
+    fields: dict[str, object] = field(default_factory=dict)
+
+
+def parse_event_line(line: str) -> TrainerEvent | None:
+    """The event on this stdout line; None if it is log text or a malformed event line."""
+    if not line.startswith(EVENT_PREFIX):
+        return None
+    try:
+        raw = json.loads(line[len(EVENT_PREFIX) :])
+        return TrainerEvent(
+            kind=str(raw.pop("kind")),
+            time=float(raw.pop("time", time.time())),
+            role=str(raw.pop("role")),
+            index=int(raw.pop("index")),
+            fields=raw,
+        )
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+@dataclass
+class RoleTask:
+    """One running role instance and what the deployer tracks about it."""
+
+    role: Role
+    index: int
+    host: Host
+    process: RemoteProcess
+    log_path: Path
+    ready: threading.Event = field(default_factory=threading.Event)
+    exited: threading.Event = field(default_factory=threading.Event)
+    reader: threading.Thread | None = None
+
+
+class Deployment:
+    """The trainer processes of one run on one cluster. Use as a context manager, or call
+    `teardown()` in a `finally`: nothing it started survives teardown.
+
+    `trainer_argv` replaces `-m trainer` (tests run stand-in scripts); `env` is added to
+    `DEFAULT_ENV` and a PYTHONPATH holding this project's root.
+    """
+
+    def __init__(
+        self,
+        provider: Provider,
+        cluster: Cluster,
+        run_dir: Path,
+        spec_path: Path,
+        python: str = sys.executable,
+        *,
+        trainer_argv: Sequence[str] = TRAINER_ARGV,
+        env: Mapping[str, str] | None = None,
+        ready_timeout_s: float = READY_TIMEOUT_S,
+        stop_grace_s: float = STOP_GRACE_S,
+    ) -> None:
+        self.provider = provider
+        self.cluster = cluster
+        self.run_dir = Path(run_dir)
+        self.spec_path = Path(spec_path)
+        self.python = python
+        self.trainer_argv = tuple(trainer_argv)
+        self.env = {**DEFAULT_ENV, "PYTHONPATH": str(_PROJECT_ROOT), **(env or {})}
+        self.ready_timeout_s = ready_timeout_s
+        self.stop_grace_s = stop_grace_s
+        self.tasks: dict[tuple[Role, int], RoleTask] = {}
+        self._events: queue.Queue[TrainerEvent] = queue.Queue()
+        self._tearing_down = threading.Event()
+        self._lock = threading.Lock()
+
+    def __enter__(self) -> Deployment:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.teardown()
+
+    def start(self) -> None:
+        """Start every role: servers, wait until all are ready, then evaluator and chief.
+
+        Raises DeployError if a server exits or is not ready within `ready_timeout_s`; processes
+        already started keep running until `teardown()`."""
+        servers = [self.start_role(h) for r in _SERVER_ROLES for h in self.cluster.hosts_for(r)]
+        for task in servers:
+            self.wait_ready(task)
+        for role in _CLIENT_ROLES:
+            for host in self.cluster.hosts_for(role):
+                self.start_role(host)
+
+    def start_role(self, host: Host, cluster: Cluster | None = None) -> RoleTask:
+        """Start the role of `host` (task index from its position in the cluster) and its reader.
+
+        Pass the new `cluster` for a replacement host; it becomes this deployment's cluster.
+        A task already running at that role and index is replaced in the table, not stopped.
+        Raises provisioning.HostLostError if the host is gone."""
+        if cluster is not None:
+            self.cluster = cluster
+        index = self.cluster.index_of(host)
+        log_path = self.run_dir / "logs" / f"{host.role.value}-{index}.log"
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        argv = [self.python, *self.trainer_argv, "--role", host.role.value]
+        argv += ["--index", str(index), "--spec", str(self.spec_path)]
+        process = self.provider.runner(host).start(argv, self.env, None, log_path)
+        task = RoleTask(host.role, index, host, process, log_path)
+        task.reader = threading.Thread(
+            target=self._read_output, args=(task,), name=f"reader-{host.role}-{index}", daemon=True
+        )
+        with self._lock:
+            self.tasks[(host.role, index)] = task
+        task.reader.start()
+        return task
+
+    def wait_ready(self, task: RoleTask, timeout_s: float | None = None) -> None:
+        """Block until `task` is ready: its `ready` event, or its port accepts a connection.
+
+        Raises DeployError if it exits first or is not ready after `timeout_s` (None = the
+        deployment's `ready_timeout_s`)."""
+        timeout_s = self.ready_timeout_s if timeout_s is None else timeout_s
+        deadline = time.monotonic() + timeout_s
+        name = f"{task.role.value} {task.index}"
+        while not task.ready.is_set():
+            if task.exited.is_set() or task.process.poll() is not None:
+                raise DeployError(
+                    f"{name} exited with code {task.process.poll()} before it was ready; "
+                    f"see {task.log_path}"
+                )
+            if _port_accepts(task.host.address, task.host.port):
+                task.ready.set()
+                break
+            if time.monotonic() >= deadline:
+                raise DeployError(f"{name} not ready after {timeout_s} s; see {task.log_path}")
+            task.ready.wait(READY_POLL_INTERVAL_S)
+
+    def next_event(self, timeout_s: float | None = None) -> TrainerEvent | None:
+        """The next event, waiting up to `timeout_s` (None = forever); None if none came."""
+        try:
+            return self._events.get(timeout=timeout_s)
+        except queue.Empty:
+            return None
+
+    def events(self, timeout_s: float) -> Iterator[TrainerEvent]:
+        """Events as they come; stops once no event arrives for `timeout_s`."""
+        while (event := self.next_event(timeout_s)) is not None:
+            yield event
+
+    def chief_exit_code(self) -> int | None:
+        """The chief's exit code; None while it runs or if no chief was started."""
+        task = self.tasks.get((Role.CHIEF, 0))
+        return None if task is None else task.process.poll()
+
+    def wait_for_completion(self, timeout_s: float | None = None) -> bool:
+        """Block until the chief and every evaluator have exited (any exit code); False on
+        timeout (None = wait forever). Does not consume events."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        with self._lock:
+            clients = [t for t in self.tasks.values() if t.role in _CLIENT_ROLES]
+        for task in clients:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            try:
+                task.process.wait(left)
+            except TimeoutError:
+                return False
+        return True
+
+    def teardown(self) -> None:
+        """Stop every process on every host (chief and evaluator first, then workers and
+        parameter servers) and wait for the readers to drain. Idempotent; does not release the hosts (that is the provider's)."""
+        self._tearing_down.set()
+        for roles in _TEARDOWN_WAVES:
+            hosts = [h for r in roles for h in self.cluster.hosts_for(r)]
+            # Hosts stop in parallel so teardown costs one grace period per wave, not per host.
+            threads = [threading.Thread(target=self._stop_host, args=(h,)) for h in hosts]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+        with self._lock:
+            tasks = list(self.tasks.values())
+        for task in tasks:
+            task.process.kill()  # hosts replaced out of the cluster still hold their tasks
+            if task.reader is not None:
+                task.reader.join(READER_JOIN_TIMEOUT_S)
+
+    def _stop_host(self, host: Host) -> None:
+        with contextlib.suppress(HostLostError):  # a gone host runs nothing
+            self.provider.runner(host).stop_all(self.stop_grace_s)
+
+    def _read_output(self, task: RoleTask) -> None:
+        with open(task.log_path, "a", buffering=1) as log:
+            for line in task.process.stdout_lines():
+                event = parse_event_line(line)
+                if event is None:
+                    log.write(line + "\n")
+                    continue
+                if event.kind == EVENT_READY:
+                    task.ready.set()
+                self._events.put(event)
+        exit_code = task.process.wait()
+        task.exited.set()
+        self._events.put(self._exit_event(task, exit_code))
+
+    def _exit_event(self, task: RoleTask, exit_code: int) -> TrainerEvent:
+        expected = self._tearing_down.is_set() or (task.role in _CLIENT_ROLES and exit_code == 0)
+        return TrainerEvent(
+            kind=EVENT_PROCESS_EXIT,
+            time=time.time(),
+            role=task.role.value,
+            index=task.index,
+            fields={"exit_code": exit_code, "expected": expected, "host_id": task.host.id},
+        )
+
+
+def _port_accepts(address: str, port: int) -> bool:
+    try:
+        with socket.create_connection((address, port), timeout=PORT_PROBE_TIMEOUT_S):
+            return True
+    except OSError:
+        return False

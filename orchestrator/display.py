@@ -1,0 +1,53 @@
+"""Rich rendering of a RunPlan: the dry run's output and the header of a real run."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+from orchestrator.plan import RunPlan
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "n/a (no reference speed for this model/GPU)"
+    h, rem = divmod(round(seconds), 3600)
+    m, s = divmod(rem, 60)
+    return f"{h}h {m:02d}m {s:02d}s" if h else f"{m}m {s:02d}s"
+
+
+def render_plan(plan: RunPlan, console: Console | None = None, title: str | None = None) -> None:
+    """Print the plan: hosts with placement and price, phases, estimates, risks."""
+    console = console or Console()
+    if not console.is_terminal:  # logs and pipes: wide enough that nothing is truncated
+        console.width = max(console.width, 120)
+    hosts = Table(title=title or f"Plan: {plan.experiment} (provider {plan.provider}, "
+                  f"prices {plan.catalog})", title_justify="left")
+    for col, justify in (("host", "left"), ("role", "left"), ("GPU", "left"), ("zone", "left"),
+                         ("machine", "left"), ("transient", "center"), ("$/h", "right")):
+        hosts.add_column(col, justify=justify)  # type: ignore[arg-type]
+    for h in plan.hosts:
+        hosts.add_row(h.name, h.role, h.gpu or "cpu", h.zone or "-", h.machine_type,
+                      "yes" if h.transient else "no", f"{h.hourly_usd:.4f}")
+    hosts.add_section()
+    hosts.add_row("total", f"{plan.workers} workers, {plan.parameter_servers} PS", "", "", "", "",
+                  f"{plan.hourly_usd:.4f}")
+    console.print(hosts)
+
+    phases = Table(title="Phases (global-step targets)", title_justify="left")
+    for col in ("#", "protocol", "start step", "end step", "BSP-equiv. steps", "hparams"):
+        phases.add_column(col)
+    for i, p in enumerate(plan.phases):
+        hp = ", ".join(f"{k}={v:g}" for k, v in p.hparams.items()) or "-"
+        phases.add_row(str(i), p.protocol, str(p.start_step), str(p.end_step),
+                       f"{p.bsp_equivalent_steps:g}", hp)
+    console.print(phases)
+
+    speed = f"{plan.est_steps_per_sec:.2f} steps/s" if plan.est_steps_per_sec else "n/a"
+    cost = f"${plan.est_cost_usd:.4f}" if plan.est_cost_usd is not None else "n/a"
+    console.print(f"cost: [bold]${plan.hourly_usd:.4f}/h[/bold]   est. speed: {speed}   "
+                  f"est. train time: {_duration(plan.est_train_time_s)}   est. cost: {cost}")
+    for risk in plan.risks:
+        console.print(f"[yellow]risk:[/yellow] {risk}")
+    for warning in plan.warnings:
+        console.print(f"[yellow]warning:[/yellow] {warning}")

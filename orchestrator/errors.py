@@ -1,0 +1,92 @@
+"""User-facing config errors: one line, the dotted field, what is wrong and what is allowed."""
+
+from __future__ import annotations
+
+import re
+
+from omegaconf.errors import (
+    ConfigKeyError,
+    MissingMandatoryValue,
+    OmegaConfBaseException,
+    ValidationError,
+)
+
+CONFIG_ERROR_EXIT_CODE = 2
+
+
+class ConfigError(Exception):
+    """A config the user wrote is wrong; reported as one line and exit code 2, no traceback."""
+
+    def __init__(self, path: str, problem: str, allowed: str | None = None) -> None:
+        self.path = path
+        self.problem = problem
+        self.allowed = allowed
+        super().__init__(self.line())
+
+    def line(self) -> str:
+        suffix = f" ({self.allowed})" if self.allowed else ""
+        return f"config error: {self.path}: {self.problem}{suffix}"
+
+
+def _first_line(text: str) -> str:
+    return text.strip().splitlines()[0] if text.strip() else text
+
+
+def from_omegaconf(ex: OmegaConfBaseException) -> ConfigError:
+    """Translate an OmegaConf error (raised while merging into the schema) to a ConfigError."""
+    path = getattr(ex, "full_key", None) or "<config>"
+    msg = _first_line(getattr(ex, "msg", None) or str(ex))
+    if isinstance(ex, MissingMandatoryValue):
+        return ConfigError(path, "required value is missing", "set it in the YAML or on the CLI")
+    m = re.search(r"Key '([^']+)' (?:not in|is not in struct)", msg)
+    if isinstance(ex, ConfigKeyError) or m:
+        key = m.group(1) if m else path.rsplit(".", 1)[-1]
+        return ConfigError(path, f"unknown key '{key}'", _valid_keys_hint(path))
+    if isinstance(ex, ValidationError):
+        m = re.search(r"Invalid value '([^']*)', expected one of \[([^\]]*)\]", msg)
+        if m:
+            return ConfigError(path, f"invalid value '{m.group(1)}'", f"one of: {m.group(2)}")
+        m = re.search(r"Value '([^']*)' of type '([^']+)' could not be converted to (\w+)", msg)
+        if m:
+            word = {"Float": "number"}.get(m.group(3), m.group(3).lower())
+            return ConfigError(path, f"'{m.group(1)}' is not a valid {word}", _type_hint(m.group(3)))
+        m = re.search(r"Incompatible value '([^']*)' for field of type '([^']+)'", msg)
+        if m:
+            return ConfigError(path, f"wrong type for '{m.group(1)}'", f"expected {m.group(2)}")
+    return ConfigError(path, msg)
+
+
+def _type_hint(kind: str) -> str:
+    return {
+        "Integer": "a whole number",
+        "Float": "a number",
+        "Boolean": "true or false",
+    }.get(kind, kind.lower())
+
+
+def _valid_keys_hint(path: str) -> str | None:
+    """List the schema's keys at the parent of ``path`` so a typo shows its fix."""
+    from dataclasses import fields, is_dataclass
+
+    from orchestrator.schema import ExperimentConfig
+
+    node: object = ExperimentConfig
+    parts = path.split(".")[:-1]
+    hints = {"cluster": "ClusterConfig", "job": "JobConfig", "sync": "SyncConfig"}
+    for part in parts:
+        if not (isinstance(node, type) and is_dataclass(node)):
+            return None
+        types = {f.name: f.type for f in fields(node)}
+        if part.isdigit():
+            continue
+        t = types.get(part)
+        if t is None:
+            return None
+        from orchestrator import schema
+
+        name = t if isinstance(t, str) else getattr(t, "__name__", "")
+        name = name.replace("list[", "").replace("]", "").split("|")[0].strip()
+        node = getattr(schema, name, None) or getattr(schema, hints.get(part, ""), None)
+    if isinstance(node, type) and is_dataclass(node):
+        return "valid keys: " + ", ".join(f.name for f in fields(node))
+    return None

@@ -1,0 +1,189 @@
+"""Turn a validated experiment into a RunPlan: hosts, prices, phases and step targets.
+
+The plan is what the dry run prints and what ``plan.json`` records, so a run can later be
+compared against what was predicted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+from orchestrator.schema import ExperimentConfig, Protocol
+
+# Measured single-worker speed (steps/s, batch 128) of the papers' workloads (research.md).
+REFERENCE_STEPS_PER_SEC: dict[tuple[str, str], float] = {
+    ("resnet_cifar_32", "k80"): 4.589,
+    ("resnet_cifar_32", "p100"): 12.114,
+    ("resnet_cifar_32", "v100"): 15.7,
+}
+# One PS saturates near this many ASP steps/s (CM-DARE: P100 ResNet-32, ≥5 workers).
+PS_CAPACITY_STEPS_PER_SEC = 45.0
+# Sync-Switch: 8 K80 workers, BSP took 10,603.7 s for 8,000 steps vs 4.8 steps/s per worker.
+BSP_EFFICIENCY = (8000 / 10603.7) / 4.8
+
+
+@dataclass
+class HostPlan:
+    """One server of the cluster and what it costs."""
+
+    name: str  # e.g. worker-3
+    role: str  # ps | worker | chief | evaluator
+    index: int
+    gpu: str | None
+    zone: str | None
+    machine_type: str
+    transient: bool
+    hourly_usd: float
+
+
+@dataclass
+class PhasePlan:
+    protocol: str
+    start_step: int  # global step at which the phase starts
+    end_step: int  # global-step target at which it ends (cumulative)
+    bsp_equivalent_steps: float
+    hparams: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class RunPlan:
+    experiment: str
+    provider: str
+    catalog: str
+    hosts: list[HostPlan]
+    phases: list[PhasePlan]
+    workers: int
+    parameter_servers: int
+    hourly_usd: float
+    est_steps_per_sec: float | None  # None: no reference measurement for this model and GPU
+    est_train_time_s: float | None
+    est_cost_usd: float | None
+    risks: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def total_steps(self) -> int:
+        return self.phases[-1].end_step
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def plan_hosts(cfg: ExperimentConfig) -> list[HostPlan]:
+    """Expand the cluster into hosts: PS, workers (group by group), chief, evaluator."""
+    c, catalog = cfg.cluster, cfg.pricing
+    groups = list(c.worker_groups)
+    if c.workers is not None:  # the homogeneous shorthand wins over the group's count
+        groups = [replace(groups[0], count=c.workers)]
+    first_zone = _zone_for(groups[0].gpu, groups[0].zone, cfg)
+    hosts: list[HostPlan] = []
+
+    def add(role: str, index: int, gpu: str | None, zone: str | None, machine: str,
+            transient: bool, colocated: bool = False) -> None:
+        # A colocated role shares the first PS's VM: it costs nothing extra.
+        price = 0.0 if colocated else catalog.hourly_price(machine, gpu, transient)
+        if colocated:
+            machine = "on ps-0"
+        hosts.append(HostPlan(f"{role}-{index}", role, index, gpu, zone, machine, transient,
+                              round(price, 6)))
+
+    for i in range(c.parameter_servers):
+        add("ps", i, None, c.ps_zone or first_zone, c.ps_machine_type, c.ps_transient)
+    index = 0
+    for group in groups:
+        zone = _zone_for(group.gpu, group.zone, cfg)
+        for _ in range(group.count):
+            add("worker", index, group.gpu, zone, group.machine_type, group.transient)
+            index += 1
+    on_ps = c.chief_on_ps
+    chief_transient = c.ps_transient if on_ps else c.chief_transient
+    add("chief", 0, None, c.ps_zone or first_zone, c.chief_machine_type, chief_transient, on_ps)
+    if c.evaluator:
+        add("evaluator", 0, None, c.ps_zone or first_zone, c.chief_machine_type,
+            chief_transient, on_ps)
+    return hosts
+
+
+def _zone_for(gpu: str | None, zone: str | None, cfg: ExperimentConfig) -> str | None:
+    if zone is not None or gpu is None:
+        return zone
+    return cfg.pricing.zones_for(gpu)[0]
+
+
+def plan_phases(cfg: ExperimentConfig, workers: int) -> list[PhasePlan]:
+    """Global-step targets for each sync phase.
+
+    Without ``sync.phases`` the run is one phase of ``sync.protocol`` ending at
+    ``job.train_steps`` global steps. With phases the budget is in BSP-equivalent steps, as in
+    Sync-Switch: a BSP phase of fraction f takes f·B global steps, an ASP phase f·B·N.
+    """
+    budget = cfg.job.train_steps
+    if not cfg.sync.phases:
+        return [PhasePlan(cfg.sync.protocol.value, 0, budget, float(budget))]
+    phases: list[PhasePlan] = []
+    start = 0
+    for phase in cfg.sync.phases:
+        bsp_steps = phase.fraction * budget
+        scale = workers if phase.protocol == Protocol.asp else 1
+        end = start + max(1, round(bsp_steps * scale))
+        phases.append(PhasePlan(phase.protocol.value, start, end, bsp_steps, dict(phase.hparams)))
+        start = end
+    return phases
+
+
+def estimate_speed(cfg: ExperimentConfig, hosts: list[HostPlan], protocol: str) -> float | None:
+    """Cluster steps/s from reference measurements, or None when none applies."""
+    rates = []
+    for host in hosts:
+        if host.role != "worker":
+            continue
+        rate = REFERENCE_STEPS_PER_SEC.get((cfg.job.hparam_set, host.gpu or ""))
+        if rate is None:
+            return None
+        rates.append(rate * 128 / cfg.job.batch_size)
+    if not rates:
+        return None
+    if protocol == Protocol.bsp.value:
+        return min(rates) * BSP_EFFICIENCY
+    return min(sum(rates), PS_CAPACITY_STEPS_PER_SEC * cfg.cluster.parameter_servers)
+
+
+def make_plan(cfg: ExperimentConfig) -> RunPlan:
+    """Build the plan of one run; pure (reads the config, touches nothing)."""
+    hosts = plan_hosts(cfg)
+    workers = sum(1 for h in hosts if h.role == "worker")
+    phases = plan_phases(cfg, workers)
+    hourly = sum(h.hourly_usd for h in hosts)
+    est_time: float | None = 0.0
+    speeds = []
+    for phase in phases:
+        speed = estimate_speed(cfg, hosts, phase.protocol)
+        speeds.append(speed)
+        if speed is None or est_time is None:
+            est_time = None
+        else:
+            est_time += (phase.end_step - phase.start_step) / speed
+    speed_all = speeds[0] if len(speeds) == 1 else None
+    if est_time is not None and len(speeds) > 1:
+        speed_all = phases[-1].end_step / est_time
+    risks = []
+    if cfg.cluster.ps_transient:
+        risks.append("parameter servers are transient: a revocation restarts training "
+                     "from the last checkpoint")
+    if cfg.cluster.chief_transient and not cfg.cluster.chief_on_ps:
+        risks.append("the chief is transient: a revocation restarts the coordinator")
+    return RunPlan(
+        experiment=cfg.name,
+        provider=cfg.provider.name,
+        catalog=cfg.pricing.name,
+        hosts=hosts,
+        phases=phases,
+        workers=workers,
+        parameter_servers=cfg.cluster.parameter_servers,
+        hourly_usd=round(hourly, 6),
+        est_steps_per_sec=speed_all,
+        est_train_time_s=est_time,
+        est_cost_usd=None if est_time is None else hourly * est_time / 3600.0,
+        risks=risks,
+    )

@@ -1,0 +1,159 @@
+"""Structured-config schemas: the source of truth for every config group.
+
+YAML files in ``conf/<group>/`` and ``experiments/`` choose and fill these dataclasses; Hydra
+checks types while composing and :mod:`orchestrator.validate` checks meaning afterwards.
+Convert a composed config once with :func:`to_experiment` so the rest of the code sees real
+dataclasses, never a ``DictConfig``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING, DictConfig, OmegaConf
+
+from provisioning.catalog import PricingConfig
+
+
+class Protocol(StrEnum):
+    """Parameter synchronisation protocol on the parameter servers."""
+
+    bsp = "bsp"  # bulk synchronous: one global step = one gradient from every worker
+    asp = "asp"  # asynchronous: every worker step is a global step
+
+
+class Optimizer(StrEnum):
+    sgd = "sgd"
+    momentum = "momentum"
+    adam = "adam"
+
+
+class LrSchedule(StrEnum):
+    constant = "constant"
+    cosine = "cosine"
+    step = "step"
+
+
+@dataclass
+class WorkerGroup:
+    """Identical workers that share a GPU type, zone and pricing model."""
+
+    count: int = 1  # hosts in this group; CLI: cluster.worker_groups.0.count=4
+    gpu: str | None = None  # catalog GPU name (k80, p100, v100, t4, a100, l4); None = CPU only
+    zone: str | None = None  # GCE zone; None = the planner picks the first zone offering the GPU
+    machine_type: str = "n1-standard-4"  # host VM type (priced from the catalog)
+    transient: bool = True  # spot/preemptible: cheaper, may be revoked
+
+
+@dataclass
+class ClusterConfig:
+    """Who trains: parameter servers, the chief/coordinator and worker groups."""
+
+    name: str = MISSING  # label shown in the plan
+    workers: int | None = None  # homogeneous shorthand: sets worker_groups[0].count (sweepable)
+    worker_groups: list[WorkerGroup] = field(default_factory=lambda: [WorkerGroup()])
+    parameter_servers: int = 1  # PS tasks; variables are spread over them
+    ps_machine_type: str = "n1-standard-4"
+    ps_zone: str | None = None  # None = the zone of the first worker group
+    ps_transient: bool = False  # a revoked PS restarts the cluster from a checkpoint: a risk
+    chief_on_ps: bool = True  # run the chief and evaluator on the first PS's VM (no extra VM)
+    chief_machine_type: str = "n1-standard-4"  # when chief_on_ps is false
+    chief_transient: bool = False  # the coordinator; a revoked chief restarts the run: a risk
+    evaluator: bool = True  # run a side-car evaluator on the held-out split
+
+
+@dataclass
+class JobConfig:
+    """What is trained and how (mirrors :class:`trainer.spec.JobSpec`)."""
+
+    model: str = "cnn"  # model registry name: resnet | cnn
+    hparam_set: str = "cnn_small"  # e.g. resnet_cifar_32; must belong to the model
+    problem: str = "digits"  # problem registry: digits | image_cifar10 | image_cifar100 | synthetic
+    data_dir: str | None = None  # folder with the problem's files (CIFAR); None for digits/synthetic
+    train_steps: int = 1000  # global steps (with phases: the budget in BSP-equivalent steps)
+    batch_size: int = 64  # per worker and step
+    optimizer: Optimizer = Optimizer.momentum
+    learning_rate: float = 0.05
+    momentum: float = 0.9  # for optimizer=momentum
+    weight_decay: float = 0.0  # L2 factor
+    lr_schedule: LrSchedule = LrSchedule.constant
+    lr_decay_steps: list[int] = field(default_factory=list)  # for lr_schedule=step
+    lr_decay_factor: float = 0.1  # multiplier at each lr_decay_steps boundary
+    warmup_steps: int = 0  # linear warm-up
+    checkpoint_frequency: int = 0  # steps between checkpoints; 0 = only at the end
+    keep_checkpoints: int = 3
+    eval_frequency: int = 0  # steps between evaluations; 0 = only at the end
+    seed: int = 0
+
+
+@dataclass
+class SyncPhase:
+    """One phase of a synchronisation schedule."""
+
+    protocol: Protocol = MISSING
+    fraction: float = MISSING  # share of the BSP-equivalent step budget, (0, 1]
+    hparams: dict[str, float] = field(default_factory=dict)  # e.g. {learning_rate: 0.01}
+
+
+@dataclass
+class SyncConfig:
+    """How workers synchronise. ``phases`` empty = one phase of ``protocol``."""
+
+    name: str = MISSING
+    protocol: Protocol = Protocol.asp
+    phases: list[SyncPhase] = field(default_factory=list)
+
+
+@dataclass
+class ProviderConfig:
+    """Where servers come from."""
+
+    name: str = "local"  # provider registry name
+    ready_timeout_s: float = 120.0  # how long a role may take to start serving
+    python: str | None = None  # interpreter on the hosts; None = this one
+
+
+@dataclass
+class ExperimentConfig:
+    """The root config: one run (a sweep runs several)."""
+
+    name: str = "default"  # experiment name; names the output folder
+    description: str = ""
+    tags: list[str] = field(default_factory=list)
+    dry_run: bool = False  # validate and print the plan, provision nothing
+    progress: bool = True  # rich progress bars (only when stdout is a terminal)
+    report_every_s: float = 1.0  # chief's progress-report interval
+    cluster: ClusterConfig = MISSING
+    job: JobConfig = MISSING
+    sync: SyncConfig = MISSING
+    provider: ProviderConfig = MISSING
+    pricing: PricingConfig = MISSING
+
+
+def register_configs() -> None:
+    """Store every schema as ``base_*`` so YAML files can name it first in their defaults."""
+    cs = ConfigStore.instance()
+    cs.store(name="base_config", node=ExperimentConfig)
+    cs.store(group="cluster", name="base_cluster", node=ClusterConfig)
+    cs.store(group="job", name="base_job", node=JobConfig)
+    cs.store(group="sync", name="base_sync", node=SyncConfig)
+    cs.store(group="provider", name="base_provider", node=ProviderConfig)
+    cs.store(group="pricing", name="base_pricing", node=PricingConfig)
+
+
+def to_experiment(cfg: DictConfig | dict[str, Any]) -> ExperimentConfig:
+    """Re-merge a composed config into a fresh schema and return real dataclasses.
+
+    Re-merging catches what Hydra lets through: keys added with ``+`` that the schema does not
+    know, and values of the wrong type. Raises OmegaConf errors carrying ``full_key``.
+    """
+    data = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else cfg
+    assert isinstance(data, dict)
+    data = {k: v for k, v in data.items() if k != "hydra"}
+    merged = OmegaConf.merge(OmegaConf.structured(ExperimentConfig), data)
+    obj = OmegaConf.to_object(merged)
+    assert isinstance(obj, ExperimentConfig)
+    return obj

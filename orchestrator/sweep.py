@@ -1,0 +1,99 @@
+"""Sweep-level pieces: validate every sweep point up front, and the sweep's ``runs.csv``."""
+
+from __future__ import annotations
+
+import csv
+import fcntl
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig, OmegaConf
+
+from orchestrator import results
+
+RUNS_CSV = "runs.csv"
+
+# Number of runs in the current multirun (set by SweepValidator; None for a single run).
+sweep_size: int | None = None
+
+
+def expand_sweep(overrides: Sequence[str]) -> list[list[str]]:
+    """Every combination of a command line's sweep overrides (BasicSweeper's cross product)."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+
+    parsed = OverridesParser.create().parse_overrides(list(overrides))
+    batches = BasicSweeper.split_arguments(parsed, None)
+    return [list(combo) for combo in batches[0]]
+
+
+class SweepValidator(Callback):
+    """Hydra callback: compose and validate every sweep point before the first run starts.
+
+    Without it a bad value in the third point of a sweep would surface only after two runs had
+    provisioned servers and trained. Exits 2 with the one-line error naming the field: Hydra
+    turns a callback's exceptions into warnings, so SystemExit is the only way to stop here.
+    """
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        from hydra import compose
+
+        from orchestrator.errors import CONFIG_ERROR_EXIT_CODE, ConfigError
+        from orchestrator.hydra_errors import config_error_from_hydra
+        from orchestrator.schema import to_experiment
+        from orchestrator.validate import validate
+
+        global sweep_size
+        task = list(OmegaConf.select(config, "hydra.overrides.task") or [])
+        params = OmegaConf.select(config, "hydra.sweeper.params") or {}
+        task = [f"{k}={v}" for k, v in params.items()] + task
+        combos = expand_sweep(task)
+        sweep_size = len(combos)
+        for combo in combos:
+            try:
+                validate(to_experiment(compose(config_name="config", overrides=combo)))
+            except Exception as ex:
+                err = config_error_from_hydra(ex)
+                if err is None:
+                    raise
+                print(ConfigError(err.path, err.problem, err.allowed).line()
+                      + f" [sweep point: {' '.join(combo)}]", file=sys.stderr)
+                sys.exit(CONFIG_ERROR_EXIT_CODE)
+
+
+def override_columns(overrides: Sequence[str]) -> dict[str, str]:
+    """``key=value`` task overrides as columns (``+`` / ``~`` prefixes dropped)."""
+    cols: dict[str, str] = {}
+    for item in overrides:
+        key, _, value = item.partition("=")
+        cols[key.lstrip("+~")] = value
+    return cols
+
+
+def append_run_row(csv_path: Path, overrides: Sequence[str], run_dir: Path,
+                   summary: Mapping[str, Any]) -> None:
+    """Append one run's row under a file lock (parallel launchers may finish together).
+
+    Columns: the overrides that define the run, ``run_dir``, then the summary fields. The header
+    is written once; a row with new columns is still written, matched by name.
+    """
+    row: dict[str, Any] = {**override_columns(overrides), "run_dir": str(run_dir)}
+    for key in results.SUMMARY_FIELDS:
+        value = summary.get(key)
+        row[key] = "" if value is None else value
+    csv_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(csv_path, "a+", newline="") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        fh.seek(0)
+        existing = fh.read()
+        header = next(csv.reader([existing.splitlines()[0]])) if existing.strip() else None
+        fieldnames = header or list(row)
+        extra = [k for k in row if k not in fieldnames]
+        writer = csv.DictWriter(fh, fieldnames=fieldnames + extra, extrasaction="ignore")
+        if header is None:
+            writer.writeheader()
+        writer.writerow(row)
+        fcntl.flock(fh, fcntl.LOCK_UN)

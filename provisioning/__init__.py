@@ -1,0 +1,48 @@
+"""Hosts for trainer roles: one `Provider` contract (`base`), backends selected by name."""
+
+from provisioning.base import (
+    PREEMPTION_NOTICE_ENV,
+    PREEMPTION_NOTICE_FILE,
+    STOP_GRACE_S,
+    BadRequestError,
+    CapacityError,
+    Cluster,
+    ClusterRequest,
+    Host,
+    HostId,
+    HostLostError,
+    HostRunner,
+    HostSpec,
+    HostState,
+    Provider,
+    ProvisionError,
+    RemoteProcess,
+    ResourceJournal,
+    Role,
+)
+from provisioning.registry import DEFAULT_PROVIDER, get_provider, provider_names, register_provider
+
+__all__ = [
+    "DEFAULT_PROVIDER",
+    "PREEMPTION_NOTICE_ENV",
+    "PREEMPTION_NOTICE_FILE",
+    "STOP_GRACE_S",
+    "BadRequestError",
+    "CapacityError",
+    "Cluster",
+    "ClusterRequest",
+    "Host",
+    "HostId",
+    "HostLostError",
+    "HostRunner",
+    "HostSpec",
+    "HostState",
+    "Provider",
+    "ProvisionError",
+    "RemoteProcess",
+    "ResourceJournal",
+    "Role",
+    "get_provider",
+    "provider_names",
+    "register_provider",
+]

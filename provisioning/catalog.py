@@ -1,0 +1,72 @@
+"""The GPU / zone / price catalog: which zone offers which GPU, and what an hour costs.
+
+The records double as the Hydra schema of the ``pricing`` config group (``conf/pricing/``), so a
+catalog is plain YAML: GCE list prices by default, the papers' 2019 constants as an option.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from omegaconf import MISSING
+
+SECONDS_PER_HOUR = 3600.0
+
+
+@dataclass
+class GpuOffer:
+    on_demand_usd_per_h: float = MISSING  # per GPU (or per VM when the catalog says so)
+    preemptible_usd_per_h: float = MISSING  # spot/preemptible price
+    zones: list[str] = field(default_factory=list)  # zones that offer this GPU
+    tflops: float | None = None  # FP32 peak, a speed-model feature
+
+
+@dataclass
+class MachineOffer:
+    on_demand_usd_per_h: float = MISSING
+    preemptible_usd_per_h: float = MISSING
+
+
+@dataclass
+class PricingConfig:
+    """A catalog. Names are lower-case GPU keys (``k80``) and GCE machine types."""
+
+    name: str = MISSING
+    source: str = ""  # where the prices come from, and when
+    gpu_price_includes_machine: bool = False  # the papers' constants are whole-VM prices
+    gpus: dict[str, GpuOffer] = field(default_factory=dict)
+    machine_types: dict[str, MachineOffer] = field(default_factory=dict)
+    zones: list[str] = field(default_factory=list)  # zones known besides those of the GPUs
+
+    def all_zones(self) -> list[str]:
+        """Every zone the catalog knows, in a stable order."""
+        seen = dict.fromkeys(self.zones)
+        for offer in self.gpus.values():
+            seen.update(dict.fromkeys(offer.zones))
+        return list(seen)
+
+    def zones_for(self, gpu: str) -> list[str]:
+        """Zones offering ``gpu``; raises KeyError for a GPU the catalog lacks."""
+        return list(self.gpus[gpu].zones)
+
+    def hourly_price(self, machine_type: str, gpu: str | None, transient: bool) -> float:
+        """USD per hour of one host: the VM plus its GPU (or the GPU's whole-VM price).
+
+        Raises KeyError when the machine type or GPU is not in the catalog; validation rejects
+        such configs before anything asks for a price.
+        """
+        if gpu is not None:
+            offer = self.gpus[gpu]
+            gpu_price = offer.preemptible_usd_per_h if transient else offer.on_demand_usd_per_h
+            if self.gpu_price_includes_machine:
+                return gpu_price
+        else:
+            gpu_price = 0.0
+        machine = self.machine_types[machine_type]
+        vm = machine.preemptible_usd_per_h if transient else machine.on_demand_usd_per_h
+        return vm + gpu_price
+
+
+def cost_usd(hourly_prices: list[float], seconds: float) -> float:
+    """What hosts at these hourly prices cost for ``seconds`` (GCE bills per second)."""
+    return sum(hourly_prices) * seconds / SECONDS_PER_HOUR

@@ -1,0 +1,366 @@
+"""The `local` backend: every host is 127.0.0.1 with its own reserved port and work dir.
+
+Nothing survives the orchestrator: each started process leads its own process group
+(`start_new_session`), gets SIGKILL when its parent dies (Linux `PR_SET_PDEATHSIG`), and
+`stop_all` / `release` signal whole groups. With a journal, each group is recorded right after
+it is forked (the parent-death signal covers the instant before), so `orchestrator.journal`
+can clean up after a crash.
+
+Caveat: PR_SET_PDEATHSIG fires when the *thread* that forked the child exits, not the process.
+Call `HostRunner.start` from the main thread or from a thread that lives as long as the run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import itertools
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from provisioning.base import (
+    PREEMPTION_NOTICE_ENV,
+    PREEMPTION_NOTICE_FILE,
+    STOP_GRACE_S,
+    Cluster,
+    ClusterRequest,
+    Host,
+    HostId,
+    HostLostError,
+    HostRunner,
+    HostSpec,
+    HostState,
+    Provider,
+    RemoteProcess,
+    ResourceJournal,
+)
+from provisioning.registry import register_provider
+
+LOCAL_ADDRESS = "127.0.0.1"
+#: How often wait() checks a process that has not exited yet.
+WAIT_POLL_INTERVAL_S = 0.02
+#: Default delay before a replacement host is "ready" (GCE measured 66-78 s; tests use 0).
+PROVISION_DELAY_S = 0.0
+_PR_SET_PDEATHSIG = 1
+
+# Ports handed to live hosts of every LocalProvider in this process, so two hosts never collide
+# even though the trainer binds them only later.
+_reserved_ports: set[int] = set()
+_ports_lock = threading.Lock()
+_libc = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
+
+
+def reserve_port() -> int:
+    """A free TCP port on 127.0.0.1 that no other live local host holds."""
+    with _ports_lock:
+        while True:
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+                sock.bind((LOCAL_ADDRESS, 0))
+                port = sock.getsockname()[1]
+            if port not in _reserved_ports:
+                _reserved_ports.add(port)
+                return port
+
+
+def free_port(port: int) -> None:
+    """Return a port from reserve_port(); freeing an unknown port is a no-op."""
+    with _ports_lock:
+        _reserved_ports.discard(port)
+
+
+def _make_preexec(parent_pid: int):
+    """preexec_fn for the child: die with the parent. Loads nothing after fork (libc preloaded)."""
+
+    def set_parent_death_signal() -> None:
+        if _libc is not None:
+            _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        # The parent may have died between fork and prctl; then nobody would signal us.
+        if os.getppid() != parent_pid:
+            os._exit(1)
+
+    return set_parent_death_signal
+
+
+def _leader_exited(pid: int) -> bool:
+    """True once `pid` has exited, without reaping it: its zombie keeps the pgid from reuse."""
+    try:
+        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:  # already reaped by another thread
+        return True
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+class LocalProcess(RemoteProcess):
+    """A child process leading its own process group. When the leader exits, the rest of its
+    group is SIGKILLed before the leader is reaped, so a process and its helpers die together."""
+
+    def __init__(
+        self,
+        popen: subprocess.Popen[str],
+        host_id: HostId,
+        journal: ResourceJournal | None = None,
+    ) -> None:
+        self._popen = popen
+        self._host_id = host_id
+        self._journal = journal
+        self._lock = threading.Lock()
+
+    @property
+    def pid(self) -> int:
+        return self._popen.pid
+
+    def poll(self) -> int | None:
+        with self._lock:
+            if self._popen.returncode is not None:
+                return self._popen.returncode
+            if not _leader_exited(self.pid):
+                return None
+            _signal_group(self.pid, signal.SIGKILL)
+            code = self._popen.wait()
+        if self._journal is not None:
+            self._journal.record_process_group_released(host_id=self._host_id, pgid=self.pid)
+        return code
+
+    def wait(self, timeout_s: float | None = None) -> int:
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while (code := self.poll()) is None:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise TimeoutError(f"process {self.pid} still running after {timeout_s} s")
+            time.sleep(WAIT_POLL_INTERVAL_S)
+        return code
+
+    def terminate(self) -> None:
+        if self.poll() is None:
+            _signal_group(self.pid, signal.SIGTERM)
+
+    def kill(self) -> None:
+        if self.poll() is None:
+            _signal_group(self.pid, signal.SIGKILL)
+
+    def readline(self) -> str:
+        assert self._popen.stdout is not None, "started without a stdout pipe"
+        try:
+            return self._popen.stdout.readline()
+        except ValueError:  # pipe closed by stop_all
+            return ""
+
+
+def stop_processes(processes: Sequence[LocalProcess], grace_s: float) -> None:
+    """SIGTERM every group at once, wait up to `grace_s` in total, SIGKILL the rest; reap all.
+    `grace_s` 0 sends SIGKILL straight away."""
+    for process in processes:
+        if grace_s > 0:
+            process.terminate()
+        else:
+            process.kill()
+    deadline = time.monotonic() + grace_s
+    for process in processes:
+        try:
+            process.wait(max(0.0, deadline - time.monotonic()))
+        except TimeoutError:
+            process.kill()
+            process.wait()
+
+
+class LocalHostRunner(HostRunner):
+    """Runs processes for one local host and remembers them until they are stopped."""
+
+    def __init__(self, host: Host, journal: ResourceJournal | None = None) -> None:
+        self.host = host
+        self._journal = journal
+        self._processes: list[LocalProcess] = []
+        self._lock = threading.Lock()
+        self._gone = False  # revoked or released
+
+    @property
+    def notice_path(self) -> Path:
+        return self.host.workdir / PREEMPTION_NOTICE_FILE
+
+    def start(
+        self,
+        argv: Sequence[str],
+        env: Mapping[str, str] | None = None,
+        cwd: Path | None = None,
+        log_path: Path | None = None,
+    ) -> LocalProcess:
+        with self._lock:
+            if self._gone:
+                raise HostLostError(self.host.id)
+            full_env = {**os.environ, **(env or {}), PREEMPTION_NOTICE_ENV: str(self.notice_path)}
+            if log_path is not None:
+                Path(log_path).parent.mkdir(parents=True, exist_ok=True)
+            with open(log_path or os.devnull, "ab") as stderr:
+                popen = subprocess.Popen(
+                    list(argv),
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    stderr=stderr,
+                    cwd=cwd or self.host.workdir,
+                    env=full_env,
+                    text=True,
+                    bufsize=1,
+                    start_new_session=True,
+                    preexec_fn=_make_preexec(os.getpid()),
+                )
+            if self._journal is not None:
+                self._journal.record_process_group(
+                    host_id=self.host.id, pid=popen.pid, pgid=popen.pid, argv=list(argv)
+                )
+            process = LocalProcess(popen, self.host.id, self._journal)
+            self._processes.append(process)
+            return process
+
+    def copy(self, local: Path, remote: Path) -> None:
+        if self._gone:
+            raise HostLostError(self.host.id)
+        target = self.host.workdir / remote
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if Path(local).is_dir():
+            shutil.copytree(local, target, dirs_exist_ok=True)
+        else:
+            shutil.copy2(local, target)
+
+    def alive(self) -> bool:
+        return not self._gone
+
+    def stop_all(self, grace_s: float = STOP_GRACE_S) -> None:
+        stop_processes(self.take_processes(), grace_s)
+
+    def kill_all(self) -> None:
+        """SIGKILL every process group at once, no goodbye (a revocation); reap them."""
+        stop_processes(self.take_processes(), grace_s=0.0)
+
+    def take_processes(self) -> list[LocalProcess]:
+        """Hand over every live process; the runner forgets them (the caller must stop them)."""
+        with self._lock:
+            processes, self._processes = self._processes, []
+        return processes
+
+    def mark_gone(self) -> None:
+        self._gone = True
+
+
+class LocalProvider(Provider):
+    """Hosts are local process groups. Supports `revoke`, so revocation tests run in seconds.
+
+    `journal`: optional; every process group is recorded into it. `provision_delay_s`: how long
+    `replace` blocks before handing out replacement hosts (the provisioning delay to simulate).
+    `stop_grace_s`: SIGTERM-to-SIGKILL grace of `release` and `replace`.
+    """
+
+    name = "local"
+
+    def __init__(
+        self,
+        journal: ResourceJournal | None = None,
+        provision_delay_s: float = PROVISION_DELAY_S,
+        stop_grace_s: float = STOP_GRACE_S,
+    ) -> None:
+        self._journal = journal
+        self._stop_grace_s = stop_grace_s
+        self._provision_delay_s = provision_delay_s
+        self._runners: dict[HostId, LocalHostRunner] = {}
+        self._states: dict[HostId, HostState] = {}
+        self._workdirs: dict[str, Path] = {}  # run_id -> request.workdir
+        self._ids = itertools.count()
+        self._lock = threading.Lock()
+
+    def acquire(self, request: ClusterRequest) -> Cluster:
+        self._workdirs[request.run_id] = request.workdir
+        hosts = [self._new_host(request.run_id, spec) for spec in request.hosts]
+        return Cluster(run_id=request.run_id, hosts=hosts)
+
+    def runner(self, host: Host) -> LocalHostRunner:
+        try:
+            return self._runners[host.id]
+        except KeyError:
+            raise HostLostError(host.id, f"host {host.id} was not acquired here") from None
+
+    def poll(self, cluster: Cluster) -> dict[HostId, HostState]:
+        return {h.id: self._states.get(h.id, HostState.REVOKED) for h in cluster.hosts}
+
+    def replace(self, cluster: Cluster, lost: Sequence[HostId]) -> Cluster:
+        lost_ids = set(lost)
+        for host_id in lost_ids:
+            cluster.host(host_id)  # KeyError for a stranger
+        time.sleep(self._provision_delay_s)
+        hosts = []
+        for host in cluster.hosts:
+            if host.id in lost_ids:
+                self._release_host(host, HostState.REVOKED)
+                host = self._new_host(cluster.run_id, host.spec)
+            hosts.append(host)
+        return Cluster(run_id=cluster.run_id, hosts=hosts)
+
+    def release(self, cluster: Cluster) -> None:
+        runners = [self._runners[h.id] for h in cluster.hosts if h.id in self._runners]
+        for runner in runners:
+            runner.mark_gone()
+        # One grace period for the whole cluster, not one per host.
+        stop_processes([p for r in runners for p in r.take_processes()], self._stop_grace_s)
+        for host in cluster.hosts:
+            self._release_host(host, HostState.TERMINATED)
+
+    def revoke(self, host: Host, notice_s: float = 0.0) -> None:
+        runner = self.runner(host)
+        if notice_s <= 0:
+            self._kill_host(host)
+            return
+        notice = {"host_id": host.id, "deadline": time.time() + notice_s}
+        tmp = runner.notice_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(notice) + "\n")
+        tmp.replace(runner.notice_path)  # atomic: a reader never sees half a notice
+        timer = threading.Timer(notice_s, self._kill_host, args=(host,))
+        timer.daemon = True
+        timer.start()
+
+    def _new_host(self, run_id: str, spec: HostSpec) -> Host:
+        with self._lock:
+            host_id = f"{run_id}-{spec.name}-{next(self._ids)}"
+        workdir = Path(self._workdirs.get(run_id, Path.cwd())) / "hosts" / host_id
+        workdir.mkdir(parents=True, exist_ok=True)
+        host = Host(
+            id=host_id,
+            spec=spec,
+            address=LOCAL_ADDRESS,
+            port=reserve_port(),
+            workdir=workdir,
+            state=HostState.RUNNING,
+        )
+        self._runners[host_id] = LocalHostRunner(host, self._journal)
+        self._states[host_id] = HostState.RUNNING
+        return host
+
+    def _kill_host(self, host: Host) -> None:
+        runner = self._runners.get(host.id)
+        if runner is None or self._states.get(host.id) != HostState.RUNNING:
+            return
+        runner.mark_gone()
+        runner.kill_all()
+        self._states[host.id] = HostState.REVOKED
+
+    def _release_host(self, host: Host, final_state: HostState) -> None:
+        runner = self._runners.get(host.id)
+        if runner is None:
+            return
+        runner.mark_gone()
+        runner.stop_all(self._stop_grace_s)
+        free_port(host.port)
+        if not self._states.get(host.id, HostState.REVOKED).is_terminal():
+            self._states[host.id] = final_state
+
+
+register_provider(LocalProvider.name, LocalProvider)

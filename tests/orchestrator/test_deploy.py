@@ -1,0 +1,215 @@
+"""The deployer against stand-in trainers (small scripts speaking Contract 2) on the local backend."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from orchestrator.deploy import (
+    EVENT_PROCESS_EXIT,
+    DeployError,
+    Deployment,
+    TrainerEvent,
+    parse_event_line,
+)
+from orchestrator.journal import list_group_members
+from provisioning import ClusterRequest, HostSpec, Role
+from provisioning.local import LocalProvider
+
+EVENT_WAIT_S = 10.0
+
+# Behaviours, chosen per "role" or "role-index" in the spec's "behavior" map:
+#   serve: ready after a short delay, then block (like a PS);  listen: bind the port, never emit
+#   ready;  stubborn: serve but ignore SIGTERM;  crash: exit 3 at once;  crash_later: ready,
+#   then exit 5;  silent: never ready;  finish: ready, steps, train_end, exit 0 (chief/evaluator)
+STAND_IN = """
+import argparse, json, signal, socket, sys, time
+parser = argparse.ArgumentParser()
+parser.add_argument("--role"); parser.add_argument("--index", type=int); parser.add_argument("--spec")
+args = parser.parse_args()
+spec = json.load(open(args.spec))
+behavior = spec["behavior"].get(f"{args.role}-{args.index}", spec["behavior"].get(args.role))
+def event(kind, **fields):
+    line = {"kind": kind, "time": time.time(), "role": args.role, "index": args.index, **fields}
+    print("@event " + json.dumps(line), flush=True)
+print(f"log text from {args.role} {args.index}", flush=True)
+print(f"stderr text from {args.role} {args.index}", file=sys.stderr, flush=True)
+if behavior == "crash":
+    sys.exit(3)
+if behavior == "stubborn":
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+if behavior == "listen":
+    host, port = spec["cluster"][args.role][args.index].split(":")
+    server = socket.create_server((host, int(port)))
+    time.sleep(60)
+if behavior == "silent":
+    time.sleep(60)
+time.sleep(0.2)
+event("ready", address=spec["cluster"].get(args.role, ["-"])[args.index])
+if behavior == "crash_later":
+    time.sleep(0.3)
+    sys.exit(5)
+if behavior == "finish":
+    for step in (1, 2):
+        event("step", step=step, loss=1.0 / step, steps_per_sec=10.0, lr=0.1)
+    event("train_end", step=2, train_time_s=0.1)
+    sys.exit(0)
+time.sleep(60)
+"""
+SERVING = {"ps": "serve", "worker": "serve", "chief": "finish", "evaluator": "finish"}
+
+
+@pytest.fixture
+def deploy(tmp_path):
+    """Factory: a Deployment of 1 ps, 2 workers, chief, evaluator running the stand-in."""
+    provider = LocalProvider(stop_grace_s=0.3)
+    made = []
+
+    def make(behavior: dict[str, str], **options) -> Deployment:
+        hosts = [HostSpec("ps0", Role.PS), HostSpec("w0", Role.WORKER)]
+        hosts += [HostSpec("w1", Role.WORKER), HostSpec("chief", Role.CHIEF)]
+        hosts += [HostSpec("eval", Role.EVALUATOR)]
+        cluster = provider.acquire(ClusterRequest("run1", hosts, tmp_path))
+        script = tmp_path / "stand_in.py"
+        script.write_text(STAND_IN)
+        spec = {"behavior": {**SERVING, **behavior}}
+        spec["cluster"] = {r: cluster.endpoints(r) for r in ("ps", "worker", "chief")}
+        spec_path = tmp_path / "trainer_spec.json"
+        spec_path.write_text(json.dumps(spec))
+        options.setdefault("stop_grace_s", 0.3)
+        deployment = Deployment(
+            provider, cluster, tmp_path, spec_path, trainer_argv=[str(script)], **options
+        )
+        made.append(deployment)
+        return deployment
+
+    yield make
+    for deployment in made:
+        deployment.teardown()
+        provider.release(deployment.cluster)
+
+
+def collect_until(deployment: Deployment, done) -> list[TrainerEvent]:
+    events: list[TrainerEvent] = []
+    deadline = time.monotonic() + EVENT_WAIT_S
+    while not done(events):
+        assert time.monotonic() < deadline, f"timed out; got {events}"
+        event = deployment.next_event(0.1)
+        if event is not None:
+            events.append(event)
+    return events
+
+
+def exits(events: list[TrainerEvent]) -> dict[tuple[str, int], TrainerEvent]:
+    return {(e.role, e.index): e for e in events if e.kind == EVENT_PROCESS_EXIT}
+
+
+def assert_no_process_left(deployment: Deployment) -> None:
+    pgids = [task.process.pid for task in deployment.tasks.values()]
+    assert [g for g in pgids if list_group_members(g)] == []
+
+
+def test_parse_event_line():
+    line = '@event {"kind": "step", "time": 5.0, "role": "chief", "index": 0, "step": 7}'
+    assert parse_event_line(line) == TrainerEvent("step", 5.0, "chief", 0, {"step": 7})
+    assert parse_event_line("plain log text") is None
+    assert parse_event_line("@event {not json") is None
+    assert parse_event_line('@event {"kind": "step"}') is None  # no role/index
+    assert parse_event_line("@event [1, 2]") is None
+
+
+def test_run_to_completion_events_logs_and_order(deploy, tmp_path):
+    deployment = deploy({})
+    deployment.start()
+    assert deployment.wait_for_completion(EVENT_WAIT_S)
+    events = collect_until(deployment, lambda es: len(exits(es)) == 2)
+    assert deployment.chief_exit_code() == 0
+    ready = {(e.role, e.index): e.time for e in events if e.kind == "ready"}
+    assert set(ready) == {("ps", 0), ("worker", 0), ("worker", 1), ("chief", 0), ("evaluator", 0)}
+    servers_ready = max(ready[("ps", 0)], ready[("worker", 0)], ready[("worker", 1)])
+    assert ready[("chief", 0)] > servers_ready  # the chief starts only once servers are ready
+    steps = [e for e in events if e.kind == "step" and e.role == "chief"]
+    assert [e.fields["step"] for e in steps] == [1, 2] and steps[0].fields["loss"] == 1.0
+    assert ready_address(events, "ps") == deployment.cluster.endpoints("ps")[0]
+    chief_exit = exits(events)[("chief", 0)]
+    assert chief_exit.fields["exit_code"] == 0 and chief_exit.fields["expected"] is True
+    log = (tmp_path / "logs" / "worker-1.log").read_text()
+    assert "log text from worker 1" in log and "stderr text from worker 1" in log
+    assert "@event" not in log
+    deployment.teardown()
+    deployment.teardown()  # idempotent
+    assert_no_process_left(deployment)
+    late = collect_until(deployment, lambda es: len(exits(es)) == 3)
+    assert all(e.fields["expected"] for e in exits(late).values())
+
+
+def ready_address(events: list[TrainerEvent], role: str) -> object:
+    return next(e.fields["address"] for e in events if e.kind == "ready" and e.role == role)
+
+
+def test_ready_by_port_without_event(deploy):
+    deployment = deploy({"ps": "listen"})
+    deployment.start()
+    assert deployment.tasks[(Role.PS, 0)].ready.is_set()
+    assert deployment.wait_for_completion(EVENT_WAIT_S)
+
+
+def test_crash_before_ready_raises_naming_role_and_log(deploy, tmp_path):
+    deployment = deploy({"worker-1": "crash"})
+    with pytest.raises(DeployError, match=r"worker 1 exited with code 3 .*worker-1\.log"):
+        deployment.start()
+    assert (Role.CHIEF, 0) not in deployment.tasks
+    deployment.teardown()
+    assert_no_process_left(deployment)
+
+
+def test_not_ready_in_time_raises(deploy):
+    deployment = deploy({"ps": "silent"}, ready_timeout_s=0.5)
+    with pytest.raises(DeployError, match=r"ps 0 not ready after 0\.5 s"):
+        deployment.start()
+
+
+def test_unexpected_exit_becomes_an_event(deploy):
+    deployment = deploy({"worker-0": "crash_later", "chief": "serve", "evaluator": "serve"})
+    deployment.start()
+    events = collect_until(deployment, lambda es: ("worker", 0) in exits(es))
+    crash = exits(events)[("worker", 0)]
+    assert crash.fields["exit_code"] == 5 and crash.fields["expected"] is False
+    assert deployment.chief_exit_code() is None
+    assert not deployment.wait_for_completion(0.1)
+
+
+def test_revoked_worker_is_reported_and_teardown_kills_stubborn_roles(deploy):
+    behavior = {"ps": "stubborn", "worker": "stubborn", "chief": "serve", "evaluator": "serve"}
+    deployment = deploy(behavior)
+    deployment.start()
+    worker = deployment.cluster.hosts_for(Role.WORKER)[1]
+    deployment.provider.revoke(worker)
+    events = collect_until(deployment, lambda es: ("worker", 1) in exits(es))
+    revoked = exits(events)[("worker", 1)]
+    assert revoked.fields["exit_code"] == -signal.SIGKILL and revoked.fields["expected"] is False
+    assert revoked.fields["host_id"] == worker.id
+    started = time.monotonic()
+    deployment.teardown()
+    assert time.monotonic() - started < 2.0  # one grace period per wave, not per host
+    assert_no_process_left(deployment)
+
+
+def test_replacement_host_takes_the_lost_index(deploy, tmp_path):
+    deployment = deploy({"chief": "serve", "evaluator": "serve"})
+    deployment.start()
+    lost = deployment.cluster.hosts_for(Role.WORKER)[0]
+    deployment.provider.revoke(lost)
+    new_cluster = deployment.provider.replace(deployment.cluster, [lost.id])
+    new_host = new_cluster.hosts_for(Role.WORKER)[0]
+    task = deployment.start_role(new_host, new_cluster)
+    deployment.wait_ready(task, timeout_s=EVENT_WAIT_S)
+    assert (task.role, task.index) == (Role.WORKER, 0)
+    assert deployment.tasks[(Role.WORKER, 0)].host.id == new_host.id
+    assert Path(task.log_path).name == "worker-0.log"
+    deployment.teardown()
+    assert_no_process_left(deployment)

@@ -1,0 +1,54 @@
+"""Planning: hosts, prices and phase targets from the real committed configs."""
+
+from __future__ import annotations
+
+import pytest
+
+from orchestrator.plan import make_plan
+from orchestrator.validate import compose_experiment
+
+
+def test_headline_plan_matches_the_papers_prices() -> None:
+    plan = make_plan(compose_experiment("cifar10_res32"))
+    roles = [h.role for h in plan.hosts]
+    assert roles.count("ps") == 1 and roles.count("worker") == 4
+    workers = [h for h in plan.hosts if h.role == "worker"]
+    assert all(h.gpu == "k80" and h.zone == "us-west1-b" and h.transient for h in workers)
+    # ICAC'19: 4 transient K80 at $0.2556/h + the on-demand PS at $0.1429/h
+    assert plan.hourly_usd == pytest.approx(4 * 0.2556 + 0.1429)
+    assert plan.phases[-1].end_step == 64000
+    assert plan.est_steps_per_sec == pytest.approx(4 * 4.589)
+
+
+def test_workers_shorthand_resizes_the_cluster() -> None:
+    plan = make_plan(compose_experiment("cifar10_res32", ["cluster.workers=8"]))
+    assert plan.workers == 8
+    assert plan.hourly_usd == pytest.approx(8 * 0.2556 + 0.1429)
+
+
+def test_heterogeneous_cluster_spans_zones_and_gpus() -> None:
+    plan = make_plan(compose_experiment("mixed_gpu_cifar10"))
+    workers = [(h.gpu, h.zone) for h in plan.hosts if h.role == "worker"]
+    assert sorted(g for g, _ in workers) == ["k80", "k80", "p100", "v100"]
+    assert len({z for _, z in workers}) == 3
+
+
+def test_switch_schedule_turns_budget_into_global_step_targets() -> None:
+    cfg = compose_experiment("cifar10_res32", [
+        "cluster.workers=8", "job.train_steps=8000",
+        "sync.phases=[{protocol: bsp, fraction: 0.05}, {protocol: asp, fraction: 0.95}]"])
+    plan = make_plan(cfg)
+    # Sync-Switch: b5-a95 with N=8, B=8000 -> BSP to 400, then ASP to 400 + 7600*8
+    assert [p.end_step for p in plan.phases] == [400, 400 + 7600 * 8]
+    assert [p.protocol for p in plan.phases] == ["bsp", "asp"]
+
+
+def test_transient_parameter_server_is_shown_as_a_risk() -> None:
+    plan = make_plan(compose_experiment("digits_local", ["cluster.ps_transient=true"]))
+    assert any("parameter servers are transient" in r for r in plan.risks)
+
+
+def test_local_default_has_no_speed_estimate_but_a_price() -> None:
+    plan = make_plan(compose_experiment("digits_local"))
+    assert plan.est_steps_per_sec is None and plan.est_cost_usd is None
+    assert plan.hourly_usd > 0
