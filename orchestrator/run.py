@@ -176,12 +176,12 @@ def execute_run(cfg: ExperimentConfig, plan: RunPlan, run_dir: Path,
         state.error = f"{type(ex).__name__}: {ex}"
         rec.write_error(traceback.format_exc())
     finally:
-        _release(deployment, provider, cluster, rec)
-        summary = make_summary(cfg, plan, run_id, status, state)
         if state.error:
             rec.event("failure", error=state.error)
             if not (run_dir / results.ERROR_FILE).exists():
                 rec.write_error(state.error + "\n")
+        _release(deployment, provider, cluster, rec)
+        summary = make_summary(cfg, plan, run_id, status, state)
         rec.write_summary(summary)
         rec.close()
     if interrupted is not None:

@@ -1,0 +1,109 @@
+"""End-to-end: the real CLI trains on the local provider and leaves nothing behind.
+
+Each test runs ``python -m orchestrator`` as a subprocess, exactly as a user would, with real
+TensorFlow processes for the PS, workers, chief and evaluator.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.orchestrator.proc_utils import live_processes_mentioning
+
+pytestmark = pytest.mark.slow
+
+ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONUNBUFFERED": "1"}
+SMALL = ["job.train_steps=400", "job.eval_frequency=0", "job.checkpoint_frequency=200"]
+RUN_TIMEOUT_S = 300
+
+
+def orchestrate(repo_root: Path, *args: str, timeout: float = RUN_TIMEOUT_S
+                ) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "orchestrator", *args], cwd=repo_root, env=ENV,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def read_events(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+
+
+def test_bsp_run_writes_every_result_file(repo_root: Path, tmp_path: Path) -> None:
+    run_dir = tmp_path / "bsp"
+    proc = orchestrate(repo_root, "+experiment=digits_local", "sync=bsp", "cluster.workers=2",
+                       *SMALL, f"hydra.run.dir={run_dir}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for name in ("config.yaml", "plan.json", "events.jsonl", "metrics.csv", "summary.json",
+                 "runs.csv"):
+        assert (run_dir / name).is_file(), name
+    assert list((run_dir / "tensorboard").rglob("events.out.tfevents.*"))
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["error"] is None
+    assert summary["protocol"] == "bsp" and summary["workers"] == 2
+    assert summary["global_steps"] >= 400
+    assert summary["final_accuracy"] >= 0.9
+    assert summary["cost_usd"] > 0 and summary["steps_per_sec"] > 0
+    kinds = [e["kind"] for e in read_events(run_dir)]
+    for kind in ("provision", "start", "ready", "train_start", "phase_start", "checkpoint",
+                 "eval", "phase_end", "train_end", "teardown"):
+        assert kind in kinds, kind
+    with open(run_dir / "metrics.csv") as fh:
+        rows = list(csv.DictReader(fh))
+    assert list(rows[0]) == ["wall_time_s", "global_step", "steps_per_sec", "loss",
+                             "eval_accuracy"]
+    assert any(r["eval_accuracy"] for r in rows)
+    assert not live_processes_mentioning(str(run_dir))
+
+
+def test_three_point_sweep_writes_runs_csv(repo_root: Path, tmp_path: Path) -> None:
+    sweep_dir = tmp_path / "sweep"
+    proc = orchestrate(repo_root, "+experiment=digits_local", "-m", "cluster.workers=1,2,3",
+                       *SMALL, f"hydra.sweep.dir={sweep_dir}", timeout=3 * RUN_TIMEOUT_S)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    with open(sweep_dir / "runs.csv") as fh:
+        rows = list(csv.DictReader(fh))
+    assert sorted(r["cluster.workers"] for r in rows) == ["1", "2", "3"]
+    assert all(r["status"] == "completed" for r in rows)
+    assert all(float(r["final_accuracy"]) >= 0.9 for r in rows)
+    assert sorted(int(r["workers"]) for r in rows) == [1, 2, 3]
+    for row in rows:
+        assert Path(row["run_dir"]).parent == sweep_dir
+        assert (Path(row["run_dir"]) / "summary.json").is_file()
+    assert not live_processes_mentioning(str(sweep_dir))
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_interrupt_leaves_no_process_behind(repo_root: Path, tmp_path: Path, sig: int) -> None:
+    run_dir = tmp_path / "interrupted"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "orchestrator", "+experiment=digits_local",
+         "job.train_steps=100000", f"hydra.run.dir={run_dir}"],
+        cwd=repo_root, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True)
+    try:
+        deadline = time.monotonic() + RUN_TIMEOUT_S
+        events = run_dir / "events.jsonl"
+        while time.monotonic() < deadline:  # interrupt while training is under way
+            if events.exists() and '"kind": "step"' in events.read_text():
+                break
+            assert proc.poll() is None, proc.communicate()[1][-3000:]
+            time.sleep(0.5)
+        assert live_processes_mentioning(str(run_dir)), "the run should have started roles"
+        proc.send_signal(sig)
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, stderr[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "interrupted"
+    assert read_events(run_dir)[-1]["kind"] == "teardown"
+    assert not live_processes_mentioning(str(run_dir))
