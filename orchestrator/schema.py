@@ -15,6 +15,13 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
+from orchestrator.schema_transient import (
+    RecoveryConfig,
+    RevocationConfig,
+    StragglerConfig,
+    SyncPolicyConfig,
+    register_transient_configs,
+)
 from provisioning.catalog import PricingConfig
 
 
@@ -63,6 +70,7 @@ class ClusterConfig:
     chief_machine_type: str = "n1-standard-4"  # when chief_on_ps is false
     chief_transient: bool = False  # the coordinator; a revoked chief restarts the run: a risk
     evaluator: bool = True  # run a side-car evaluator on the held-out split
+    recovery: RecoveryConfig = field(default_factory=RecoveryConfig)  # what a revocation triggers
 
 
 @dataclass
@@ -105,6 +113,7 @@ class SyncConfig:
     name: str = MISSING
     protocol: Protocol = Protocol.asp
     phases: list[SyncPhase] = field(default_factory=list)
+    policy: SyncPolicyConfig = field(default_factory=SyncPolicyConfig)  # online switching
 
 
 @dataclass
@@ -131,6 +140,8 @@ class ExperimentConfig:
     sync: SyncConfig = MISSING
     provider: ProviderConfig = MISSING
     pricing: PricingConfig = MISSING
+    revocation: RevocationConfig = MISSING
+    straggler: StragglerConfig = MISSING
 
 
 def register_configs() -> None:
@@ -142,6 +153,7 @@ def register_configs() -> None:
     cs.store(group="sync", name="base_sync", node=SyncConfig)
     cs.store(group="provider", name="base_provider", node=ProviderConfig)
     cs.store(group="pricing", name="base_pricing", node=PricingConfig)
+    register_transient_configs()
 
 
 def to_experiment(cfg: DictConfig | dict[str, Any]) -> ExperimentConfig:

@@ -139,9 +139,7 @@ def register_transient_configs() -> None:
     """Store the schemas as ``base_*`` in their groups. Idempotent (re-storing replaces)."""
     cs = ConfigStore.instance()
     cs.store(group="revocation", name="base_revocation", node=RevocationConfig)
-    cs.store(group="recovery", name="base_recovery", node=RecoveryConfig)
     cs.store(group="straggler", name="base_straggler", node=StragglerConfig)
-    cs.store(group="sync_policy", name="base_sync_policy", node=SyncPolicyConfig)
 
 
 # --- semantic checks (the lead calls these from orchestrator.validate) -------------------------

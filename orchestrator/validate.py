@@ -157,10 +157,16 @@ def validate_provider(cfg: ExperimentConfig) -> None:
 
 def validate(cfg: ExperimentConfig) -> None:
     """Check every field's meaning; raises ConfigError on the first problem found."""
+    from orchestrator import schema_transient as st
+
     validate_provider(cfg)
     validate_cluster(cfg)
     validate_job(cfg)
     validate_sync(cfg)
+    st.validate_recovery(cfg.cluster.recovery)
+    st.validate_sync_policy(cfg.sync.policy)
+    st.validate_revocation(cfg.revocation)
+    st.validate_straggler(cfg.straggler)
 
 
 def validate_data_dir(cfg: ExperimentConfig) -> None:
