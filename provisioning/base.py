@@ -291,8 +291,9 @@ class Provider(abc.ABC):
 
     @abc.abstractmethod
     def replace(self, cluster: Cluster, lost: Sequence[HostId]) -> Cluster:
-        """A new cluster where each lost host is swapped for a fresh one (new id, new port) in
-        the same position, so it keeps the lost host's task index. The lost hosts are released.
+        """A new cluster where each lost host is swapped for a fresh one (new id, the same
+        endpoint) in the same position, so it keeps the lost host's task index and the running
+        TensorFlow job (whose cluster spec is fixed) reaches it. The lost hosts are released.
 
         Raises KeyError for an id not in `cluster`, CapacityError/BadRequestError as acquire."""
 

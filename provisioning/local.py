@@ -300,8 +300,11 @@ class LocalProvider(Provider):
         hosts = []
         for host in cluster.hosts:
             if host.id in lost_ids:
-                self._release_host(host, HostState.REVOKED)
-                host = self._new_host(cluster.run_id, host.spec)
+                # The replacement takes over the lost host's endpoint: TensorFlow's cluster spec
+                # is fixed for a coordinator's lifetime, and a worker restarted at the same
+                # address rejoins the running job by itself (GCE: reuse the static internal IP).
+                self._release_host(host, HostState.REVOKED, keep_port=True)
+                host = self._new_host(cluster.run_id, host.spec, port=host.port)
             hosts.append(host)
         return Cluster(run_id=cluster.run_id, hosts=hosts)
 
@@ -327,7 +330,7 @@ class LocalProvider(Provider):
         timer.daemon = True
         timer.start()
 
-    def _new_host(self, run_id: str, spec: HostSpec) -> Host:
+    def _new_host(self, run_id: str, spec: HostSpec, port: int | None = None) -> Host:
         with self._lock:
             host_id = f"{run_id}-{spec.name}-{next(self._ids)}"
         workdir = Path(self._workdirs.get(run_id, Path.cwd())) / "hosts" / host_id
@@ -336,7 +339,7 @@ class LocalProvider(Provider):
             id=host_id,
             spec=spec,
             address=LOCAL_ADDRESS,
-            port=reserve_port(),
+            port=reserve_port() if port is None else port,
             workdir=workdir,
             state=HostState.RUNNING,
         )
@@ -352,13 +355,14 @@ class LocalProvider(Provider):
         runner.kill_all()
         self._states[host.id] = HostState.REVOKED
 
-    def _release_host(self, host: Host, final_state: HostState) -> None:
+    def _release_host(self, host: Host, final_state: HostState, keep_port: bool = False) -> None:
         runner = self._runners.get(host.id)
         if runner is None:
             return
         runner.mark_gone()
         runner.stop_all(self._stop_grace_s)
-        free_port(host.port)
+        if not keep_port:
+            free_port(host.port)
         if not self._states.get(host.id, HostState.REVOKED).is_terminal():
             self._states[host.id] = final_state
 

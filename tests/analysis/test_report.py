@@ -1,4 +1,4 @@
-"""The report writes valid HTML whose images exist; the CLI dispatches and fails cleanly."""
+"""The report writes valid HTML whose images exist, for the reference data and our sweeps."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from analysis import cli
 from analysis.report import build_report
 
 
@@ -57,24 +56,3 @@ def test_own_report(sweep_dir: Path, tmp_path: Path) -> None:
     page = build_report(sweep_dir, tmp_path / "out")
     parser = _check(page)
     assert {"speed_vs_workers.png", "cost_pareto.png", "accuracy_curves.png"} <= set(parser.images)
-
-
-def test_cli_report_and_errors(run_dir: Path, tmp_path: Path, capsys) -> None:
-    assert cli.main(["report", str(run_dir), "--out", str(tmp_path / "r")]) == 0
-    assert (tmp_path / "r" / "index.html").exists()
-    assert cli.main(["report", str(tmp_path / "nope"), "--out", str(tmp_path / "x")]) == 2
-    assert "does not exist" in capsys.readouterr().err
-
-
-def test_cli_help_and_unknown(capsys) -> None:
-    assert cli.main(["--help"]) == 0
-    assert "syncswitch" in capsys.readouterr().out
-    with pytest.raises(SystemExit) as exc:
-        cli.main(["bogus"])
-    assert exc.value.code == 2
-
-
-@pytest.mark.parametrize("command", ["lifetimes", "cost", "syncswitch"])
-def test_cli_subcommands(command: str, capsys) -> None:
-    assert cli.main([command]) == 0
-    assert capsys.readouterr().out.strip()
