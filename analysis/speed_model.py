@@ -192,6 +192,43 @@ def evaluate_leave_architecture_out(df: pd.DataFrame | None = None) -> dict[str,
     }
 
 
+_FOLDER_MODEL = {"res": "Res", "cus": "custom", "shake32_d32": "shake small 32d"}
+
+
+def measurement_sessions() -> pd.DataFrame:
+    """Date (UTC) each (GPU, architecture) was measured, from the first wall time of its
+    ``speed_data/0lat_<gpu>_<model>/`` TensorBoard export. Diagnostic only: no CSV a user gives
+    the CLI carries it, so the predictor never uses it."""
+    rows = []
+    for folder in sorted((CMDARE_DIR / "speed_data").glob("0lat_*_*")):
+        _, gpu, name = folder.name.split("_", 2)
+        model = _FOLDER_MODEL.get(name, name)
+        for short, long in (("res", "Res"), ("cus", "custom")):
+            if model.startswith(short):
+                model = long + model[len(short):]
+        wall = pd.read_csv(next(folder.glob("*.csv")))["Wall time"].iloc[0]
+        date = pd.Timestamp(wall, unit="s").strftime("%Y-%m-%d")
+        rows.append({"gpu": gpu.upper(), "model": model, "session": date})
+    return pd.DataFrame(rows)
+
+
+def session_residuals(gpu: str) -> pd.DataFrame:
+    """In-sample relative residual (%) of the additive fit ``a + b·GFLOPs + c·tensors`` per
+    architecture on one GPU, with the date it was measured. On P100 the sign and size of the
+    residual follow the measurement session (the architectures the model cannot explain were
+    measured on other days), on K80 they do not: the P100 error floor is run-to-run hardware
+    variation, not a missing model-complexity feature."""
+    prepared = prepare_speed_frame(load_reference_speed_data())
+    prepared = prepare_speed_frame(load_reference_speed_data(), lookup=prepared)
+    table = per_architecture(prepared.dropna(subset=["y"]))
+    table = table[table["gpu"] == gpu].reset_index(drop=True)
+    design = np.column_stack([np.ones(len(table)), table["gflops"], table["tensors"] / 100.0])
+    y = table["y"].to_numpy()
+    coef, _ = nnls(design / y[:, None], np.ones_like(y))
+    table["residual_pct"] = (y / (design @ coef) - 1) * 100.0
+    return table.merge(measurement_sessions(), on=["gpu", "model"], how="left")
+
+
 def reproduce_cmdare_baselines() -> dict[str, dict[str, float]]:
     """Re-run the CM-DARE notebook recipe (``sigmetrics2020_speed_prediction_2.ipynb``).
 

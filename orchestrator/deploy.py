@@ -2,8 +2,9 @@
 
 Provider-agnostic: it uses only the launch contract (`provisioning.base.HostRunner`). Every role
 runs `<python> -m trainer --role R --index I --spec PATH`. Parameter servers and workers start
-first; once each is ready (its `ready` event, or its port accepts connections) the evaluator and
-the chief start.
+first, the evaluator and the chief right after (the chief waits for the server ports itself);
+`start()` returns once every server is ready (its `ready` event, or its port accepts
+connections).
 
 Each process gets a reader thread. Stdout lines starting with `@event ` (Contract 2) become
 `TrainerEvent`s on one queue; every other line, and stderr, goes to
@@ -149,16 +150,20 @@ class Deployment:
         self.teardown()
 
     def start(self) -> None:
-        """Start every role: servers, wait until all are ready, then evaluator and chief.
+        """Start every role: servers first, then evaluator and chief, then wait until every
+        server is ready.
 
-        Raises DeployError if a server exits or is not ready within `ready_timeout_s`; processes
-        already started keep running until `teardown()`."""
+        The clients start without waiting for the servers: importing TensorFlow takes seconds
+        per process, so overlapping it saves most of the start-up, and the chief itself waits
+        until every server port accepts connections. Raises DeployError if a server exits or
+        is not ready within `ready_timeout_s`; processes already started keep running until
+        `teardown()`."""
         servers = [self.start_role(h) for r in _SERVER_ROLES for h in self.cluster.hosts_for(r)]
-        for task in servers:
-            self.wait_ready(task)
         for role in _CLIENT_ROLES:
             for host in self.cluster.hosts_for(role):
                 self.start_role(host)
+        for task in servers:
+            self.wait_ready(task)
 
     def start_role(self, host: Host, cluster: Cluster | None = None) -> RoleTask:
         """Start the role of `host` (task index from its position in the cluster) and its reader.

@@ -38,8 +38,9 @@ def test_reproduces_cmdare_recipe() -> None:
 
 
 def test_leave_architecture_out_beats_baselines(loao: dict) -> None:
-    """Unseen-architecture MAPE. Target was ≤ 3.4 % per GPU; K80 reaches 3.6 %, P100 9.1 %
-    (three P100 architectures deviate 12-15 % from any smooth function of FLOPs and tensors)."""
+    """Unseen-architecture MAPE. Target was ≤ 3.4 % per GPU; K80 reaches 3.6 %, P100 9.1 %.
+    The P100 gap is measurement-session variation (see the session test below), and none of the
+    alternatives tried beat this model under nested leave-architecture-out CV (docs)."""
     assert loao["n_architectures"] == 16
     assert loao["per_gpu"]["K80"] <= 3.7
     assert loao["per_gpu"]["P100"] <= 9.2
@@ -100,3 +101,26 @@ def test_module_entry_point(tmp_path: Path) -> None:
          str(test), "--json"], capture_output=True, text=True, check=True,
         cwd=Path(speed_model.__file__).parents[1])
     assert json.loads(proc.stdout)["n_test"] == 26
+
+
+def _session_r2(gpu: str) -> float:
+    res = speed_model.session_residuals(gpu)
+    within = res.groupby("session")["residual_pct"].transform("mean")
+    total = ((res["residual_pct"] - res["residual_pct"].mean()) ** 2).sum()
+    return float(1 - ((res["residual_pct"] - within) ** 2).sum() / total)
+
+
+def test_p100_residuals_follow_measurement_session() -> None:
+    """Why P100 stays near 9 %: the additive model's P100 residuals are set by the day the
+    architecture was measured (all four 2019-07-25 runs 5-9 % faster than the fit, all ten
+    2019-07-30/08-02 runs 2-11 % slower, the October pair ~10 % faster); on K80 the day explains
+    little. No CSV column carries the day, so the predictor cannot (and must not) use it."""
+    p100 = speed_model.session_residuals("P100")
+    assert len(p100) == 16 and p100["session"].notna().all()
+    july25 = p100[p100["session"] == "2019-07-25"]["residual_pct"]
+    assert set(p100[p100["session"] == "2019-07-25"]["model"]) == {
+        "Res15", "Res32", "shakebig", "shakesmall"}
+    assert (july25 < -4).all()
+    assert (p100[p100["session"].isin(["2019-07-30", "2019-08-02"])]["residual_pct"] > 2).all()
+    assert _session_r2("P100") > 0.85
+    assert _session_r2("K80") < 0.3

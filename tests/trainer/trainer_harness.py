@@ -47,6 +47,10 @@ class Role:
         self.name = f"{role}{index}"
         self.events: list[dict[str, Any]] = []
         self.log_path = log_dir / f"{self.name}.log"
+        attempt = 1
+        while self.log_path.exists():  # a role restarted on shared servers keeps both logs
+            attempt += 1
+            self.log_path = log_dir / f"{self.name}.{attempt}.log"
         env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "trainer", "--role", role, "--index", str(index),

@@ -1,0 +1,103 @@
+"""The evaluator role: a sidecar that evaluates each new checkpoint on the held-out split.
+
+It needs no parameter server: it restores the weights into a local copy of the model, so it
+keeps working while the cluster is being replaced. It exits 0 after evaluating the final
+checkpoint, which the chief names in `<run_dir>/checkpoints/DONE`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from trainer import events
+from trainer.models import build_model
+from trainer.problems import eval_dataset, get_problem
+from trainer.spec import TrainerSpec
+from trainer.summaries import write_scalar
+
+POLL_INTERVAL_S = 0.5
+DONE_MARKER = "DONE"  # same name as trainer.loop.DONE_MARKER; written after the final save
+
+
+def run_evaluator(spec: TrainerSpec, max_wait_s: float | None = None) -> dict[str, Any]:
+    """Poll, evaluate the newest unseen checkpoint, repeat; return the final `eval` event.
+
+    Only the newest checkpoint is evaluated when several arrived since the last poll: the
+    chief may checkpoint faster than an evaluation takes. Raises TimeoutError after
+    `max_wait_s` without a DONE marker (None = wait for ever, the orchestrator stops us).
+    """
+    import tensorflow as tf
+
+    job = spec.job
+    ckpt_dir = Path(spec.run_dir) / "checkpoints"
+    arrays = get_problem(job.problem).load(job.data_dir, job.seed)
+    model = build_model(job.model, job.hparam_set, arrays.input_shape, arrays.num_classes)
+    dataset = eval_dataset(arrays)
+    writer = tf.summary.create_file_writer(str(Path(spec.run_dir) / "tensorboard" / "eval"))
+    events.emit("ready", address=None)
+
+    @tf.function
+    def batch_metrics(images: Any, labels: Any) -> tuple[Any, Any]:
+        logits = model(images, training=False)
+        loss = tf.reduce_sum(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels,
+                                                                            logits=logits))
+        correct = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, -1, output_type=tf.int32),
+                                                 labels), tf.float32))
+        return loss, correct
+
+    def evaluate(path: str, step: int, final: bool) -> dict[str, Any]:
+        # expect_partial: the checkpoint also holds optimizer slots and counters we don't need
+        tf.train.Checkpoint(model=model).restore(path).expect_partial()
+        total_loss = total_correct = 0.0
+        for images, labels in dataset:
+            loss, correct = batch_metrics(images, labels)
+            total_loss += float(loss)
+            total_correct += float(correct)
+        n = len(arrays.y_test)
+        accuracy, mean_loss = total_correct / n, total_loss / n
+        with writer.as_default():
+            write_scalar("accuracy", accuracy, step)
+            write_scalar("loss", mean_loss, step)
+        writer.flush()
+        return events.emit("eval", step=step, accuracy=round(accuracy, 5),
+                           loss=round(mean_loss, 5), final=final, checkpoint=path)
+
+    started, last_path, last_event = time.time(), None, None
+    while True:
+        done = _read_done(ckpt_dir)
+        if done is not None:
+            if last_event and last_path == done["checkpoint"]:  # already evaluated: re-label
+                fields = {k: v for k, v in last_event.items()
+                          if k not in ("kind", "time", "role", "index", "final")}
+                return events.emit("eval", **fields, final=True)
+            return evaluate(done["checkpoint"], int(done["step"]), final=True)
+        latest = tf.train.latest_checkpoint(str(ckpt_dir))
+        if latest and latest != last_path:
+            try:
+                last_event = evaluate(latest, _step_of(latest), final=False)
+            except (tf.errors.NotFoundError, tf.errors.DataLossError) as exc:
+                # rotated away (keep_checkpoints) or still being written: try the next one
+                print(f"[evaluator] skipped {latest}: {type(exc).__name__}", flush=True)
+                last_event = None
+            last_path = latest
+        if max_wait_s is not None and time.time() - started > max_wait_s:
+            raise TimeoutError(f"no {DONE_MARKER} in {ckpt_dir} after {max_wait_s:.0f} s")
+        time.sleep(POLL_INTERVAL_S)
+
+
+def _read_done(ckpt_dir: Path) -> dict[str, Any] | None:
+    path = ckpt_dir / DONE_MARKER
+    if not path.exists():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError:
+        return None  # caught mid-write; the next poll reads it whole
+
+
+def _step_of(checkpoint_path: str) -> int:
+    """The chief saves with checkpoint_number = global step, so `ckpt-1200` is step 1200."""
+    return int(checkpoint_path.rsplit("-", 1)[-1])

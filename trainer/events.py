@@ -1,0 +1,53 @@
+"""Trainer events (Contract 2): one `@event {json}` line on stdout per event, flushed at once."""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+from typing import Any
+
+EVENT_PREFIX = "@event "
+KINDS = frozenset({
+    "ready", "train_start", "phase_start", "phase_end", "step", "checkpoint", "eval",
+    "worker_failure", "failure", "train_end",
+})
+
+_identity: dict[str, Any] = {"role": "unknown", "index": 0}
+_lock = threading.Lock()  # TF logs from other threads must not split an event line
+
+
+def set_identity(role: str, index: int) -> None:
+    """Record who this process is; every later event carries `role` and `index`."""
+    _identity["role"] = role
+    _identity["index"] = int(index)
+
+
+def emit(kind: str, **fields: Any) -> dict[str, Any]:
+    """Print one event line and return the record (handy for tests).
+
+    `time`, `role` and `index` are filled in here; callers pass only their own fields.
+    Unknown kinds are rejected so a typo cannot silently create a new event type.
+    """
+    assert kind in KINDS, f"unknown event kind {kind!r}; valid: {sorted(KINDS)}"
+    record: dict[str, Any] = {"kind": kind, "time": round(time.time(), 3), **_identity, **fields}
+    line = EVENT_PREFIX + json.dumps(record, default=_jsonable, sort_keys=False)
+    with _lock:
+        sys.stdout.write(line + "\n")
+        sys.stdout.flush()
+    return record
+
+
+def parse_event(line: str) -> dict[str, Any] | None:
+    """Return the event in a stdout line, or None when the line is plain log text."""
+    if not line.startswith(EVENT_PREFIX):
+        return None
+    return json.loads(line[len(EVENT_PREFIX):])
+
+
+def _jsonable(value: Any) -> Any:
+    # numpy scalars and tensors reach here; anything else is a bug worth seeing as text
+    if hasattr(value, "item"):
+        return value.item()
+    return str(value)

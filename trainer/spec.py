@@ -1,0 +1,188 @@
+"""The trainer launch spec (Contract 1): one JSON file per run, read by every role.
+
+The orchestrator builds a `TrainerSpec`, writes it with `to_json(path)` and starts each role
+with `python -m trainer --role R --index I --spec PATH`. Field names are the contract; keep
+them in step with docs/architecture.md.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+PROTOCOLS = ("bsp", "asp")
+OPTIMIZERS = ("sgd", "momentum", "adam")
+LR_SCHEDULES = ("constant", "cosine", "step")
+PHASE_HPARAMS = ("learning_rate", "momentum")  # what a phase may override in place
+CLUSTER_JOBS = ("ps", "worker", "chief")
+
+
+@dataclass
+class JobSpec:
+    """What to train and how; identical for every role of a run."""
+
+    model: str = "cnn"
+    hparam_set: str = "cnn_small"
+    problem: str = "digits"
+    data_dir: str | None = None
+    train_steps: int = 1000
+    batch_size: int = 64  # per worker and per closure
+    optimizer: str = "momentum"
+    learning_rate: float = 0.05
+    momentum: float = 0.9
+    weight_decay: float = 0.0  # L2 coefficient on conv/dense kernels
+    lr_schedule: str = "constant"
+    lr_decay_steps: list[int] = field(default_factory=list)  # global steps, for "step"
+    lr_decay_factor: float = 0.1
+    warmup_steps: int = 0
+    checkpoint_frequency: int = 0  # steps; 0 = only at the end
+    keep_checkpoints: int = 3
+    eval_frequency: int = 0  # steps; 0 = only at the end
+    seed: int = 0
+
+    def validate(self) -> None:
+        """Raise AssertionError naming the field and the allowed values."""
+        assert self.train_steps >= 1, f"job.train_steps: must be >= 1 (got {self.train_steps})"
+        assert self.batch_size >= 1, f"job.batch_size: must be >= 1 (got {self.batch_size})"
+        assert self.optimizer in OPTIMIZERS, (
+            f"job.optimizer: unknown {self.optimizer!r} (one of {', '.join(OPTIMIZERS)})")
+        assert self.lr_schedule in LR_SCHEDULES, (
+            f"job.lr_schedule: unknown {self.lr_schedule!r} (one of {', '.join(LR_SCHEDULES)})")
+        assert self.learning_rate > 0, (
+            f"job.learning_rate: must be > 0 (got {self.learning_rate})")
+        assert 0.0 <= self.momentum < 1.0, f"job.momentum: must be in [0, 1) (got {self.momentum})"
+        assert self.weight_decay >= 0, f"job.weight_decay: must be >= 0 (got {self.weight_decay})"
+        assert self.warmup_steps >= 0, f"job.warmup_steps: must be >= 0 (got {self.warmup_steps})"
+        assert list(self.lr_decay_steps) == sorted(self.lr_decay_steps), (
+            f"job.lr_decay_steps: must be increasing (got {self.lr_decay_steps})")
+        assert self.lr_schedule != "step" or self.lr_decay_steps, (
+            "job.lr_decay_steps: required for lr_schedule=step (e.g. [32000, 48000])")
+        assert self.checkpoint_frequency >= 0, (
+            f"job.checkpoint_frequency: must be >= 0 (got {self.checkpoint_frequency})")
+        assert self.eval_frequency >= 0, (
+            f"job.eval_frequency: must be >= 0 (got {self.eval_frequency})")
+        assert self.keep_checkpoints >= 1, (
+            f"job.keep_checkpoints: must be >= 1 (got {self.keep_checkpoints})")
+
+
+@dataclass
+class PhaseSpec:
+    """One synchronization phase; `end_step` is a cumulative global-step target."""
+
+    protocol: str
+    end_step: int
+    hparams: dict[str, float] = field(default_factory=dict)
+
+    def validate(self, where: str = "phases[?]") -> None:
+        assert self.protocol in PROTOCOLS, (
+            f"{where}.protocol: unknown {self.protocol!r} (one of {', '.join(PROTOCOLS)})")
+        assert self.end_step >= 1, f"{where}.end_step: must be >= 1 (got {self.end_step})"
+        for key in self.hparams:
+            assert key in PHASE_HPARAMS, (
+                f"{where}.hparams.{key}: cannot be changed in place (one of "
+                f"{', '.join(PHASE_HPARAMS)})")
+
+
+@dataclass
+class TrainerSpec:
+    """Everything a trainer role needs; see docs/architecture.md, Contract 1."""
+
+    run_id: str
+    cluster: dict[str, list[str]]
+    job: JobSpec
+    phases: list[PhaseSpec]
+    run_dir: str
+    report_every_s: float = 1.0
+
+    def validate(self) -> None:
+        """Check the whole spec; AssertionError messages name the field and the fix."""
+        assert self.run_id, "run_id: must not be empty"
+        for job_name in self.cluster:
+            assert job_name in CLUSTER_JOBS, (
+                f"cluster.{job_name}: unknown job (one of {', '.join(CLUSTER_JOBS)})")
+        assert self.cluster.get("ps"), "cluster.ps: needs at least one host:port"
+        assert self.cluster.get("worker"), "cluster.worker: needs at least one host:port"
+        assert len(self.cluster.get("chief", [])) == 1, (
+            f"cluster.chief: needs exactly one host:port (got {self.cluster.get('chief')})")
+        for job_name, addresses in self.cluster.items():
+            for i, address in enumerate(addresses):
+                host, _, port = address.rpartition(":")
+                assert host and port.isdigit(), (
+                    f"cluster.{job_name}[{i}]: expected host:port (got {address!r})")
+        self.job.validate()
+        assert self.phases, "phases: needs at least one phase"
+        previous = 0
+        for i, phase in enumerate(self.phases):
+            phase.validate(f"phases[{i}]")
+            assert phase.end_step > previous, (
+                f"phases[{i}].end_step: targets are cumulative and must increase "
+                f"(got {phase.end_step} after {previous})")
+            if "momentum" in phase.hparams:
+                assert self.job.optimizer == "momentum", (
+                    f"phases[{i}].hparams.momentum: needs job.optimizer=momentum "
+                    f"(got {self.job.optimizer})")
+            previous = phase.end_step
+        assert previous == self.job.train_steps, (
+            f"phases[-1].end_step: must equal job.train_steps ({previous} != "
+            f"{self.job.train_steps})")
+        assert self.report_every_s > 0, (
+            f"report_every_s: must be > 0 (got {self.report_every_s})")
+        assert self.run_dir, "run_dir: must not be empty"
+
+    @property
+    def num_workers(self) -> int:
+        return len(self.cluster["worker"])
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TrainerSpec:
+        """Build and validate; unknown keys raise ValueError naming them."""
+        _reject_unknown(cls, data, "")
+        _reject_unknown(JobSpec, data["job"], "job.")
+        phases = []
+        for i, phase in enumerate(data["phases"]):
+            _reject_unknown(PhaseSpec, phase, f"phases[{i}].")
+            phases.append(PhaseSpec(protocol=phase["protocol"], end_step=int(phase["end_step"]),
+                                    hparams={k: float(v) for k, v in
+                                             phase.get("hparams", {}).items()}))
+        job = dict(data["job"])
+        job["lr_decay_steps"] = [int(s) for s in job.get("lr_decay_steps", [])]
+        spec = cls(
+            run_id=str(data["run_id"]),
+            cluster={k: list(v) for k, v in data["cluster"].items()},
+            job=JobSpec(**job),
+            phases=phases,
+            run_dir=str(data["run_dir"]),
+            report_every_s=float(data.get("report_every_s", 1.0)),
+        )
+        spec.validate()
+        return spec
+
+    def to_json(self, path: str | Path) -> Path:
+        """Validate, then write the spec as indented JSON; returns the path."""
+        self.validate()
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n")
+        return path
+
+    @classmethod
+    def from_json(cls, path: str | Path) -> TrainerSpec:
+        return cls.from_dict(json.loads(Path(path).read_text()))
+
+
+def single_phase(protocol: str, train_steps: int) -> list[PhaseSpec]:
+    """The common case: one protocol for the whole run."""
+    return [PhaseSpec(protocol=protocol, end_step=train_steps)]
+
+
+def _reject_unknown(cls: type, data: dict[str, Any], prefix: str) -> None:
+    known = {f.name for f in fields(cls)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ValueError(f"{prefix}{unknown[0]}: unknown field in trainer spec "
+                         f"(one of {', '.join(sorted(known))})")
