@@ -47,6 +47,13 @@ def render_plan(plan: RunPlan, console: Console | None = None, title: str | None
     cost = f"${plan.est_cost_usd:.4f}" if plan.est_cost_usd is not None else "n/a"
     console.print(f"cost: [bold]${plan.hourly_usd:.4f}/h[/bold]   est. speed: {speed}   "
                   f"est. train time: {_duration(plan.est_train_time_s)}   est. cost: {cost}")
+    if plan.revocation_model != "none":
+        revs = plan.planned_revocations
+        timed = sorted(r["at_s"] for r in revs if r.get("at_s") is not None)
+        first = f", first at {timed[0]:.0f} s" if timed else ""
+        within = "" if plan.est_train_time_s is None else " within the estimated run"
+        console.print(f"revocations: model {plan.revocation_model}, {len(revs)} planned"
+                      f"{within}{first} (seeded; transient hosts only unless configured)")
     for risk in plan.risks:
         console.print(f"[yellow]risk:[/yellow] {risk}")
     for warning in plan.warnings:

@@ -9,7 +9,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from orchestrator.schema import ExperimentConfig, Protocol
+from orchestrator.revocation import RevocationSchedule
+from orchestrator.schema import ExperimentConfig, Protocol, schedule_phases
 
 # Measured single-worker speed (steps/s, batch 128) of the papers' workloads (research.md).
 REFERENCE_STEPS_PER_SEC: dict[tuple[str, str], float] = {
@@ -59,6 +60,8 @@ class RunPlan:
     est_steps_per_sec: float | None  # None: no reference measurement for this model and GPU
     est_train_time_s: float | None
     est_cost_usd: float | None
+    revocation_model: str = "none"
+    planned_revocations: list[dict[str, Any]] = field(default_factory=list)  # within the horizon
     risks: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
 
@@ -119,11 +122,12 @@ def plan_phases(cfg: ExperimentConfig, workers: int) -> list[PhasePlan]:
     Sync-Switch: a BSP phase of fraction f takes f·B global steps, an ASP phase f·B·N.
     """
     budget = cfg.job.train_steps
-    if not cfg.sync.phases:
+    schedule = schedule_phases(cfg.sync)
+    if not schedule:
         return [PhasePlan(cfg.sync.protocol.value, 0, budget, float(budget))]
     phases: list[PhasePlan] = []
     start = 0
-    for phase in cfg.sync.phases:
+    for phase in schedule:
         bsp_steps = phase.fraction * budget
         scale = workers if phase.protocol == Protocol.asp else 1
         end = start + max(1, round(bsp_steps * scale))
@@ -167,6 +171,9 @@ def make_plan(cfg: ExperimentConfig) -> RunPlan:
     speed_all = speeds[0] if len(speeds) == 1 else None
     if est_time is not None and len(speeds) > 1:
         speed_all = phases[-1].end_step / est_time
+    horizon = est_time if est_time is not None else None
+    planned = [e.to_record() for e in RevocationSchedule.from_config(cfg.revocation, hosts).pending
+               if horizon is None or e.at_s is None or e.at_s <= horizon]
     risks = []
     if cfg.cluster.ps_transient:
         risks.append("parameter servers are transient: a revocation restarts training "
@@ -185,5 +192,7 @@ def make_plan(cfg: ExperimentConfig) -> RunPlan:
         est_steps_per_sec=speed_all,
         est_train_time_s=est_time,
         est_cost_usd=None if est_time is None else hourly * est_time / 3600.0,
+        revocation_model=str(cfg.revocation.model),
+        planned_revocations=planned,
         risks=risks,
     )

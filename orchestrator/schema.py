@@ -108,11 +108,18 @@ class SyncPhase:
 
 @dataclass
 class SyncConfig:
-    """How workers synchronise. ``phases`` empty = one phase of ``protocol``."""
+    """How workers synchronise. ``phases`` empty = one phase of ``protocol``.
+
+    A schedule is either ``phases`` or the seeds' form ``switch_order`` + ``fractions`` (+
+    ``phase_hparams``): ``switch_order: "10"`` = BSP (1) then ASP (0).
+    """
 
     name: str = MISSING
     protocol: Protocol = Protocol.asp
     phases: list[SyncPhase] = field(default_factory=list)
+    switch_order: str = ""  # seeds' form: one digit per phase, 1 = BSP, 0 = ASP
+    fractions: list[float] = field(default_factory=list)  # per digit of switch_order
+    phase_hparams: list[dict[str, float]] = field(default_factory=list)  # per digit, optional
     policy: SyncPolicyConfig = field(default_factory=SyncPolicyConfig)  # online switching
 
 
@@ -154,6 +161,16 @@ def register_configs() -> None:
     cs.store(group="provider", name="base_provider", node=ProviderConfig)
     cs.store(group="pricing", name="base_pricing", node=PricingConfig)
     register_transient_configs()
+
+
+def schedule_phases(sync: SyncConfig) -> list[SyncPhase]:
+    """The schedule as phases, whichever form the config used (empty = single protocol)."""
+    if not sync.switch_order:
+        return list(sync.phases)
+    hparams = list(sync.phase_hparams) + [{}] * len(sync.switch_order)
+    return [SyncPhase(Protocol.bsp if digit == "1" else Protocol.asp, fraction, dict(hp))
+            for digit, fraction, hp in zip(sync.switch_order, sync.fractions, hparams,
+                                           strict=False)]
 
 
 def to_experiment(cfg: DictConfig | dict[str, Any]) -> ExperimentConfig:

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from orchestrator.errors import ConfigError
-from orchestrator.schema import ExperimentConfig, Protocol
+from orchestrator.schema import ExperimentConfig, Protocol, schedule_phases
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 CONF_DIR = REPO_ROOT / "conf"
@@ -128,21 +128,36 @@ def validate_job(cfg: ExperimentConfig) -> None:
 
 
 def validate_sync(cfg: ExperimentConfig) -> None:
-    phases = cfg.sync.phases
+    sync = cfg.sync
+    if sync.switch_order:
+        if sync.phases:
+            raise ConfigError("sync.switch_order", "set either phases or switch_order",
+                              "clear one of them")
+        if set(sync.switch_order) - {"0", "1"}:
+            raise ConfigError("sync.switch_order", f"invalid '{sync.switch_order}'",
+                              "digits 1 = BSP, 0 = ASP, e.g. '10'")
+        if len(sync.fractions) != len(sync.switch_order):
+            raise ConfigError("sync.fractions", f"needs one fraction per phase of "
+                              f"'{sync.switch_order}' (got {len(sync.fractions)})")
+        if len(sync.phase_hparams) > len(sync.switch_order):
+            raise ConfigError("sync.phase_hparams", "more entries than phases")
+    where = "sync.fractions" if sync.switch_order else "sync.phases"
+    phases = schedule_phases(sync)
     if not phases:
         return
     total = 0.0
     for i, phase in enumerate(phases):
         if not 0 < phase.fraction <= 1:
-            raise ConfigError(f"sync.phases.{i}.fraction",
-                              f"must be in (0, 1] (got {phase.fraction:g})")
+            path = f"sync.fractions.{i}" if sync.switch_order else f"sync.phases.{i}.fraction"
+            raise ConfigError(path, f"must be in (0, 1] (got {phase.fraction:g})")
         unknown = set(phase.hparams) - {"learning_rate", "momentum"}
         if unknown:
-            raise ConfigError(f"sync.phases.{i}.hparams", f"unknown hparam {sorted(unknown)}",
+            path = f"sync.phase_hparams.{i}" if sync.switch_order else f"sync.phases.{i}.hparams"
+            raise ConfigError(path, f"unknown hparam {sorted(unknown)}",
                               "allowed: learning_rate, momentum")
         total += phase.fraction
     if abs(total - 1.0) > PHASE_FRACTION_TOLERANCE:
-        raise ConfigError("sync.phases", f"fractions must add up to 1 (got {total:g})")
+        raise ConfigError(where, f"fractions must add up to 1 (got {total:g})")
     assert all(isinstance(p.protocol, Protocol) for p in phases)
 
 

@@ -2,6 +2,8 @@
 
 Models are built by the caller inside `strategy.scope()` so that their variables land on the
 parameter servers. Every model returns logits (no softmax); the loss uses from_logits=True.
+Keras is imported inside the builders: listing the registry (the orchestrator validates names
+in every dry run) must not pay TensorFlow's import time.
 """
 
 from __future__ import annotations
@@ -10,10 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import keras
-from keras import layers
-
-ModelBuilder = Callable[..., keras.Model]
+ModelBuilder = Callable[..., Any]  # returns a keras.Model
 
 
 @dataclass(frozen=True)
@@ -46,7 +45,7 @@ def hparam_sets(name: str) -> list[str]:
 
 
 def build_model(name: str, hparam_set: str, input_shape: tuple[int, ...],
-                num_classes: int) -> keras.Model:
+                num_classes: int) -> Any:
     """Build a fresh model. Raises ValueError naming the valid choices for a typo."""
     entry = _get(name)
     if hparam_set not in entry.hparam_sets:
@@ -68,9 +67,12 @@ def _get(name: str) -> _Entry:
     "cnn_tiny": {"filters": (16, 32), "dense": 64},
 })
 def build_cnn(input_shape: tuple[int, ...], num_classes: int, filters: tuple[int, ...],
-              dense: int) -> keras.Model:
+              dense: int) -> Any:
     """Conv-conv-pool-dense. No batch norm: its moving-statistics writes would add
     parameter-server round trips to every ASP step for no accuracy gain at this size."""
+    import keras
+    from keras import layers
+
     inputs = keras.Input(shape=input_shape)
     x = inputs
     for f in filters:
@@ -90,11 +92,14 @@ def build_cnn(input_shape: tuple[int, ...], num_classes: int, filters: tuple[int
     "resnet_cifar_56": {"depth": 56},
     "resnet_cifar_20": {"depth": 20},
 })
-def build_resnet(input_shape: tuple[int, ...], num_classes: int, depth: int) -> keras.Model:
+def build_resnet(input_shape: tuple[int, ...], num_classes: int, depth: int) -> Any:
     """3 stages of n basic blocks with 16/32/64 filters, n = (depth - 2) / 6.
 
     Stage transitions downsample with stride 2 and a 1x1 projection shortcut (option B).
     """
+    import keras
+    from keras import layers
+
     assert (depth - 2) % 6 == 0, f"resnet depth must be 6n+2 (got {depth})"
     n = (depth - 2) // 6
     inputs = keras.Input(shape=input_shape)
@@ -110,12 +115,16 @@ def build_resnet(input_shape: tuple[int, ...], num_classes: int, depth: int) -> 
 
 
 def _conv_bn(x: Any, filters: int, kernel: int, strides: int) -> Any:
+    from keras import layers
+
     x = layers.Conv2D(filters, kernel, strides=strides, padding="same", use_bias=False,
                       kernel_initializer="he_normal")(x)
     return layers.BatchNormalization(momentum=0.9, epsilon=1e-5)(x)
 
 
 def _basic_block(x: Any, filters: int, strides: int) -> Any:
+    from keras import layers
+
     shortcut = x
     y = layers.ReLU()(_conv_bn(x, filters, 3, strides))
     y = _conv_bn(y, filters, 3, 1)
