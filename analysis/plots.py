@@ -57,8 +57,10 @@ def plot_speed_vs_workers(speeds: pd.DataFrame, path: Path, title: str) -> Path:
         ax.set_title(str(panel))
         ax.set_xlabel("workers")
         ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
-        ax.set_ylim(bottom=0)
         ax.grid(alpha=0.3)
+    # shared y: set the range once, from all panels, so no panel's points are clipped
+    top = (speeds["speed"] + speeds.get("speed_std", 0).fillna(0)).max()
+    axes[0][0].set_ylim(0, top * 1.05)
     axes[0][0].set_ylabel("cluster speed (global steps/s)")
     axes[0][0].scatter([], [], s=110, facecolors="none", edgecolors="red", label="PS bottleneck")
     axes[0][0].legend(fontsize=8, loc="upper left")

@@ -108,3 +108,26 @@ def test_local_provider_records_into_the_journal(tmp_path):
     assert entry.start_ticks == read_process_start_ticks(process.pid)
     provider.release(cluster)
     assert list_unreleased(journal.path) == []
+
+
+def test_release_command_stops_what_a_crashed_run_left(tmp_path):
+    """A journal that still records a live process group: the release command stops it."""
+    import subprocess
+    import sys
+
+    from orchestrator.journal import JOURNAL_FILE, Journal
+    from orchestrator.release import main
+
+    run_dir = tmp_path / "outputs" / "run1"
+    run_dir.mkdir(parents=True)
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                             start_new_session=True)
+    try:
+        Journal(run_dir / JOURNAL_FILE).record_process_group(
+            host_id="h1", pid=child.pid, pgid=child.pid, argv=["sleep"])
+        assert main([str(tmp_path / "outputs")]) == 0
+        assert child.wait(timeout=10) is not None
+        assert main([str(tmp_path / "outputs")]) == 0  # idempotent
+    finally:
+        if child.poll() is None:
+            child.kill()

@@ -1,0 +1,50 @@
+"""``python -m orchestrator.release PATH...``: release what crashed runs left behind.
+
+Every run records each process group (and, for cloud backends, each VM) it creates in its
+``journal.jsonl`` before using it, and marks it released on teardown. After a crash of the
+orchestrator itself (power loss, ``kill -9`` of a parent that had no parent-death signal), this
+command stops whatever a journal still lists as running. Idempotent: a second call does nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from orchestrator.journal import JOURNAL_FILE, clean_up
+
+
+def find_journals(paths: Sequence[Path]) -> list[Path]:
+    """Journals in the given run or sweep directories (searched recursively) or files."""
+    found: list[Path] = []
+    for path in paths:
+        if path.is_file():
+            found.append(path)
+        elif path.is_dir():
+            found.extend(sorted(path.rglob(JOURNAL_FILE)))
+    return found
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m orchestrator.release",
+        description="Stop the processes (and list the VMs) that runs' journals still record "
+        "as running, e.g. after the orchestrator itself crashed.")
+    parser.add_argument("paths", nargs="*", type=Path, default=[Path("outputs"), Path("multirun")],
+                        help="run or sweep directories, or journal files "
+                        "(default: outputs/ and multirun/)")
+    args = parser.parse_args(argv)
+    journals = find_journals(args.paths)
+    acted = 0
+    for journal in journals:
+        for line in clean_up(journal):
+            print(f"{journal.parent}: {line}")
+            acted += 1
+    print(f"{len(journals)} journal(s) checked, {acted} resource(s) released")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
