@@ -71,6 +71,19 @@ SUMMARY_FIELDS = (
     "error",  # str | null
 )
 
+# Added by transient runs (issue 4); every run has them (0 / [] when nothing happened).
+TRANSIENT_SUMMARY_FIELDS = (
+    "revocations",  # int, servers revoked (injected or observed)
+    "replacements",  # int, replacement servers that became ready
+    "recoveries",  # int, recoveries completed (replace or restart)
+    "restarts",  # int, cluster restarts from a checkpoint (PS or chief loss)
+    "lost_steps",  # int, steps redone after restarts (since the last checkpoint)
+    "phases",  # list of {protocol, start_step, end_step, wall_s}
+    "switch_overhead_s",  # float, total time of in-place protocol switches
+    "stragglers",  # int, straggler episodes detected
+    "stragglers_injected",  # int, straggler episodes injected
+)
+
 
 def write_atomic(path: Path, text: str) -> None:
     """Write via a temporary file and rename, so a crash never leaves half a file."""

@@ -11,39 +11,23 @@ import sys
 import time
 import traceback
 import uuid
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from orchestrator import results
-from orchestrator.deploy import EVENT_PROCESS_EXIT, Deployment, TrainerEvent
+from orchestrator.control import CONTROL_FILE, ControlChannel
+from orchestrator.deploy import Deployment
 from orchestrator.journal import JOURNAL_FILE, Journal
 from orchestrator.plan import RunPlan
 from orchestrator.progress import RunProgress
+from orchestrator.revocation import RevocationSchedule
 from orchestrator.schema import ExperimentConfig
+from orchestrator.stragglers import InjectionSchedule
+from orchestrator.supervisor import RunState, Supervisor
 from provisioning.base import Cluster, ClusterRequest, HostSpec
 from provisioning.registry import get_provider
-from trainer.spec import JobSpec, PhaseSpec, TrainerSpec
-
-EVENT_POLL_S = 0.5  # how long one wait for a trainer event lasts before checking processes
-FINAL_EVAL_TIMEOUT_S = 120.0  # how long the evaluator may take after the chief is done
-
-
-@dataclass
-class RunState:
-    """What the event stream has told us so far."""
-
-    start_time: float = field(default_factory=time.time)
-    global_step: int = 0
-    train_start: float | None = None
-    train_end: float | None = None
-    train_time_s: float | None = None
-    last_loss: float | None = None
-    last_sps: float | None = None
-    final_accuracy: float | None = None
-    chief_done: bool = False
-    evaluator_done: bool = False
-    error: str | None = None
+from trainer.spec import JobSpec, PhaseSpec, StragglerSpec, TrainerSpec
 
 
 def make_run_id(name: str) -> str:
@@ -51,7 +35,7 @@ def make_run_id(name: str) -> str:
 
 
 def build_trainer_spec(cfg: ExperimentConfig, plan: RunPlan, cluster: Cluster, run_id: str,
-                       run_dir: Path) -> TrainerSpec:
+                       run_dir: Path, control_file: Path | None = None) -> TrainerSpec:
     """The launch spec every role reads: addresses from the cluster, steps from the plan."""
     job = asdict(cfg.job)
     job = {k: (v.value if hasattr(v, "value") else v) for k, v in job.items()}
@@ -63,57 +47,28 @@ def build_trainer_spec(cfg: ExperimentConfig, plan: RunPlan, cluster: Cluster, r
         phases=[PhaseSpec(p.protocol, p.end_step, dict(p.hparams)) for p in plan.phases],
         run_dir=str(run_dir),
         report_every_s=cfg.report_every_s,
+        stragglers=straggler_specs(cfg),
+        control_file=None if control_file is None else str(control_file),
     )
+
+
+def straggler_specs(cfg: ExperimentConfig) -> list[StragglerSpec]:
+    """The injection schedule in the trainer's terms (run seconds since train_start, or a
+    global step from which an injection lasts to the end)."""
+    if not cfg.straggler.enabled:
+        return []
+    specs = [StragglerSpec(list(e.workers), e.delay_s, start_s=e.start_s, end_s=e.end_s)
+             for e in InjectionSchedule(cfg.straggler.injections).episodes()]
+    specs += [StragglerSpec(list(inj.workers), inj.delay_s, start_step=inj.start_step)
+              for inj in cfg.straggler.injections
+              if inj.start_s is None and inj.start_step is not None]
+    return specs
 
 
 def cluster_request(plan: RunPlan, run_id: str, run_dir: Path) -> ClusterRequest:
     hosts = [HostSpec(name=h.name, role=h.role, machine_type=h.machine_type, gpu=h.gpu,
                       zone=h.zone, transient=h.transient) for h in plan.hosts]
     return ClusterRequest(run_id=run_id, hosts=hosts, workdir=run_dir / "hosts")
-
-
-def _handle(event: TrainerEvent, state: RunState, rec: results.RunRecorder,
-            progress: RunProgress) -> None:
-    """Record one trainer event and fold it into the run state."""
-    f = event.fields
-    rec.event(event.kind, role=event.role, time_s=event.time, index=event.index, **f)
-    wall = event.time - state.start_time
-    step = f.get("step")
-    if isinstance(step, int | float):
-        state.global_step = max(state.global_step, int(step))
-    if event.kind == "train_start":
-        state.train_start = event.time
-        progress.status("training")
-    elif event.kind == "step":
-        state.last_loss = _num(f.get("loss"))
-        state.last_sps = _num(f.get("steps_per_sec"))
-        rec.metric(wall, int(f.get("step", 0)), state.last_sps, state.last_loss)
-        progress.update(state.global_step, state.last_sps, state.last_loss)
-    elif event.kind == "eval":
-        acc = _num(f.get("accuracy"))
-        state.final_accuracy = acc
-        rec.metric(wall, int(f.get("step", 0)), eval_accuracy=acc)
-        progress.update(accuracy=acc)
-        if f.get("final"):
-            state.evaluator_done = True
-    elif event.kind == "train_end":
-        state.train_end = event.time
-        state.train_time_s = _num(f.get("train_time_s"))
-        progress.update(state.global_step)
-    elif event.kind == "failure" and state.error is None:
-        state.error = f"{event.role} {event.index}: {f.get('error')}"
-    elif event.kind == EVENT_PROCESS_EXIT:
-        code = f.get("exit_code")
-        if event.role == "chief":
-            state.chief_done = code == 0
-        if event.role == "evaluator" and code == 0:
-            state.evaluator_done = True
-        if not f.get("expected", True) and state.error is None:
-            state.error = f"{event.role} {event.index} exited with code {code}; see logs/"
-
-
-def _num(value: Any) -> float | None:
-    return float(value) if isinstance(value, int | float) else None
 
 
 def execute_run(cfg: ExperimentConfig, plan: RunPlan, run_dir: Path,
@@ -126,62 +81,69 @@ def execute_run(cfg: ExperimentConfig, plan: RunPlan, run_dir: Path,
     run_dir.mkdir(parents=True, exist_ok=True)
     rec = results.RunRecorder(run_dir)
     run_id = make_run_id(cfg.name)
-    state = RunState()
     status = results.STATUS_FAILED
     interrupted: BaseException | None = None
+    error: str | None = None
     rec.write_config(resolved_config)
     rec.write_json(results.PLAN_FILE, plan.to_dict())
     provider = get_provider(cfg.provider.name, journal=Journal(run_dir / JOURNAL_FILE))
+    revocations = RevocationSchedule.from_config(cfg.revocation, plan.hosts)
+    control = ControlChannel(run_dir / CONTROL_FILE)
     cluster: Cluster | None = None
-    deployment: Deployment | None = None
+    supervisor: Supervisor | None = None
+    deployments: list[Deployment] = []
     progress = RunProgress(title, plan.total_steps, enabled=cfg.progress)
+    started = time.time()
+
+    def deploy(on: Cluster) -> Deployment:
+        """Write the spec for ``on`` and start every role (also after a restart)."""
+        spec_path = run_dir / results.SPEC_FILE
+        build_trainer_spec(cfg, plan, on, run_id, run_dir, control.path).to_json(spec_path)
+        deployment = Deployment(provider, on, run_dir, spec_path,
+                                python=cfg.provider.python or sys.executable,
+                                ready_timeout_s=cfg.provider.ready_timeout_s)
+        deployments.append(deployment)
+        rec.event("start", roles={r: len(on.hosts_for(r)) for r in
+                                  ("ps", "worker", "chief", "evaluator")})
+        deployment.start()
+        rec.event("ready")
+        return deployment
+
     try:
         with progress:
             # provision
             progress.status("provisioning")
-            rec.event("provision", hosts=len(plan.hosts), provider=provider.name)
+            rec.event("provision", hosts=len(plan.hosts), provider=provider.name,
+                      planned_revocations=[e.to_record() for e in revocations.pending])
             cluster = provider.acquire(cluster_request(plan, run_id, run_dir))
             rec.event("provisioned", hosts=[f"{h.spec.name}={h.endpoint}" for h in cluster.hosts])
-            spec = build_trainer_spec(cfg, plan, cluster, run_id, run_dir)
-            spec_path = run_dir / results.SPEC_FILE
-            spec.to_json(spec_path)
             # deploy: servers first, then evaluator and chief
             progress.status("starting roles")
-            deployment = Deployment(provider, cluster, run_dir, spec_path,
-                                    python=cfg.provider.python or sys.executable,
-                                    ready_timeout_s=cfg.provider.ready_timeout_s)
-            rec.event("start", roles={r: len(cluster.hosts_for(r)) for r in
-                                      ("ps", "worker", "chief", "evaluator")})
-            deployment.start()
-            rec.event("ready")
-            # train: follow events until the chief and the evaluator are done, or a failure
-            eval_deadline: float | None = None
-            while state.error is None:
-                event = deployment.next_event(EVENT_POLL_S)
-                if event is not None:
-                    _handle(event, state, rec, progress)
-                    continue
-                if state.chief_done and (state.evaluator_done or not cfg.cluster.evaluator):
-                    break
-                if state.chief_done and eval_deadline is None:
-                    eval_deadline = time.monotonic() + FINAL_EVAL_TIMEOUT_S
-                if eval_deadline is not None and time.monotonic() > eval_deadline:
-                    state.error = "evaluator did not report the final accuracy in time"
-            status = results.STATUS_COMPLETED if state.error is None else results.STATUS_FAILED
+            control.reset()
+            deployment = deploy(cluster)
+            # train: follow events, revocations and recovery until done or failed
+            supervisor = Supervisor(cfg, provider, cluster, deployment, rec, progress, control,
+                                    revocations, deploy)
+            supervisor.follow()
+            cluster = supervisor.cluster
+            error = supervisor.state.error
+            status = results.STATUS_COMPLETED if error is None else results.STATUS_FAILED
     except KeyboardInterrupt as ex:
         status, interrupted = results.STATUS_INTERRUPTED, ex
-        state.error = "interrupted by the user (Ctrl-C or SIGTERM)"
+        error = "interrupted by the user (Ctrl-C or SIGTERM)"
     except Exception as ex:
         status = results.STATUS_FAILED
-        state.error = f"{type(ex).__name__}: {ex}"
+        error = f"{type(ex).__name__}: {ex}"
         rec.write_error(traceback.format_exc())
     finally:
-        if state.error:
-            rec.event("failure", error=state.error)
+        if supervisor is not None:
+            cluster = supervisor.cluster
+        if error:
+            rec.event("failure", error=error)
             if not (run_dir / results.ERROR_FILE).exists():
-                rec.write_error(state.error + "\n")
-        _release(deployment, provider, cluster, rec)
-        summary = make_summary(cfg, plan, run_id, status, state)
+                rec.write_error(error + "\n")
+        _release(deployments, provider, cluster, rec)
+        summary = make_summary(cfg, plan, run_id, status, started, supervisor, error)
         rec.write_summary(summary)
         rec.close()
     if interrupted is not None:
@@ -189,12 +151,12 @@ def execute_run(cfg: ExperimentConfig, plan: RunPlan, run_dir: Path,
     return summary
 
 
-def _release(deployment: Deployment | None, provider: Any, cluster: Cluster | None,
+def _release(deployments: list[Deployment], provider: Any, cluster: Cluster | None,
              rec: results.RunRecorder) -> None:
     """Stop every process and release every host; repeated Ctrl-C cannot skip it."""
     for attempt in range(3):
         try:
-            if deployment is not None:
+            for deployment in deployments:
                 deployment.teardown()
             if cluster is not None:
                 provider.release(cluster)
@@ -206,27 +168,30 @@ def _release(deployment: Deployment | None, provider: Any, cluster: Cluster | No
 
 
 def make_summary(cfg: ExperimentConfig, plan: RunPlan, run_id: str, status: str,
-                 state: RunState) -> dict[str, Any]:
-    wall = time.time() - state.start_time
+                 started: float, supervisor: Supervisor | None,
+                 error: str | None) -> dict[str, Any]:
+    """The summary fields (results.SUMMARY_FIELDS) plus the transient-run extras."""
+    wall = time.time() - started
+    state = supervisor.state if supervisor is not None else RunState()
     train_time = state.train_time_s
     if train_time is None and state.train_start is not None:
-        train_time = (state.train_end or time.time()) - state.train_start
-    protocols = [p.protocol for p in plan.phases]
+        train_time = time.time() - state.train_start
+    extras = supervisor.summary_extras() if supervisor is not None else {}
     return {
         "schema_version": results.SCHEMA_VERSION,
         "run_id": run_id,
         "status": status,
         "experiment": cfg.name,
         "provider": cfg.provider.name,
-        "protocol": ">".join(protocols),
+        "protocol": ">".join(p.protocol for p in plan.phases),
         "workers": plan.workers,
         "parameter_servers": plan.parameter_servers,
         "global_steps": state.global_step,
         "wall_time_s": round(wall, 3),
         "train_time_s": None if train_time is None else round(train_time, 3),
         "final_accuracy": state.final_accuracy,
-        "steps_per_sec": (round(state.global_step / train_time, 4)
-                          if train_time else None),
+        "steps_per_sec": (round(state.global_step / train_time, 4) if train_time else None),
         "cost_usd": round(plan.hourly_usd * wall / 3600.0, 6),
-        "error": state.error,
+        "error": error,
+        **extras,
     }

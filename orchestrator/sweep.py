@@ -81,7 +81,9 @@ def append_run_row(csv_path: Path, overrides: Sequence[str], run_dir: Path,
     is written once; a row with new columns is still written, matched by name.
     """
     row: dict[str, Any] = {**override_columns(overrides), "run_dir": str(run_dir)}
-    for key in results.SUMMARY_FIELDS:
+    for key in (*results.SUMMARY_FIELDS, *results.TRANSIENT_SUMMARY_FIELDS):
+        if key == "phases":
+            continue  # a list: summary.json holds it
         value = summary.get(key)
         row[key] = "" if value is None else value
     csv_path.parent.mkdir(parents=True, exist_ok=True)

@@ -5,6 +5,11 @@
 Environment set here, before TensorFlow is imported (it reads them once at import):
 quiet C++ logging, and gRPC keepalive so that a vanished worker (a revoked VM that sends
 no RST) is detected in about 10 s instead of hanging `coordinator.join()` forever.
+
+Exit codes: 0 done (chief, evaluator) or stopped; 1 failure (a `failure` event says why);
+3 the chief lost a parameter server (`failure` with `error_kind: ps_unavailable`,
+trainer/control.py): restart the cluster, the new chief resumes from the latest checkpoint;
+143 SIGTERM.
 """
 
 from __future__ import annotations
@@ -59,7 +64,9 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _on_sigterm)
 
     from trainer import events
+    from trainer.control import watch_preemption_notice
     events.set_identity(args.role, args.index)
+    watch_preemption_notice()  # every role: `preemption_notice` event when the file appears
     try:
         from trainer.spec import TrainerSpec
         spec = TrainerSpec.from_json(args.spec)

@@ -12,6 +12,8 @@ EVENT_PREFIX = "@event "
 KINDS = frozenset({
     "ready", "train_start", "phase_start", "phase_end", "step", "checkpoint", "eval",
     "worker_failure", "failure", "train_end",
+    # transient servers (issue 4): see trainer/loop.py and trainer/control.py for the fields
+    "worker_steps", "worker_rejoined", "protocol_switch", "preemption_notice",
 })
 
 _identity: dict[str, Any] = {"role": "unknown", "index": 0}

@@ -87,28 +87,33 @@ class PSOptimizer:
                       for j, s in enumerate(slots)})
         return items
 
-    def apply(self, grads: list[Any], lr: Any) -> None:
-        """Apply one update in-graph. Concurrent ASP closures race here on purpose
-        (Hogwild-style, use_locking=False), as asynchronous parameter servers do."""
+    def apply(self, grads: list[Any], lr: Any) -> list[Any]:
+        """Apply one update in-graph; returns the update ops (to depend on). Concurrent ASP
+        closures race here on purpose (Hogwild-style, use_locking=False), as asynchronous
+        parameter servers do."""
         import tensorflow as tf
 
+        ops: list[Any] = []
         if self.kind == "adam":
             t = tf.cast(self.iterations.assign_add(1), tf.float32)
             b1_power, b2_power = ADAM_BETA_1 ** t, ADAM_BETA_2 ** t
         for var, grad, slots in zip(self.variables, grads, self.slots, strict=True):
             grad = tf.convert_to_tensor(grad)
             if self.kind == "sgd":
-                tf.raw_ops.ResourceApplyGradientDescent(var=var.handle, alpha=lr, delta=grad)
+                op = tf.raw_ops.ResourceApplyGradientDescent(var=var.handle, alpha=lr,
+                                                             delta=grad)
             elif self.kind == "momentum":
-                tf.raw_ops.ResourceApplyMomentum(var=var.handle, accum=slots[0].handle, lr=lr,
-                                                 grad=grad, momentum=self.momentum)
+                op = tf.raw_ops.ResourceApplyMomentum(var=var.handle, accum=slots[0].handle,
+                                                      lr=lr, grad=grad, momentum=self.momentum)
             else:
-                tf.raw_ops.ResourceApplyAdam(
+                op = tf.raw_ops.ResourceApplyAdam(
                     var=var.handle, m=slots[0].handle, v=slots[1].handle, beta1_power=b1_power,
                     beta2_power=b2_power, lr=lr, beta1=ADAM_BETA_1, beta2=ADAM_BETA_2,
                     epsilon=ADAM_EPSILON, grad=grad)
+            ops.append(op)
         if self.kind != "adam":
-            self.iterations.assign_add(1)
+            ops.append(self.iterations.assign_add(1))
+        return [op for op in ops if op is not None]  # eager mode returns no ops
 
 
 def _tf_var(variable: Any) -> Any:

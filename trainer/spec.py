@@ -86,6 +86,51 @@ class PhaseSpec:
 
 
 @dataclass
+class StragglerSpec:
+    """An injected slowdown: each step on the listed workers takes `delay_s` longer.
+
+    The episode is active for worker w when w is in `workers` and either the time window
+    (`start_s` <= t < `end_s`, t = seconds since the chief's train_start; `end_s` None = until
+    the end) or the step window (`start_step` <= global step < `end_step`) holds. A window
+    whose start is None is not used. The delay is added inside the step on the worker
+    (trainer/protocols.py), so it shows up in that worker's `worker_steps` timings.
+    """
+
+    workers: list[int]
+    delay_s: float
+    start_s: float | None = None
+    end_s: float | None = None
+    start_step: int | None = None
+    end_step: int | None = None
+
+    def validate(self, where: str = "stragglers[?]", num_workers: int | None = None) -> None:
+        assert self.workers, f"{where}.workers: needs at least one worker index"
+        for w in self.workers:
+            assert w >= 0 and (num_workers is None or w < num_workers), (
+                f"{where}.workers: index {w} out of range (cluster has {num_workers} workers)")
+        assert self.delay_s > 0, f"{where}.delay_s: must be > 0 (got {self.delay_s})"
+        assert self.start_s is not None or self.start_step is not None, (
+            f"{where}: needs start_s or start_step (when the episode starts)")
+        for lo, hi, name in ((self.start_s, self.end_s, "s"),
+                             (self.start_step, self.end_step, "step")):
+            assert hi is None or lo is not None, f"{where}.end_{name}: needs start_{name}"
+            assert lo is None or lo >= 0, f"{where}.start_{name}: must be >= 0 (got {lo})"
+            assert hi is None or hi > lo, (
+                f"{where}.end_{name}: must be > start_{name} (got {hi} <= {lo})")
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], where: str) -> StragglerSpec:
+        _reject_unknown(cls, data, f"{where}.")
+
+        def opt(key: str, kind: type) -> Any:
+            return None if data.get(key) is None else kind(data[key])
+
+        return cls(workers=[int(w) for w in data["workers"]], delay_s=float(data["delay_s"]),
+                   start_s=opt("start_s", float), end_s=opt("end_s", float),
+                   start_step=opt("start_step", int), end_step=opt("end_step", int))
+
+
+@dataclass
 class TrainerSpec:
     """Everything a trainer role needs; see docs/architecture.md, Contract 1."""
 
@@ -95,6 +140,13 @@ class TrainerSpec:
     phases: list[PhaseSpec]
     run_dir: str
     report_every_s: float = 1.0
+    stragglers: list[StragglerSpec] = field(default_factory=list)  # injected slowdowns
+    control_file: str | None = None  # orchestrator -> chief; None = <run_dir>/control.json
+
+    @property
+    def control_path(self) -> Path:
+        """The control file the chief polls (see trainer/control.py for its format)."""
+        return Path(self.control_file or Path(self.run_dir) / "control.json")
 
     def validate(self) -> None:
         """Check the whole spec; AssertionError messages name the field and the fix."""
@@ -130,6 +182,8 @@ class TrainerSpec:
         assert self.report_every_s > 0, (
             f"report_every_s: must be > 0 (got {self.report_every_s})")
         assert self.run_dir, "run_dir: must not be empty"
+        for i, straggler in enumerate(self.stragglers):
+            straggler.validate(f"stragglers[{i}]", len(self.cluster["worker"]))
 
     @property
     def num_workers(self) -> int:
@@ -158,6 +212,9 @@ class TrainerSpec:
             phases=phases,
             run_dir=str(data["run_dir"]),
             report_every_s=float(data.get("report_every_s", 1.0)),
+            stragglers=[StragglerSpec.from_dict(s, f"stragglers[{i}]")
+                        for i, s in enumerate(data.get("stragglers", []))],
+            control_file=None if data.get("control_file") is None else str(data["control_file"]),
         )
         spec.validate()
         return spec

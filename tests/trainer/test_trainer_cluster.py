@@ -3,20 +3,22 @@
 The ps/worker servers are shared by every test in this module (TF start-up is most of the
 cost on a 2-core machine); each test starts its own chief and evaluator against them with
 its own run directory. Every process runs in its own process group and is SIGKILLed at
-teardown.
+teardown. The last two tests break the shared cluster (a worker, then the PS), so they run
+last, in file order.
 """
 
 from __future__ import annotations
 
 import json
+import statistics
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from trainer_harness import LocalCluster, make_spec
+from trainer_harness import LocalCluster, Role, make_spec
 
-from trainer.spec import PhaseSpec, TrainerSpec
+from trainer.spec import PhaseSpec, StragglerSpec, TrainerSpec
 
 pytestmark = pytest.mark.slow
 WORKERS = 2
@@ -49,10 +51,34 @@ def final_eval(evaluator) -> dict:
     return finals[0]
 
 
+def wait_for_step(chief: Role, step: int, timeout: float = 90) -> None:
+    deadline = time.time() + timeout
+    while not any(e["step"] >= step for e in chief.of_kind("step")):
+        assert time.time() < deadline and chief.proc.poll() is None, chief.tail()
+        time.sleep(0.1)
+
+
+def write_control(path: Path, **fields: object) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(fields))
+    tmp.replace(path)  # atomic, as the orchestrator writes it
+
+
 def test_asp_reaches_accuracy(cluster: LocalCluster, tmp_path: Path) -> None:
-    _, path = spec_for(cluster, tmp_path / "asp", [PhaseSpec("asp", 800)],
-                          eval_frequency=400)
+    """Also: per-worker step times, with an injected straggler on worker 1 for a while."""
+    spec, _ = spec_for(cluster, tmp_path / "asp", [PhaseSpec("asp", 800)], eval_frequency=400)
+    spec.stragglers = [StragglerSpec(workers=[1], delay_s=0.15, start_step=0, end_step=250)]
+    path = spec.to_json(tmp_path / "asp" / "trainer_spec.json")
     chief, evaluator = cluster.train(spec_path=path, timeout=150)
+    timings = chief.of_kind("worker_steps")
+    assert {t["worker"] for t in timings} == {0, 1}, chief.tail()
+    during = {w: [t["step_time_s"] for t in timings if t["worker"] == w and t["step"] < 240]
+              for w in (0, 1)}
+    after = {w: [t["step_time_s"] for t in timings if t["worker"] == w and t["step"] > 300]
+             for w in (0, 1)}
+    assert statistics.median(during[1]) > 0.15, during  # the injected delay, on the worker
+    assert statistics.median(during[1]) > 3 * statistics.median(during[0]), during
+    assert statistics.median(after[1]) < 0.1, after  # the episode ended at step 250
     kinds = [e["kind"] for e in chief.events]
     assert kinds[0] == "train_start" and kinds[-1] == "train_end"
     assert chief.of_kind("train_start")[0]["workers"] == WORKERS
@@ -94,6 +120,40 @@ def test_phase_switch_is_in_place(cluster: LocalCluster, tmp_path: Path) -> None
     assert final_eval(evaluator)["accuracy"] >= 0.9
 
 
+def test_control_override_checkpoint_and_notice(cluster: LocalCluster, tmp_path: Path) -> None:
+    """The orchestrator switches BSP -> ASP in place mid-phase and asks for a checkpoint;
+    then a preemption notice for the chief's host (chief and evaluator share it)."""
+    run_dir = tmp_path / "control"
+    spec, path = spec_for(cluster, run_dir, [PhaseSpec("bsp", 200)])
+    notice = run_dir / "PREEMPTION_NOTICE"
+    env = {"TRANSIENT_PREEMPTION_NOTICE": str(notice)}
+    chief = cluster.start("chief", 0, path, env=env)
+    evaluator = cluster.start("evaluator", 0, path, env=env)
+    wait_for_step(chief, 40)
+    write_control(spec.control_path, seq=1, protocol="asp", checkpoint=1)
+    chief.wait_event("protocol_switch", timeout=30)
+    notice.write_text(json.dumps({"host_id": "local-chief", "deadline": time.time() + 30}))
+    cluster.finish(chief, evaluator, timeout=120)
+
+    switch = chief.of_kind("protocol_switch")
+    assert len(switch) == 1, chief.tail()
+    switch = switch[0]
+    assert (switch["from"], switch["to"], switch["reason"]) == ("bsp", "asp", "control")
+    assert 0 < switch["switch_s"] < 1.0, switch
+    reasons = [c["reason"] for c in chief.of_kind("checkpoint")]
+    assert reasons[0] == "control" and "notice" in reasons and reasons[-1] == "final", reasons
+    assert chief.of_kind("preemption_notice")[0]["deadline"] > time.time() - 60
+    assert evaluator.of_kind("preemption_notice"), evaluator.tail()
+    assert len(chief.of_kind("train_start")) == 1  # in place: one coordinator
+    # budget: 200 BSP-equivalent steps = s0 BSP steps + 2 * (200 - s0) ASP steps
+    done = json.loads((run_dir / "checkpoints" / "DONE").read_text())
+    s0 = done["bsp_updates"]
+    assert s0 == switch["step"] and 40 <= s0 < 200
+    assert done["budget_units"] == 2 * 200
+    assert s0 + 2 * (200 - s0) <= done["step"] <= s0 + 2 * (200 - s0) + 1  # at-least-once
+    assert final_eval(evaluator)["step"] == done["step"]
+
+
 def test_resume_continues_from_checkpoint(cluster: LocalCluster, tmp_path: Path) -> None:
     run_dir = tmp_path / "resume"
     _, first = spec_for(cluster, run_dir, [PhaseSpec("asp", 200)], checkpoint_frequency=100)
@@ -102,7 +162,8 @@ def test_resume_continues_from_checkpoint(cluster: LocalCluster, tmp_path: Path)
     assert reached >= 200
     _, longer = spec_for(cluster, run_dir, [PhaseSpec("asp", 400)], checkpoint_frequency=100)
     chief, _ = cluster.train(spec_path=longer, evaluator=False, timeout=120)
-    assert chief.of_kind("train_start")[0]["step"] == reached
+    start = chief.of_kind("train_start")[0]
+    assert start["step"] == reached and start["resumed_from"].endswith(f"ckpt-{reached}")
     assert chief.of_kind("train_end")[0]["step"] >= 400
     assert "resumed from" in chief.tail(200)
 
@@ -113,15 +174,55 @@ def test_bsp_survives_a_killed_worker(cluster: LocalCluster, tmp_path: Path) -> 
     W gradients (one more if a closure ran twice: at-least-once)."""
     _, path = spec_for(cluster, tmp_path / "kill", [PhaseSpec("bsp", 500)])
     chief = cluster.start("chief", 0, path)
-    deadline = time.time() + 90
-    while not any(e["step"] >= 100 for e in chief.of_kind("step")):
-        assert time.time() < deadline and chief.proc.poll() is None, chief.tail()
-        time.sleep(0.2)
+    wait_for_step(chief, 100)
     victim = next(s for s in cluster.servers if s.name == "worker1")
     victim.kill()
+    chief.wait_event("worker_failure", timeout=20)
+    cluster.servers.append(cluster.start("worker", 1))  # same address, new process: rejoins
     assert chief.wait(120) == 0, chief.tail()
     failures = chief.of_kind("worker_failure")
     assert failures and failures[0]["worker"] == 1, chief.tail()
+    assert [e["worker"] for e in chief.of_kind("worker_rejoined")] == [1], chief.tail()
     done = json.loads((tmp_path / "kill" / "checkpoints" / "DONE").read_text())
     assert done["step"] == 500 and done["bsp_updates"] == 500
     assert WORKERS * 500 <= done["bsp_gradients"] <= WORKERS * 500 + 3
+
+
+def test_ps_loss_exits_3_and_a_new_cluster_resumes(cluster: LocalCluster,
+                                                     tmp_path: Path) -> None:
+    """Runs last: it SIGKILLs the shared PS. The chief must report `ps_unavailable` and exit
+    3 promptly; a whole new cluster (new ps/worker processes at new addresses, fresh BSP
+    accumulators) then resumes from the latest checkpoint and completes."""
+    run_dir = tmp_path / "psloss"
+    _, path = spec_for(cluster, run_dir, [PhaseSpec("bsp", 30), PhaseSpec("asp", 700)],
+                       checkpoint_frequency=100)
+    chief = cluster.start("chief", 0, path)
+    wait_for_step(chief, 250)
+    cluster.servers[0].kill()  # the PS
+    killed = time.time()
+    assert chief.wait(30) == 3, chief.tail()
+    detected = chief.of_kind("failure")[-1]
+    assert detected["error_kind"] == "ps_unavailable", detected
+    assert detected["time"] - killed < 15, detected
+    saved = [c["step"] for c in chief.of_kind("checkpoint")]
+    assert saved and saved[-1] >= 200, saved
+
+    new_spec = make_spec(run_dir, WORKERS, [PhaseSpec("bsp", 30), PhaseSpec("asp", 700)],
+                         checkpoint_frequency=100)
+    assert new_spec.cluster != cluster.spec.cluster
+    replacement = LocalCluster(new_spec, run_dir / "trainer_spec.json")
+    try:
+        for server in replacement.servers:
+            server.wait_event("ready", timeout=90)
+        restarted = time.time()
+        chief, _ = replacement.train(evaluator=False, timeout=120)
+        start = chief.of_kind("train_start")[0]
+        assert start["step"] == saved[-1], start
+        assert start["resumed_from"].endswith(f"ckpt-{saved[-1]}")
+        first_step = chief.of_kind("step")[0]
+        print(f"ps loss: detected in {detected['time'] - killed:.1f} s; resumed training "
+              f"{first_step['time'] - restarted:.1f} s after the new chief started")
+        assert chief.of_kind("phase_start")[0]["protocol"] == "asp"  # bsp was done before
+        assert chief.of_kind("train_end")[0]["step"] >= 700
+    finally:
+        replacement.stop()

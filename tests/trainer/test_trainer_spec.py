@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from trainer.spec import JobSpec, PhaseSpec, TrainerSpec, single_phase
+from trainer.spec import JobSpec, PhaseSpec, StragglerSpec, TrainerSpec, single_phase
 
 CLUSTER = {"ps": ["127.0.0.1:2222"], "worker": ["127.0.0.1:2223", "127.0.0.1:2224"],
            "chief": ["127.0.0.1:2225"]}
@@ -42,7 +42,8 @@ def test_json_round_trip(tmp_path: Path) -> None:
     assert TrainerSpec.from_json(path) == spec
     assert TrainerSpec.from_dict(spec.to_dict()) == spec
     data = json.loads(path.read_text())
-    assert set(data) == {"run_id", "cluster", "job", "phases", "run_dir", "report_every_s"}
+    assert set(data) == {"run_id", "cluster", "job", "phases", "run_dir", "report_every_s",
+                         "stragglers", "control_file"}
     assert data["phases"][1] == {"protocol": "asp", "end_step": 100,
                                  "hparams": {"learning_rate": 0.1}}
 
@@ -88,3 +89,37 @@ def test_unknown_json_key_is_rejected() -> None:
 def _literal(text: str) -> str:
     import re
     return re.escape(text)
+
+
+def test_transient_fields_round_trip(tmp_path: Path) -> None:
+    spec = make(stragglers=[StragglerSpec(workers=[1], delay_s=0.15, start_s=5.0, end_s=30.0),
+                            StragglerSpec(workers=[0, 1], delay_s=0.1, start_step=40)],
+                control_file=str(tmp_path / "ctl.json"))
+    back = TrainerSpec.from_json(spec.to_json(tmp_path / "trainer_spec.json"))
+    assert back == spec and back.control_path == tmp_path / "ctl.json"
+    assert back.stragglers[1].end_step is None and back.stragglers[1].start_s is None
+    assert make().stragglers == [] and make().control_path == Path("/tmp/r1/control.json")
+    old = make().to_dict()
+    del old["stragglers"], old["control_file"]  # a spec written before these fields
+    assert TrainerSpec.from_dict(old) == make()
+
+
+@pytest.mark.parametrize(("straggler", "message"), [
+    (StragglerSpec(workers=[2], delay_s=0.1, start_s=0.0), "stragglers[0].workers: index 2"),
+    (StragglerSpec(workers=[0], delay_s=0.0, start_s=0.0), "stragglers[0].delay_s: must be > 0"),
+    (StragglerSpec(workers=[0], delay_s=0.1), "stragglers[0]: needs start_s or start_step"),
+    (StragglerSpec(workers=[0], delay_s=0.1, start_s=5.0, end_s=5.0),
+     "stragglers[0].end_s: must be > start_s"),
+    (StragglerSpec(workers=[0], delay_s=0.1, start_s=1.0, end_step=9),
+     "stragglers[0].end_step: needs start_step"),
+])
+def test_invalid_stragglers_name_the_field(straggler: StragglerSpec, message: str) -> None:
+    with pytest.raises(AssertionError, match=_literal(message)):
+        make(stragglers=[straggler]).validate()
+
+
+def test_unknown_straggler_key_is_rejected() -> None:
+    data = make().to_dict()
+    data["stragglers"] = [{"workers": [0], "delay_s": 0.1, "start_s": 0, "delay": 1}]
+    with pytest.raises(ValueError, match=r"stragglers\[0\]\.delay: unknown field"):
+        TrainerSpec.from_dict(data)

@@ -43,7 +43,8 @@ def make_spec(run_dir: Path, workers: int, phases: list[PhaseSpec], ps: int = 1,
 class Role:
     """One `python -m trainer` process; its events are collected by a reader thread."""
 
-    def __init__(self, spec_path: Path, role: str, index: int, log_dir: Path) -> None:
+    def __init__(self, spec_path: Path, role: str, index: int, log_dir: Path,
+                 env: dict[str, str] | None = None) -> None:
         self.name = f"{role}{index}"
         self.events: list[dict[str, Any]] = []
         self.log_path = log_dir / f"{self.name}.log"
@@ -51,7 +52,7 @@ class Role:
         while self.log_path.exists():  # a role restarted on shared servers keeps both logs
             attempt += 1
             self.log_path = log_dir / f"{self.name}.{attempt}.log"
-        env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1")
+        env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1", **(env or {}))
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "trainer", "--role", role, "--index", str(index),
              "--spec", str(spec_path)], cwd=REPO, env=env, stdout=subprocess.PIPE,
@@ -116,8 +117,9 @@ class LocalCluster:
         self.servers = [self.start(r, i) for r in ("ps", "worker")
                         for i in range(len(spec.cluster[r]))]
 
-    def start(self, role: str, index: int = 0, spec_path: Path | None = None) -> Role:
-        r = Role(spec_path or self.spec_path, role, index, self.log_dir)
+    def start(self, role: str, index: int = 0, spec_path: Path | None = None,
+              env: dict[str, str] | None = None) -> Role:
+        r = Role(spec_path or self.spec_path, role, index, self.log_dir, env)
         self.roles.append(r)
         return r
 
@@ -126,6 +128,11 @@ class LocalCluster:
         """Start the chief (and evaluator), wait for both to exit 0."""
         chief = self.start("chief", 0, spec_path)
         ev = self.start("evaluator", 0, spec_path) if evaluator else None
+        return self.finish(chief, ev, timeout)
+
+    def finish(self, chief: Role, ev: Role | None,
+               timeout: float = 120) -> tuple[Role, Role | None]:
+        """Wait for a started chief (and evaluator) to exit 0."""
         rc = chief.wait(timeout)
         assert rc == 0, f"chief exited {rc}:\n{chief.tail()}"
         if ev is not None:

@@ -1,0 +1,87 @@
+"""Transient servers for real, on the local provider: revocations, recovery and stragglers.
+
+Every test runs the real CLI; revocations SIGKILL real TensorFlow processes.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from tests.orchestrator.proc_utils import live_processes_mentioning
+from tests.orchestrator.test_run_local import orchestrate, read_events
+
+pytestmark = pytest.mark.slow
+
+CHAOS_STEPS = 2400
+
+
+def test_chaos_workers_and_the_parameter_server_are_killed(repo_root: Path,
+                                                           tmp_path: Path) -> None:
+    """SIGKILL two random workers and, once, the parameter server: the run completes, its
+    accuracy stays that of an undisturbed digits run, and records agree with each other."""
+    run_dir = tmp_path / "chaos"
+    events_cfg = ("[{target: worker, at_s: 3.0}, {target: worker, at_s: 9.0},"
+                  " {target: ps-0, at_step: 1500}]")
+    proc = orchestrate(
+        repo_root, "+experiment=digits_local", "cluster.workers=3", "sync=asp",
+        f"job.train_steps={CHAOS_STEPS}", "job.checkpoint_frequency=400",
+        "job.eval_frequency=0", "cluster.ps_transient=true", "revocation=schedule",
+        f"revocation.events={events_cfg}", "revocation.seed=11",
+        "cluster.recovery.on_revocation=replace", "cluster.recovery.replacement_delay_s=1.0",
+        "cluster.recovery.max_restarts=2", f"hydra.run.dir={run_dir}", timeout=420)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    events = read_events(run_dir)
+    kinds = Counter(e["kind"] for e in events)
+    assert summary["status"] == "completed", summary["error"]
+    # records are consistent: the summary counts exactly what events.jsonl holds
+    assert summary["revocations"] == kinds["revocation"] == 3
+    assert summary["replacements"] == kinds["replacement_ready"]
+    assert summary["recoveries"] == kinds["recovery_end"]
+    assert summary["lost_steps"] == sum(e.get("lost_steps", 0) for e in events
+                                        if e["kind"] == "recovery_start")
+    assert summary["restarts"] == 1
+    revoked = [e for e in events if e["kind"] == "revocation"]
+    assert sorted(e["role"] for e in revoked) == ["ps", "worker", "worker"]
+    # the restart resumed from a checkpoint, and steps are at-least-once, never fewer
+    resumed = [e for e in events if e["kind"] == "train_start" and e.get("resumed_from")]
+    assert len(resumed) == 1
+    assert CHAOS_STEPS <= summary["global_steps"] <= CHAOS_STEPS + 3 * 8 * 3
+    assert summary["final_accuracy"] >= 0.93  # undisturbed digits runs reach 0.97-0.98
+    assert not live_processes_mentioning(str(run_dir))
+
+
+def test_straggler_switches_bsp_to_asp_in_place_and_back(repo_root: Path,
+                                                         tmp_path: Path) -> None:
+    """An injected straggler is detected from per-worker step times; Sync-Switch's online
+    policy moves the run to ASP while it lasts and back to BSP after it, in place."""
+    run_dir = tmp_path / "straggler"
+    injection = ("[{workers: [1], delay_s: 0.15, start_s: 4.0, duration_s: 12.0,"
+                 " every_s: 0.0, repeats: 1}]")
+    proc = orchestrate(
+        repo_root, "+experiment=digits_local", "cluster.workers=2", "sync=straggler_switch",
+        "sync.policy.min_dwell_s=2.0", "sync.policy.calm_s=2.0", "straggler=one_worker",
+        f"straggler.injections={injection}", "job.train_steps=1400",
+        "job.checkpoint_frequency=0", "job.eval_frequency=0", "report_every_s=0.5",
+        f"hydra.run.dir={run_dir}", timeout=420)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    events = read_events(run_dir)
+    kinds = [e["kind"] for e in events]
+    assert summary["status"] == "completed", summary["error"]
+    detected = [e for e in events if e["kind"] == "straggler_start"]
+    assert detected and all(e["worker"] == 1 for e in detected)
+    assert "straggler_end" in kinds
+    decisions = [e["protocol"] for e in events if e["kind"] == "policy_decision"]
+    assert decisions[:2] == ["asp", "bsp"]
+    switches = [(e["from"], e["to"]) for e in events if e["kind"] == "protocol_switch"]
+    assert ("bsp", "asp") in switches and ("asp", "bsp") in switches
+    assert all(e["switch_s"] < 1.0 for e in events if e["kind"] == "protocol_switch")
+    assert [p["protocol"] for p in summary["phases"]][:3] == ["bsp", "asp", "bsp"]
+    assert summary["stragglers"] >= 1 and summary["stragglers_injected"] == 1
+    assert summary["final_accuracy"] >= 0.9
+    assert not live_processes_mentioning(str(run_dir))

@@ -1,0 +1,123 @@
+"""The chief's reporting: throttled `step` and `worker_steps` events, worker loss and rejoin.
+
+- `step` `{"step", "loss", "steps_per_sec", "lr"}` at most every `report_every_s`.
+- `worker_steps` `{"worker", "step_time_s", "steps"}` at the same time, one per worker seen in
+  the sample: the mean on-worker step time (trainer/protocols.py) over the last
+  SAMPLE_CLOSURES finished closures since the previous report. Closure results are already
+  copied to the chief by the coordinator, so reading them costs no RPC.
+- `worker_failure` `{"worker", "error"}` when the coordinator logs a worker's failure, and
+  `worker_rejoined` `{"worker"}` when it has re-created that worker's resources after the
+  worker came back (same address, new process).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from trainer import events
+from trainer.protocols import fetch_or_none
+from trainer.spec import TrainerSpec
+from trainer.summaries import write_scalar
+
+SAMPLE_CLOSURES = 64  # at most this many closure results are read per report
+
+
+class Meter:
+    """Throttled `step` and `worker_steps` events and TensorBoard scalars.
+
+    A step may run twice after a worker loss: rates come from the PS global step, which
+    counts what was applied, not what was scheduled.
+    """
+
+    def __init__(self, spec: TrainerSpec, step: int, writer: Any,
+                 lr_of: Callable[[int], float]) -> None:
+        self.every_s = spec.report_every_s
+        self.writer, self.lr_of = writer, lr_of
+        self.last_time, self.last_step = time.time(), step
+        self.sample: deque[Any] = deque(maxlen=max(SAMPLE_CLOSURES, 8 * spec.num_workers))
+        self.last: Any = None
+
+    def restart(self, step: int) -> None:
+        self.last_time, self.last_step = time.time(), step
+        self.sample.clear()
+
+    def add(self, results: list[Any]) -> None:
+        """Remember finished closures' RemoteValues `[loss, worker_id, step_time_s]`."""
+        if results:
+            self.sample.extend(results)
+            self.last = results[-1]
+
+    def observe(self, read_step: Callable[[], int], results: list[Any],
+                force: bool = False) -> None:
+        self.add(results)
+        now = time.time()
+        if not force and now - self.last_time < self.every_s:
+            return
+        step = read_step()
+        rate = (step - self.last_step) / max(now - self.last_time, 1e-9)
+        fetched = fetch_or_none(self.last) if self.last is not None else None
+        value = float(fetched[0]) if fetched is not None else None
+        lr = float(f"{self.lr_of(step):.6g}")  # the PS holds float32; drop its noise digits
+        events.emit("step", step=step, loss=value, steps_per_sec=round(rate, 2), lr=lr)
+        self._worker_steps(step)
+        with self.writer.as_default():
+            if value is not None:
+                write_scalar("loss", value, step)
+            write_scalar("steps_per_sec", rate, step)
+            write_scalar("learning_rate", lr, step)
+        self.last_time, self.last_step = now, step
+
+    def _worker_steps(self, step: int) -> None:
+        times: dict[int, list[float]] = {}
+        for remote in self.sample:
+            fetched = fetch_or_none(remote)  # None: computed on a worker that is gone now
+            if fetched is None:
+                continue
+            _, worker, seconds = fetched
+            times.setdefault(int(worker), []).append(float(seconds))
+        self.sample.clear()
+        for worker, values in sorted(times.items()):
+            mean = sum(values) / len(values)
+            events.emit("worker_steps", worker=worker, step_time_s=round(mean, 5),
+                        steps=len(values), step=step)
+            with self.writer.as_default():
+                write_scalar(f"worker_step_time_s/{worker}", mean, step)
+
+
+class WorkerFailureEvents(logging.Handler):
+    """Turn the coordinator's "Worker ... failed with ..." log record into a
+    `worker_failure` event. The coordinator recovers by itself (it reschedules the closure
+    and re-creates the worker's dataset when it returns); this only makes the loss visible.
+    """
+
+    PATTERN = re.compile(r"/job:worker/replica:\d+/task:(\d+)")
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if not str(record.msg).startswith("Worker %s failed with"):
+            return
+        device = str(record.args[0]) if record.args else ""
+        match = self.PATTERN.search(device)
+        error = str(record.args[1]) if record.args and len(record.args) > 1 else ""
+        events.emit("worker_failure", worker=int(match.group(1)) if match else device,
+                    error=error[:300])
+
+
+def watch_rejoins(coordinator: Any) -> None:
+    """Emit `worker_rejoined` when the coordinator recovers a worker. It calls the worker's
+    `_on_worker_recovery` (private; looked up per failure, so wrapping the instance works)
+    once the restarted worker answers; a no-op if those internals moved."""
+    for worker in getattr(getattr(coordinator, "_cluster", None), "workers", []):
+        original = getattr(worker, "_on_worker_recovery", None)
+        if original is None:
+            continue
+
+        def recovered(original: Callable = original, index: int = worker.worker_index) -> None:
+            original()
+            events.emit("worker_rejoined", worker=index)
+
+        worker._on_worker_recovery = recovered
