@@ -8,7 +8,6 @@ from omegaconf.errors import (
     ConfigKeyError,
     MissingMandatoryValue,
     OmegaConfBaseException,
-    ValidationError,
 )
 
 CONFIG_ERROR_EXIT_CODE = 2
@@ -32,27 +31,46 @@ def _first_line(text: str) -> str:
     return text.strip().splitlines()[0] if text.strip() else text
 
 
+# Dataclasses that live in lists: OmegaConf reports their errors without the list's path.
+_LIST_ITEM_PATHS = {
+    "WorkerGroup": "cluster.worker_groups.*",
+    "SyncPhase": "sync.phases.*",
+    "RevocationEventConfig": "revocation.events.*",
+    "StragglerInjection": "straggler.injections.*",
+}
+
+
 def from_omegaconf(ex: OmegaConfBaseException) -> ConfigError:
     """Translate an OmegaConf error (raised while merging into the schema) to a ConfigError."""
     path = getattr(ex, "full_key", None) or "<config>"
     msg = _first_line(getattr(ex, "msg", None) or str(ex))
     if isinstance(ex, MissingMandatoryValue):
         return ConfigError(path, "required value is missing", "set it in the YAML or on the CLI")
+    object_type = getattr(getattr(ex, "object_type", None), "__name__", None)
+    return describe(path, msg, key_error=isinstance(ex, ConfigKeyError), object_type=object_type)
+
+
+def describe(path: str, msg: str, key_error: bool = False,
+             object_type: str | None = None) -> ConfigError:
+    """The ConfigError for an OmegaConf message about the field at ``path``."""
+    if "." not in path and object_type in _LIST_ITEM_PATHS:
+        path = f"{_LIST_ITEM_PATHS[object_type]}.{path}"
     m = re.search(r"Key '([^']+)' (?:not in|is not in struct)", msg)
-    if isinstance(ex, ConfigKeyError) or m:
+    if key_error or m:
         key = m.group(1) if m else path.rsplit(".", 1)[-1]
         return ConfigError(path, f"unknown key '{key}'", _valid_keys_hint(path))
-    if isinstance(ex, ValidationError):
-        m = re.search(r"Invalid value '([^']*)', expected one of \[([^\]]*)\]", msg)
-        if m:
-            return ConfigError(path, f"invalid value '{m.group(1)}'", f"one of: {m.group(2)}")
-        m = re.search(r"Value '([^']*)' of type '([^']+)' could not be converted to (\w+)", msg)
-        if m:
-            word = {"Float": "number"}.get(m.group(3), m.group(3).lower())
-            return ConfigError(path, f"'{m.group(1)}' is not a valid {word}", _type_hint(m.group(3)))
-        m = re.search(r"Incompatible value '([^']*)' for field of type '([^']+)'", msg)
-        if m:
-            return ConfigError(path, f"wrong type for '{m.group(1)}'", f"expected {m.group(2)}")
+    m = re.search(r"Invalid value '([^']*)', expected one of \[([^\]]*)\]", msg)
+    if m:
+        return ConfigError(path, f"invalid value '{m.group(1)}'", f"one of: {m.group(2)}")
+    m = re.search(r"Value '([^']*)' of type '([^']+)' could not be converted to (\w+)", msg)
+    if m:
+        word = {"Float": "number"}.get(m.group(3), m.group(3).lower())
+        return ConfigError(path, f"'{m.group(1)}' is not a valid {word}", _type_hint(m.group(3)))
+    m = re.search(r"Incompatible value '([^']*)' for field of type '([^']+)'", msg)
+    if m:
+        return ConfigError(path, f"wrong type for '{m.group(1)}'", f"expected {m.group(2)}")
+    if "Missing mandatory value" in msg:
+        return ConfigError(path, "required value is missing", "set it in the YAML or on the CLI")
     return ConfigError(path, msg)
 
 
@@ -77,7 +95,7 @@ def _valid_keys_hint(path: str) -> str | None:
         if not (isinstance(node, type) and is_dataclass(node)):
             return None
         types = {f.name: f.type for f in fields(node)}
-        if part.isdigit():
+        if part.isdigit() or part == "*":
             continue
         t = types.get(part)
         if t is None:

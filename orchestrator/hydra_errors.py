@@ -7,7 +7,7 @@ import re
 from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
 from omegaconf.errors import OmegaConfBaseException
 
-from orchestrator.errors import ConfigError, from_omegaconf
+from orchestrator.errors import ConfigError, describe, from_omegaconf
 
 
 def config_error_from_hydra(ex: BaseException) -> ConfigError | None:
@@ -29,12 +29,11 @@ def config_error_from_hydra(ex: BaseException) -> ConfigError | None:
             return _missing_option(cause)
         msg = str(ex)
         full_key = re.search(r"full_key: (\S+)", msg)
-        m = re.search(r"Key '([^']+)' not in '([^']+)'", msg)
-        if m and full_key:
-            from orchestrator.errors import _valid_keys_hint
-
-            path = full_key.group(1)
-            return ConfigError(path, f"unknown key '{m.group(1)}'", _valid_keys_hint(path))
+        if full_key:  # an OmegaConf error inside a YAML file, flattened into Hydra's message
+            inner = re.search(r"raised while composing config:\n(.*)", msg)
+            object_type = re.search(r"object_type=(\w+)", msg)
+            return describe(full_key.group(1), inner.group(1) if inner else _first(msg),
+                            object_type=object_type.group(1) if object_type else None)
         m = re.search(r"Could not override '([^']+)'", msg)
         if m:
             key = m.group(1)

@@ -87,3 +87,25 @@ def test_validate_files_reports_each_bad_file(tmp_path, repo_root) -> None:
     assert results[good.resolve()] is None
     assert "job.train_steps: must be ≥ 1" in (results[bad.resolve()] or "")
     assert "job.trainsteps" in (results[typo.resolve()] or "")
+
+
+BAD_FILES = {
+    # file body (after the package header) -> (field named, words in the message)
+    "cluster:\n  workers: four\n": ("cluster.workers", "not a valid integer"),
+    "sync:\n  protocol: ssp\n": ("sync.protocol", "invalid value 'ssp'"),
+    "foo: 1\n": ("foo", "unknown key 'foo'"),
+    "cluster:\n  worker_groups:\n    - {count: 2, gpus: k80}\n":
+        ("cluster.worker_groups.*.gpus", "unknown key 'gpus'"),
+    "cluster:\n  worker_groups:\n    - {count: -2}\n":
+        ("cluster.worker_groups.0.count", "must be ≥ 1"),
+    "defaults:\n  - override /sync: ssp\n": ("sync", "unknown option 'ssp'"),
+}
+
+
+@pytest.mark.parametrize("body", list(BAD_FILES), ids=[v[0] for v in BAD_FILES.values()])
+def test_bad_experiment_files_name_the_field(tmp_path, body: str) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text("# @package _global_\n" + body)
+    field, words = BAD_FILES[body]
+    line = validate_files([path])[path.resolve()] or ""
+    assert line.startswith(f"config error: {field}: ") and words in line, line
