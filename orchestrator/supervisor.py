@@ -107,6 +107,7 @@ class Supervisor:
         self.pending: list[RecoveryDecision] = []
         self.awaiting_restart: RecoveryDecision | None = None
         self.revoked_ids: set[str] = set()
+        self.noticed_ids: set[str] = set()  # hosts we sent a preemption notice ourselves
         self.injected: set[int] = set()
         self.schedule_protocol: str | None = None  # the phase schedule's protocol now
 
@@ -184,8 +185,10 @@ class Supervisor:
             self.progress.update(s.global_step)
         elif kind == "worker_steps":
             self.observe_worker(int(f.get("worker", -1)), _num(f.get("step_time_s")))
-        elif kind == "preemption_notice" and event.role == "ps":
-            self.control.request_checkpoint()  # save what the PS holds before it goes
+        elif kind == "preemption_notice" and event.role == "ps" and \
+                f.get("host_id") not in self.noticed_ids:
+            # a notice we did not send (a cloud's own preemption): checkpoint now
+            self.control.request_checkpoint()
         elif kind == "failure" and event.role != "chief" and s.error is None and \
                 event.role not in ("ps", "worker"):
             s.error = f"{event.role} {event.index}: {f.get('error')}"
@@ -267,6 +270,9 @@ class Supervisor:
             if event.notice_s > 0:
                 self.rec.event("revocation_notice", host=host.spec.name, host_id=host.id,
                                role=str(host.role), notice_s=event.notice_s)
+                self.noticed_ids.add(host.id)
+                if host.role == Role.PS:  # save what the PS holds before it goes
+                    self.control.request_checkpoint()
             self.provider.revoke(host, event.notice_s)
 
     def execute(self, decision: RecoveryDecision, now: float) -> None:
