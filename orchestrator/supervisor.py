@@ -43,6 +43,9 @@ from provisioning.base import Cluster, Host, HostState, Provider, Role
 TICK_S = 0.2  # longest wait for a trainer event before the periodic checks run
 FINAL_EVAL_TIMEOUT_S = 120.0  # how long the evaluator may take after the chief is done
 PS_LOSS_EXIT_CODE = 3  # the chief's exit code when it lost a parameter server
+# After a PS's preemption notice the chief checkpoints this long (or 2x the last checkpoint's
+# duration) before the deadline: late enough to lose few steps, early enough to finish.
+NOTICE_MARGIN_S = 1.0
 
 
 @dataclass
@@ -58,6 +61,7 @@ class RunState:
     last_sps: float | None = None
     final_accuracy: float | None = None
     last_checkpoint_step: int | None = None
+    last_checkpoint_s: float = 0.0  # how long the last checkpoint took
     protocol: str | None = None  # what the chief runs now
     chief_done: bool = False
     evaluator_done: bool = False
@@ -108,6 +112,7 @@ class Supervisor:
         self.awaiting_restart: RecoveryDecision | None = None
         self.revoked_ids: set[str] = set()
         self.noticed_ids: set[str] = set()  # hosts we sent a preemption notice ourselves
+        self.checkpoint_at: list[float] = []  # run seconds at which to ask for a checkpoint
         self.injected: set[int] = set()
         self.schedule_protocol: str | None = None  # the phase schedule's protocol now
 
@@ -170,6 +175,7 @@ class Supervisor:
             s.evaluator_done = s.evaluator_done or bool(f.get("final"))
         elif kind == "checkpoint":
             s.last_checkpoint_step = int(f.get("step", 0))
+            s.last_checkpoint_s = _num(f.get("duration_s")) or s.last_checkpoint_s
         elif kind == "phase_start":  # protocol: in force now; scheduled: the phase's own
             self.schedule_protocol = str(f.get("scheduled", f.get("protocol")))
             s.open(str(f.get("protocol")), int(f.get("step", 0)), event.time)
@@ -254,6 +260,7 @@ class Supervisor:
         now = self.now_s()
         if self.state.train_t0 is not None and not self.awaiting_restart:
             self.fire_revocations(now)
+            self.request_due_checkpoints(now)
         for decision in [d for d in self.pending if d.execute_at_s <= now]:
             self.pending.remove(decision)
             self.execute(decision, now)
@@ -271,9 +278,16 @@ class Supervisor:
                 self.rec.event("revocation_notice", host=host.spec.name, host_id=host.id,
                                role=str(host.role), notice_s=event.notice_s)
                 self.noticed_ids.add(host.id)
-                if host.role == Role.PS:  # save what the PS holds before it goes
-                    self.control.request_checkpoint()
+                if host.role == Role.PS:  # save what the PS holds as late as is safe
+                    margin = max(NOTICE_MARGIN_S, 2 * self.state.last_checkpoint_s)
+                    self.checkpoint_at.append(now + max(0.0, event.notice_s - margin))
             self.provider.revoke(host, event.notice_s)
+
+    def request_due_checkpoints(self, now: float) -> None:
+        due = [t for t in self.checkpoint_at if t <= now]
+        if due:
+            self.checkpoint_at = [t for t in self.checkpoint_at if t > now]
+            self.control.request_checkpoint()
 
     def execute(self, decision: RecoveryDecision, now: float) -> None:
         result = self.planner.complete(decision, self.provider, self.cluster, now)
