@@ -191,6 +191,11 @@ def validate_straggler(cfg: StragglerConfig, path: str = "straggler") -> None:
             raise ConfigError(f"{p}.duration_s", f"must be > 0 or null (got {inj.duration_s:g})")
         if inj.every_s < 0 or inj.repeats < 1:
             raise ConfigError(p, "every_s must be ≥ 0 and repeats ≥ 1")
+        if inj.start_step is not None and (inj.duration_s is not None or inj.every_s > 0):
+            # the trainer anchors step-started episodes at a global step it sees, not at a
+            # run second, so only an open-ended one is exact there
+            raise ConfigError(p, "a step-started injection lasts to the end of the run",
+                              "set duration_s: null and every_s: 0, or use start_s")
         if inj.every_s > 0 and inj.duration_s is not None and inj.duration_s > inj.every_s:
             raise ConfigError(f"{p}.duration_s", "episodes overlap (duration_s > every_s)")
 
