@@ -32,6 +32,7 @@ import abc
 import bisect
 import csv
 import functools
+import hashlib
 import json
 import random
 import re
@@ -158,7 +159,17 @@ class RevocationModelBase(abc.ABC):
         return None
 
     def rng(self, host_name: str, generation: int = 0) -> random.Random:
-        return random.Random(f"{self.cfg.seed}/{self.name}/{host_name}/{generation}")
+        """An independent, reproducible stream per (seed, model, slot, generation).
+
+        The key is hashed first: ``random.Random`` seeded with strings that differ in one
+        character gives nearly equal first draws (0.088, 0.080, 0.081 for worker-0/1/2), so
+        every host would be revoked at almost the same moment."""
+        return random.Random(_stream_seed(self.cfg.seed, self.name, host_name, generation))
+
+
+def _stream_seed(*parts: object) -> int:
+    key = "/".join(str(p) for p in parts).encode()
+    return int.from_bytes(hashlib.sha256(key).digest()[:8], "big")
 
 
 @register_revocation_model
@@ -389,7 +400,7 @@ class RevocationSchedule:
         self._pending = list(model.plan(hosts, horizon_s))
         self._generation = dict.fromkeys(self._hosts, 0)
         self._revoked: set[str] = set()
-        self._pick = random.Random(f"{model.cfg.seed}/pick")
+        self._pick = random.Random(_stream_seed(model.cfg.seed, "pick"))
         self.skipped: list[RevocationEvent] = []  # due, but the target was not alive
 
     @classmethod

@@ -223,3 +223,19 @@ class TestRevocationSchedule:
         assert again.lifetime_h != next(e for e in first if e.host_name == "worker-0").lifetime_h
         assert s.next_at_s() == again.at_s
         assert s.due(again.at_s, 0, ["worker-0"]) == [again]
+
+
+class TestIndependentStreams:
+    """Each host's lifetime comes from its own stream: hosts are not revoked together."""
+
+    def test_exponential_lifetimes_of_sibling_hosts_are_not_correlated(self) -> None:
+        from orchestrator.revocation import get_revocation_model
+        from orchestrator.schema_transient import RevocationConfig, RevocationModel
+
+        cfg = RevocationConfig(name="x", model=RevocationModel.exponential, rate_per_hour=1.0,
+                               seed=3)
+        model = get_revocation_model(cfg)
+        draws = [model.rng(f"worker-{i}").random() for i in range(50)]
+        # 50 uniform draws: their spread must look uniform, not clustered
+        assert max(draws) - min(draws) > 0.8
+        assert len({round(d, 2) for d in draws}) > 30
