@@ -68,7 +68,7 @@ def straggler_specs(cfg: ExperimentConfig) -> list[StragglerSpec]:
 def cluster_request(plan: RunPlan, run_id: str, run_dir: Path) -> ClusterRequest:
     hosts = [HostSpec(name=h.name, role=h.role, machine_type=h.machine_type, gpu=h.gpu,
                       zone=h.zone, transient=h.transient) for h in plan.hosts]
-    return ClusterRequest(run_id=run_id, hosts=hosts, workdir=run_dir / "hosts")
+    return ClusterRequest(run_id=run_id, hosts=hosts, workdir=run_dir)  # hosts/<id>/ below
 
 
 def execute_run(cfg: ExperimentConfig, plan: RunPlan, run_dir: Path,
