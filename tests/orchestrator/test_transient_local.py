@@ -91,3 +91,24 @@ def test_straggler_switches_bsp_to_asp_in_place_and_back(repo_root: Path,
     assert summary["stragglers"] >= 1 and summary["stragglers_injected"] == 1
     assert summary["final_accuracy"] >= 0.9
     assert not live_processes_mentioning(str(run_dir))
+
+
+def test_exponential_revocations_with_shrink_finish_on_the_survivors(repo_root: Path,
+                                                                      tmp_path: Path) -> None:
+    """ICAC'19's behaviour: seeded exponential revocations, lost workers are not replaced."""
+    run_dir = tmp_path / "shrink"
+    proc = orchestrate(
+        repo_root, "+experiment=transient_digits", "cluster.recovery.on_revocation=shrink",
+        "revocation.rate_per_hour=40", "revocation.seed=3", "job.train_steps=1500",
+        "job.eval_frequency=0", f"hydra.run.dir={run_dir}", timeout=420)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    events = read_events(run_dir)
+    kinds = Counter(e["kind"] for e in events)
+    planned = events[0]["planned_revocations"]  # seeded: the plan says who goes when
+    assert [p["host"] for p in planned][:2] == ["worker-1", "worker-0"]
+    assert summary["status"] == "completed", summary["error"]
+    assert summary["revocations"] == kinds["revocation"] >= 1
+    assert summary["replacements"] == kinds["replacement_ready"] == 0
+    assert summary["global_steps"] >= 1500 and summary["final_accuracy"] >= 0.9
+    assert not live_processes_mentioning(str(run_dir))
