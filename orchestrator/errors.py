@@ -85,26 +85,22 @@ def _type_hint(kind: str) -> str:
 def _valid_keys_hint(path: str) -> str | None:
     """List the schema's keys at the parent of ``path`` so a typo shows its fix."""
     from dataclasses import fields, is_dataclass
+    from typing import get_args, get_type_hints
 
     from orchestrator.schema import ExperimentConfig
 
     node: object = ExperimentConfig
-    parts = path.split(".")[:-1]
-    hints = {"cluster": "ClusterConfig", "job": "JobConfig", "sync": "SyncConfig"}
-    for part in parts:
+    for part in path.split(".")[:-1]:
+        if part.isdigit() or part == "*":
+            continue  # a list item: node is already the item's dataclass
         if not (isinstance(node, type) and is_dataclass(node)):
             return None
-        types = {f.name: f.type for f in fields(node)}
-        if part.isdigit() or part == "*":
-            continue
-        t = types.get(part)
-        if t is None:
-            return None
-        from orchestrator import schema
-
-        name = t if isinstance(t, str) else getattr(t, "__name__", "")
-        name = name.replace("list[", "").replace("]", "").split("|")[0].strip()
-        node = getattr(schema, name, None) or getattr(schema, hints.get(part, ""), None)
+        hint = get_type_hints(node).get(part)
+        # unwrap list[X] and X | None down to the dataclass, if any
+        while hint is not None and not (isinstance(hint, type) and is_dataclass(hint)):
+            inner = [a for a in get_args(hint) if a is not type(None)]
+            hint = inner[0] if inner else None
+        node = hint
     if isinstance(node, type) and is_dataclass(node):
         return "valid keys: " + ", ".join(f.name for f in fields(node))
     return None

@@ -195,8 +195,8 @@ class Supervisor:
                 f.get("host_id") not in self.noticed_ids:
             # a notice we did not send (a cloud's own preemption): checkpoint now
             self.control.request_checkpoint()
-        elif kind == "failure" and event.role != "chief" and s.error is None and \
-                event.role not in ("ps", "worker"):
+        elif kind == "failure" and event.role == "evaluator" and s.error is None:
+            # chief, PS and worker failures are handled by recovery when their process exits
             s.error = f"{event.role} {event.index}: {f.get('error')}"
         elif kind == EVENT_PROCESS_EXIT:
             self.on_exit(event)
