@@ -84,7 +84,7 @@ class JobConfig:
     train_steps: int = 1000  # global steps (with phases: the budget in BSP-equivalent steps)
     batch_size: int = 64  # per worker and step
     optimizer: Optimizer = Optimizer.momentum
-    learning_rate: float = 0.05
+    learning_rate: float = 0.02
     momentum: float = 0.9  # for optimizer=momentum
     weight_decay: float = 0.0  # L2 factor
     lr_schedule: LrSchedule = LrSchedule.constant

@@ -30,7 +30,7 @@ class JobSpec:
     train_steps: int = 1000
     batch_size: int = 64  # per worker and per closure
     optimizer: str = "momentum"
-    learning_rate: float = 0.05
+    learning_rate: float = 0.02
     momentum: float = 0.9
     weight_decay: float = 0.0  # L2 coefficient on conv/dense kernels
     lr_schedule: str = "constant"

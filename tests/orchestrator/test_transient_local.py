@@ -57,7 +57,11 @@ def test_chaos_workers_and_the_parameter_server_are_killed(repo_root: Path,
     resumed = [e for e in events if e["kind"] == "train_start" and e.get("resumed_from")]
     assert len(resumed) == 1
     assert CHAOS_STEPS <= summary["global_steps"] <= CHAOS_STEPS + 3 * 8 * 3
-    assert summary["final_accuracy"] >= 0.93  # undisturbed digits runs reach 0.97-0.98
+    # undisturbed digits runs reach 0.97-0.98; on failure show the trajectory (a collapse to
+    # 0.10 is ASP staleness, README "ASP and momentum"; a drop at the restart is recovery)
+    evals = [(e["step"], e["accuracy"]) for e in events if e["kind"] == "eval"]
+    losses = [(e["step"], e["loss"]) for e in events if e["kind"] == "step"]
+    assert summary["final_accuracy"] >= 0.93, f"evals {evals}; losses {losses}"
     assert not live_processes_mentioning(str(run_dir))
 
 

@@ -86,7 +86,7 @@ def test_asp_reaches_accuracy(cluster: LocalCluster, tmp_path: Path) -> None:
     end = chief.of_kind("train_end")[0]
     assert end["step"] >= 800  # at-least-once: a re-run closure may add a step
     steps = chief.of_kind("step")
-    assert all(s["loss"] is not None and s["lr"] == pytest.approx(0.05) for s in steps)
+    assert all(s["loss"] is not None and s["lr"] == pytest.approx(0.02) for s in steps)
     assert final_eval(evaluator)["accuracy"] >= 0.9
     assert [e["step"] for e in evaluator.of_kind("eval")][-1] == end["step"]
     assert (tmp_path / "asp" / "checkpoints" / "DONE").exists()

@@ -28,7 +28,7 @@ def test_defaults_match_the_contract() -> None:
     assert (job.model, job.hparam_set, job.problem, job.data_dir) == ("cnn", "cnn_small",
                                                                       "digits", None)
     assert (job.train_steps, job.batch_size, job.optimizer) == (1000, 64, "momentum")
-    assert (job.learning_rate, job.momentum, job.weight_decay) == (0.05, 0.9, 0.0)
+    assert (job.learning_rate, job.momentum, job.weight_decay) == (0.02, 0.9, 0.0)
     assert (job.lr_schedule, job.lr_decay_steps, job.lr_decay_factor) == ("constant", [], 0.1)
     assert (job.warmup_steps, job.checkpoint_frequency, job.keep_checkpoints) == (0, 0, 3)
     assert (job.eval_frequency, job.seed) == (0, 0)
