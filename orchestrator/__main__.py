@@ -16,10 +16,10 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from orchestrator.errors import CONFIG_ERROR_EXIT_CODE, ConfigError
-from orchestrator.schema import register_configs
+from orchestrator.config.errors import CONFIG_ERROR_EXIT_CODE, ConfigError
+from orchestrator.config.schema import register_configs
+from orchestrator.paths import CONF_DIR
 
-CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 INTERRUPTED_EXIT_CODE = 130
 
 _failed_runs: list[str] = []
@@ -44,12 +44,12 @@ def _run_one(cfg: DictConfig) -> dict[str, Any] | None:
     from rich.console import Console
 
     from orchestrator import sweep
+    from orchestrator.config.errors import from_omegaconf
+    from orchestrator.config.schema import to_experiment
+    from orchestrator.config.validation import validate, validate_data_dir
     from orchestrator.display import render_plan
-    from orchestrator.errors import from_omegaconf
     from orchestrator.plan import make_plan
     from orchestrator.run import execute_run
-    from orchestrator.schema import to_experiment
-    from orchestrator.validate import validate, validate_data_dir
 
     try:
         exp = to_experiment(cfg)
@@ -85,7 +85,7 @@ def _run_one(cfg: DictConfig) -> dict[str, Any] | None:
 
 def _needs_data_warning(exp: Any) -> bool:
     try:
-        from orchestrator.validate import validate_data_dir
+        from orchestrator.config.validation import validate_data_dir
 
         validate_data_dir(exp)
     except ConfigError:
@@ -126,7 +126,7 @@ def _on_sigterm(signum: int, frame: object) -> None:
 
 def main() -> None:
     """Console entry point; also ``python -m orchestrator``."""
-    from orchestrator.hydra_errors import config_error_from_hydra
+    from orchestrator.config.hydra_errors import config_error_from_hydra
 
     register_configs()
     user_full_error = os.environ.get("HYDRA_FULL_ERROR") == "1"

@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from orchestrator.revocation import RevocationSchedule
-from orchestrator.schema import ExperimentConfig, Protocol, schedule_phases
+from orchestrator.config.schema import ExperimentConfig, Protocol, schedule_phases
+from orchestrator.transient.revocation import RevocationSchedule
 
 # Measured single-worker speed (steps/s, batch 128) of the papers' workloads (research.md).
 REFERENCE_STEPS_PER_SEC: dict[tuple[str, str], float] = {

@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from orchestrator.journal import JOURNAL_FILE, clean_up
+from provisioning.journal import JOURNAL_FILE, clean_up
 
 
 def find_journals(paths: Sequence[Path]) -> list[Path]:

@@ -16,16 +16,16 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator import results
-from orchestrator.control import CONTROL_FILE, ControlChannel
-from orchestrator.deploy import Deployment
-from orchestrator.journal import JOURNAL_FILE, Journal
+from orchestrator.config.schema import ExperimentConfig
 from orchestrator.plan import RunPlan
-from orchestrator.progress import RunProgress
-from orchestrator.revocation import RevocationSchedule
-from orchestrator.schema import ExperimentConfig
-from orchestrator.stragglers import InjectionSchedule
-from orchestrator.supervisor import RunState, Supervisor
+from orchestrator.runtime.control import CONTROL_FILE, ControlChannel
+from orchestrator.runtime.deploy import Deployment
+from orchestrator.runtime.progress import RunProgress
+from orchestrator.runtime.supervisor import RunState, Supervisor
+from orchestrator.transient.revocation import RevocationSchedule
+from orchestrator.transient.stragglers import InjectionSchedule
 from provisioning.base import Cluster, ClusterRequest, HostSpec
+from provisioning.journal import JOURNAL_FILE, Journal
 from provisioning.registry import get_provider
 from trainer.spec import JobSpec, PhaseSpec, StragglerSpec, TrainerSpec
 

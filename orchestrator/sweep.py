@@ -41,10 +41,10 @@ class SweepValidator(Callback):
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         from hydra import compose
 
-        from orchestrator.errors import CONFIG_ERROR_EXIT_CODE, ConfigError
-        from orchestrator.hydra_errors import config_error_from_hydra
-        from orchestrator.schema import to_experiment
-        from orchestrator.validate import validate
+        from orchestrator.config.errors import CONFIG_ERROR_EXIT_CODE, ConfigError
+        from orchestrator.config.hydra_errors import config_error_from_hydra
+        from orchestrator.config.schema import to_experiment
+        from orchestrator.config.validation import validate
 
         global sweep_size
         task = list(OmegaConf.select(config, "hydra.overrides.task") or [])

@@ -1,8 +1,4 @@
-"""Semantic validation of a composed experiment, and ``python -m orchestrator.validate``.
-
-Hydra and the dataclass schema check shapes and types; this module checks meaning: names that
-must exist in a registry or the catalog, zones that must offer a GPU, counts that must be
-positive. Every check raises :class:`ConfigError` naming the field, before anything starts.
+"""``python -m orchestrator.validate [FILES]``: compose and validate experiment YAMLs.
 
 Usage::
 
@@ -13,188 +9,16 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import itertools
 import shutil
 import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from orchestrator.errors import ConfigError
-from orchestrator.schema import ExperimentConfig, Protocol, schedule_phases
-
-REPO_ROOT = Path(__file__).resolve().parent.parent
-CONF_DIR = REPO_ROOT / "conf"
-EXPERIMENTS_DIR = REPO_ROOT / "experiments"
-PHASE_FRACTION_TOLERANCE = 1e-6
-LOCAL_ZONE = "local"
-
-
-def _registries() -> tuple[dict[str, list[str]], list[str], set[str]]:
-    """Model -> hparam sets, problem names, and problems that read files from data_dir."""
-    from trainer import models, problems
-
-    model_sets = {m: list(models.hparam_sets(m)) for m in models.list_models()}
-    names = list(problems.list_problems())
-    file_backed = {p for p in names if problems.get_problem(p).requires_data_dir}
-    return model_sets, names, file_backed
-
-
-def _providers() -> list[str]:
-    from provisioning.registry import provider_names
-
-    return list(provider_names())
-
-
-def _positive(path: str, value: float, minimum: float = 1) -> None:
-    if value < minimum:
-        raise ConfigError(path, f"must be ≥ {minimum:g} (got {value:g})")
-
-
-def validate_cluster(cfg: ExperimentConfig) -> None:
-    c, catalog = cfg.cluster, cfg.pricing
-    _positive("cluster.parameter_servers", c.parameter_servers)
-    if not c.worker_groups:
-        raise ConfigError("cluster.worker_groups", "needs at least one worker group")
-    if c.workers is not None:
-        _positive("cluster.workers", c.workers)
-        if len(c.worker_groups) > 1:
-            raise ConfigError(
-                "cluster.workers",
-                "the shorthand only applies to a homogeneous cluster",
-                "set cluster.workers=null and cluster.worker_groups.N.count",
-            )
-    known_zones = [*catalog.all_zones(), LOCAL_ZONE]
-    for i, group in enumerate(c.worker_groups):
-        path = f"cluster.worker_groups.{i}"
-        _positive(f"{path}.count", group.count)
-        if group.machine_type not in catalog.machine_types:
-            raise ConfigError(
-                f"{path}.machine_type",
-                f"unknown machine type '{group.machine_type}' in catalog '{catalog.name}'",
-                "one of: " + ", ".join(catalog.machine_types),
-            )
-        if group.gpu is not None:
-            if group.gpu not in catalog.gpus:
-                raise ConfigError(
-                    f"{path}.gpu",
-                    f"unknown GPU '{group.gpu}' in catalog '{catalog.name}'",
-                    "one of: " + ", ".join(catalog.gpus) + ", or null for CPU",
-                )
-            offered = catalog.zones_for(group.gpu)
-            if group.zone is not None and group.zone not in offered:
-                raise ConfigError(
-                    f"{path}.zone",
-                    f"zone '{group.zone}' does not offer GPU '{group.gpu}'",
-                    "zones with it: " + ", ".join(offered),
-                )
-        elif group.zone is not None and group.zone not in known_zones:
-            raise ConfigError(f"{path}.zone", f"unknown zone '{group.zone}'",
-                              "one of: " + ", ".join(known_zones))
-    for key in ("ps_machine_type", "chief_machine_type"):
-        value = getattr(c, key)
-        if value not in catalog.machine_types:
-            raise ConfigError(f"cluster.{key}", f"unknown machine type '{value}'",
-                              "one of: " + ", ".join(catalog.machine_types))
-    if c.ps_zone is not None and c.ps_zone not in known_zones:
-        raise ConfigError("cluster.ps_zone", f"unknown zone '{c.ps_zone}'",
-                          "one of: " + ", ".join(known_zones))
-
-
-def validate_job(cfg: ExperimentConfig) -> None:
-    j = cfg.job
-    model_sets, problem_names, _ = _registries()
-    if j.model not in model_sets:
-        raise ConfigError("job.model", f"unknown model '{j.model}'",
-                          "one of: " + ", ".join(model_sets))
-    if j.hparam_set not in model_sets[j.model]:
-        raise ConfigError("job.hparam_set", f"'{j.hparam_set}' is not a set of model '{j.model}'",
-                          "one of: " + ", ".join(model_sets[j.model]))
-    if j.problem not in problem_names:
-        raise ConfigError("job.problem", f"unknown problem '{j.problem}'",
-                          "one of: " + ", ".join(problem_names))
-    _positive("job.train_steps", j.train_steps)
-    _positive("job.batch_size", j.batch_size)
-    _positive("job.keep_checkpoints", j.keep_checkpoints)
-    for key in ("checkpoint_frequency", "eval_frequency", "warmup_steps", "weight_decay"):
-        _positive(f"job.{key}", getattr(j, key), minimum=0)
-    if j.learning_rate <= 0:
-        raise ConfigError("job.learning_rate", f"must be > 0 (got {j.learning_rate:g})")
-    if not 0 <= j.momentum < 1:
-        raise ConfigError("job.momentum", f"must be in [0, 1) (got {j.momentum:g})")
-    steps = j.lr_decay_steps
-    if any(b <= a for a, b in itertools.pairwise(steps)) or any(s < 1 for s in steps):
-        raise ConfigError("job.lr_decay_steps", f"must be positive and increasing (got {steps})")
-
-
-def validate_sync(cfg: ExperimentConfig) -> None:
-    sync = cfg.sync
-    if sync.switch_order:
-        if sync.phases:
-            raise ConfigError("sync.switch_order", "set either phases or switch_order",
-                              "clear one of them")
-        if set(sync.switch_order) - {"0", "1"}:
-            raise ConfigError("sync.switch_order", f"invalid '{sync.switch_order}'",
-                              "digits 1 = BSP, 0 = ASP, e.g. '10'")
-        if len(sync.fractions) != len(sync.switch_order):
-            raise ConfigError("sync.fractions", f"needs one fraction per phase of "
-                              f"'{sync.switch_order}' (got {len(sync.fractions)})")
-        if len(sync.phase_hparams) > len(sync.switch_order):
-            raise ConfigError("sync.phase_hparams", "more entries than phases")
-    where = "sync.fractions" if sync.switch_order else "sync.phases"
-    phases = schedule_phases(sync)
-    if not phases:
-        return
-    total = 0.0
-    for i, phase in enumerate(phases):
-        if not 0 < phase.fraction <= 1:
-            path = f"sync.fractions.{i}" if sync.switch_order else f"sync.phases.{i}.fraction"
-            raise ConfigError(path, f"must be in (0, 1] (got {phase.fraction:g})")
-        unknown = set(phase.hparams) - {"learning_rate", "momentum"}
-        if unknown:
-            path = f"sync.phase_hparams.{i}" if sync.switch_order else f"sync.phases.{i}.hparams"
-            raise ConfigError(path, f"unknown hparam {sorted(unknown)}",
-                              "allowed: learning_rate, momentum")
-        total += phase.fraction
-    if abs(total - 1.0) > PHASE_FRACTION_TOLERANCE:
-        raise ConfigError(where, f"fractions must add up to 1 (got {total:g})")
-    assert all(isinstance(p.protocol, Protocol) for p in phases)
-
-
-def validate_provider(cfg: ExperimentConfig) -> None:
-    names = _providers()
-    if cfg.provider.name not in names:
-        raise ConfigError("provider.name", f"unknown provider '{cfg.provider.name}'",
-                          "one of: " + ", ".join(names))
-    _positive("provider.ready_timeout_s", cfg.provider.ready_timeout_s, minimum=1)
-    _positive("report_every_s", cfg.report_every_s, minimum=0.05)
-
-
-def validate(cfg: ExperimentConfig) -> None:
-    """Check every field's meaning; raises ConfigError on the first problem found."""
-    from orchestrator import schema_transient as st
-
-    validate_provider(cfg)
-    validate_cluster(cfg)
-    validate_job(cfg)
-    validate_sync(cfg)
-    st.validate_recovery(cfg.cluster.recovery)
-    st.validate_sync_policy(cfg.sync.policy)
-    st.validate_revocation(cfg.revocation)
-    st.validate_straggler(cfg.straggler)
-
-
-def validate_data_dir(cfg: ExperimentConfig) -> None:
-    """At run start: file-backed problems need job.data_dir to exist where the run reads it."""
-    _, _, file_backed = _registries()
-    if cfg.job.problem not in file_backed:
-        return
-    if not cfg.job.data_dir:
-        raise ConfigError("job.data_dir", f"problem '{cfg.job.problem}' reads files",
-                          "set job.data_dir to the folder with its files")
-    if not Path(cfg.job.data_dir).expanduser().is_dir():
-        raise ConfigError("job.data_dir", f"folder '{cfg.job.data_dir}' does not exist",
-                          f"put the {cfg.job.problem} files there or set job.data_dir")
+from orchestrator.config.errors import ConfigError
+from orchestrator.config.schema import ExperimentConfig
+from orchestrator.config.validation import validate
+from orchestrator.paths import CONF_DIR, EXPERIMENTS_DIR
 
 
 def compose_experiment(name: str, overrides: Sequence[str] = (),
@@ -203,9 +27,9 @@ def compose_experiment(name: str, overrides: Sequence[str] = (),
     from hydra import compose, initialize_config_dir
     from omegaconf.errors import OmegaConfBaseException
 
-    from orchestrator.errors import from_omegaconf
-    from orchestrator.hydra_errors import config_error_from_hydra
-    from orchestrator.schema import register_configs, to_experiment
+    from orchestrator.config.errors import from_omegaconf
+    from orchestrator.config.hydra_errors import config_error_from_hydra
+    from orchestrator.config.schema import register_configs, to_experiment
 
     register_configs()
     args = [f"+experiment={name}", *overrides]

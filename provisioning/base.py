@@ -260,7 +260,7 @@ class HostRunner(abc.ABC):
 
 class ResourceJournal(Protocol):
     """Where a backend records every resource before (or as) it exists, so a crashed run can be
-    cleaned up later. Implemented by `orchestrator.journal.Journal`."""
+    cleaned up later. Implemented by `provisioning.journal.Journal`."""
 
     def record_process_group(
         self, *, host_id: HostId, pid: int, pgid: int, argv: Sequence[str]

@@ -3,7 +3,7 @@
 Nothing survives the orchestrator: each started process leads its own process group
 (`start_new_session`), gets SIGKILL when its parent dies (Linux `PR_SET_PDEATHSIG`), and
 `stop_all` / `release` signal whole groups. With a journal, each group is recorded right after
-it is forked (the parent-death signal covers the instant before), so `orchestrator.journal`
+it is forked (the parent-death signal covers the instant before), so `provisioning.journal`
 can clean up after a crash.
 
 Caveat: PR_SET_PDEATHSIG fires when the *thread* that forked the child exits, not the process.

@@ -9,15 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.deploy import (
+from orchestrator.runtime.deploy import (
     EVENT_PROCESS_EXIT,
     DeployError,
     Deployment,
     TrainerEvent,
     parse_event_line,
 )
-from orchestrator.journal import list_group_members
 from provisioning import ClusterRequest, HostSpec, Role
+from provisioning.journal import list_group_members
 from provisioning.local import LocalProvider
 
 EVENT_WAIT_S = 10.0

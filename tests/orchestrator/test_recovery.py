@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.recovery import (
+from orchestrator.config.transient import OnRevocation, RecoveryConfig
+from orchestrator.transient.recovery import (
     EVENT_RECOVERY_END,
     EVENT_RECOVERY_FAILED,
     EVENT_RECOVERY_START,
@@ -24,7 +25,6 @@ from orchestrator.recovery import (
     TrainingProgress,
     get_recovery_policy,
 )
-from orchestrator.schema_transient import OnRevocation, RecoveryConfig
 from provisioning.base import (
     CapacityError,
     Cluster,

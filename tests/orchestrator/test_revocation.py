@@ -7,19 +7,19 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.errors import ConfigError
-from orchestrator.revocation import (
+from orchestrator.config.errors import ConfigError
+from orchestrator.config.transient import (
+    RevocationConfig,
+    RevocationEventConfig,
+    RevocationModel,
+    TraceSampling,
+)
+from orchestrator.transient.revocation import (
     RevocationSchedule,
     TraceRevocations,
     get_revocation_model,
     load_measured_lifetimes,
     zone_to_region,
-)
-from orchestrator.schema_transient import (
-    RevocationConfig,
-    RevocationEventConfig,
-    RevocationModel,
-    TraceSampling,
 )
 from provisioning.base import HostSpec, Role
 
@@ -229,8 +229,8 @@ class TestIndependentStreams:
     """Each host's lifetime comes from its own stream: hosts are not revoked together."""
 
     def test_exponential_lifetimes_of_sibling_hosts_are_not_correlated(self) -> None:
-        from orchestrator.revocation import get_revocation_model
-        from orchestrator.schema_transient import RevocationConfig, RevocationModel
+        from orchestrator.config.transient import RevocationConfig, RevocationModel
+        from orchestrator.transient.revocation import get_revocation_model
 
         cfg = RevocationConfig(name="x", model=RevocationModel.exponential, rate_per_hour=1.0,
                                seed=3)

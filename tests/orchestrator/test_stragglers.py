@@ -8,8 +8,8 @@ import pytest
 import yaml
 from omegaconf import OmegaConf
 
-from orchestrator.errors import ConfigError
-from orchestrator.schema_transient import (
+from orchestrator.config.errors import ConfigError
+from orchestrator.config.transient import (
     RecoveryConfig,
     RevocationConfig,
     RevocationEventConfig,
@@ -25,7 +25,7 @@ from orchestrator.schema_transient import (
     validate_straggler,
     validate_sync_policy,
 )
-from orchestrator.stragglers import (
+from orchestrator.transient.stragglers import (
     EVENT_POLICY_DECISION,
     EVENT_STRAGGLER_END,
     EVENT_STRAGGLER_START,

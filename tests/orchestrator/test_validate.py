@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.errors import ConfigError
+from orchestrator.config.errors import ConfigError
 from orchestrator.validate import compose_experiment, validate_files
 
 BAD_OVERRIDES = [

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.journal import Journal, list_group_members, list_unreleased
 from provisioning import (
     PREEMPTION_NOTICE_ENV,
     BadRequestError,
@@ -26,6 +25,7 @@ from provisioning import (
     get_provider,
     provider_names,
 )
+from provisioning.journal import Journal, list_group_members, list_unreleased
 from provisioning.local import LocalProvider
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

@@ -16,7 +16,7 @@ restart      now: ``deployment.teardown()``; at ``execute_at_s``: ``planner.comp
 fail         end the run with status ``failed`` and ``error = decision.reason``
 ===========  ==================================================================================
 
-Times (``now_s``, ``execute_at_s``) are run seconds, as in :mod:`orchestrator.revocation`.
+Times (``now_s``, ``execute_at_s``) are run seconds, as in :mod:`orchestrator.transient.revocation`.
 The replacement delay is a deadline the loop honours, not a sleep: build the provider with no
 provisioning delay of its own (``LocalProvider(provision_delay_s=0)``, the default).
 """
@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from orchestrator.schema_transient import RecoveryConfig
+from orchestrator.config.transient import RecoveryConfig
 from provisioning.base import CapacityError, Cluster, Host, HostId, Provider, Role
 
 EVENT_REVOCATION_NOTICE = "revocation_notice"  # host, host_id, role, notice_s (loop records it)

@@ -41,12 +41,12 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
-from orchestrator.errors import ConfigError
-from orchestrator.schema_transient import RevocationConfig, RevocationModel, TraceSampling
+from orchestrator.config.errors import ConfigError
+from orchestrator.config.transient import RevocationConfig, RevocationModel, TraceSampling
+from orchestrator.paths import REFERENCE_DATA_DIR
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 #: CM-DARE's per-region lifetimes of 396 preemptible GPU VMs (hour bins, 24 h cap).
-LIFETIMES_CSV = REPO_ROOT / "analysis/reference_data/cmdare/derived/lifetimes_by_region.csv"
+LIFETIMES_CSV = REFERENCE_DATA_DIR / "cmdare/derived/lifetimes_by_region.csv"
 #: GCE stopped every preemptible VM after this long: a lifetime at the cap is "not revoked".
 TRACE_CAP_H = 24.0
 #: GPU whose lifetimes a CPU-only host (local runs) uses: CM-DARE's largest sample (156 VMs).

@@ -30,6 +30,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from orchestrator.paths import PROJECT_ROOT
 from provisioning.base import (
     STOP_GRACE_S,
     Cluster,
@@ -54,7 +55,6 @@ EVENT_PROCESS_EXIT = "process_exit"
 TRAINER_ARGV = ("-m", "trainer")
 # Without this the trainer's stdout is block-buffered into the pipe and events arrive late.
 DEFAULT_ENV = {"PYTHONUNBUFFERED": "1"}
-_PROJECT_ROOT = Path(__file__).resolve().parent.parent
 _SERVER_ROLES = (Role.PS, Role.WORKER)
 _CLIENT_ROLES = (Role.EVALUATOR, Role.CHIEF)  # started after the servers, in this order
 _TEARDOWN_WAVES = ((Role.CHIEF, Role.EVALUATOR), (Role.WORKER, Role.PS))
@@ -135,7 +135,7 @@ class Deployment:
         self.spec_path = Path(spec_path)
         self.python = python
         self.trainer_argv = tuple(trainer_argv)
-        self.env = {**DEFAULT_ENV, "PYTHONPATH": str(_PROJECT_ROOT), **(env or {})}
+        self.env = {**DEFAULT_ENV, "PYTHONPATH": str(PROJECT_ROOT), **(env or {})}
         self.ready_timeout_s = ready_timeout_s
         self.stop_grace_s = stop_grace_s
         self.tasks: dict[tuple[Role, int], RoleTask] = {}

@@ -7,7 +7,8 @@ import subprocess
 import sys
 import textwrap
 
-from orchestrator.journal import (
+from provisioning import ClusterRequest, HostSpec
+from provisioning.journal import (
     Journal,
     JournalAction,
     ResourceKind,
@@ -17,7 +18,6 @@ from orchestrator.journal import (
     read_journal,
     read_process_start_ticks,
 )
-from provisioning import ClusterRequest, HostSpec
 from provisioning.local import LocalProvider
 
 # A leftover of a crashed run: its own group, no parent-death signal, a grandchild in the group.
@@ -115,8 +115,8 @@ def test_release_command_stops_what_a_crashed_run_left(tmp_path):
     import subprocess
     import sys
 
-    from orchestrator.journal import JOURNAL_FILE, Journal
     from orchestrator.release import main
+    from provisioning.journal import JOURNAL_FILE, Journal
 
     run_dir = tmp_path / "outputs" / "run1"
     run_dir.mkdir(parents=True)

@@ -22,13 +22,13 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from orchestrator.recovery import RecordedEvent
-from orchestrator.schema_transient import (
+from orchestrator.config.transient import (
     StragglerDetection,
     StragglerInjection,
     SyncPolicyConfig,
     SyncPolicyName,
 )
+from orchestrator.transient.recovery import RecordedEvent
 
 EVENT_STRAGGLER_START = "straggler_start"  # worker, step_time_s, peer_median_s
 EVENT_STRAGGLER_END = "straggler_end"  # worker, step_time_s, peer_median_s, duration_s

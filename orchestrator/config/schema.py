@@ -1,7 +1,7 @@
 """Structured-config schemas: the source of truth for every config group.
 
 YAML files in ``conf/<group>/`` and ``experiments/`` choose and fill these dataclasses; Hydra
-checks types while composing and :mod:`orchestrator.validate` checks meaning afterwards.
+checks types while composing and :mod:`orchestrator.config.validation` checks meaning afterwards.
 Convert a composed config once with :func:`to_experiment` so the rest of the code sees real
 dataclasses, never a ``DictConfig``.
 """
@@ -15,7 +15,7 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from orchestrator.schema_transient import (
+from orchestrator.config.transient import (
     RecoveryConfig,
     RevocationConfig,
     StragglerConfig,

@@ -22,10 +22,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator import results
-from orchestrator.control import ControlChannel
-from orchestrator.deploy import EVENT_PROCESS_EXIT, Deployment, TrainerEvent
-from orchestrator.progress import RunProgress
-from orchestrator.recovery import (
+from orchestrator.config.schema import ExperimentConfig
+from orchestrator.runtime.control import ControlChannel
+from orchestrator.runtime.deploy import EVENT_PROCESS_EXIT, Deployment, TrainerEvent
+from orchestrator.runtime.progress import RunProgress
+from orchestrator.transient.recovery import (
     EVENT_REPLACEMENT_READY,
     Action,
     HostLoss,
@@ -35,9 +36,8 @@ from orchestrator.recovery import (
     RecoveryPlanner,
     TrainingProgress,
 )
-from orchestrator.revocation import RevocationSchedule
-from orchestrator.schema import ExperimentConfig
-from orchestrator.stragglers import InjectionSchedule, StragglerDetector, get_sync_policy
+from orchestrator.transient.revocation import RevocationSchedule
+from orchestrator.transient.stragglers import InjectionSchedule, StragglerDetector, get_sync_policy
 from provisioning.base import Cluster, Host, HostState, Provider, Role
 
 TICK_S = 0.2  # longest wait for a trainer event before the periodic checks run

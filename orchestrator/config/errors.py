@@ -87,7 +87,7 @@ def _valid_keys_hint(path: str) -> str | None:
     from dataclasses import fields, is_dataclass
     from typing import get_args, get_type_hints
 
-    from orchestrator.schema import ExperimentConfig
+    from orchestrator.config.schema import ExperimentConfig
 
     node: object = ExperimentConfig
     for part in path.split(".")[:-1]:

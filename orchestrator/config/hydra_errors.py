@@ -7,7 +7,7 @@ import re
 from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
 from omegaconf.errors import OmegaConfBaseException
 
-from orchestrator.errors import ConfigError, describe, from_omegaconf
+from orchestrator.config.errors import ConfigError, describe, from_omegaconf
 
 
 def config_error_from_hydra(ex: BaseException) -> ConfigError | None:

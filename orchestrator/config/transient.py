@@ -1,11 +1,11 @@
 """Structured-config schemas for transient servers: revocations, recovery, stragglers, policies.
 
-Same conventions as :mod:`orchestrator.schema`: required fields are ``MISSING``, choices are
+Same conventions as :mod:`orchestrator.config.schema`: required fields are ``MISSING``, choices are
 enums, every field's comment gives its unit. :func:`register_transient_configs` stores them as
 ``<group>/base_<group>`` so ``conf/revocation/*.yaml`` and ``conf/straggler/*.yaml`` can name
 their schema first in their defaults list. The lead wires them into ``ExperimentConfig``.
 
-Time conventions used by every consumer (see :mod:`orchestrator.revocation`):
+Time conventions used by every consumer (see :mod:`orchestrator.transient.revocation`):
 ``*_s`` fields are seconds of *run time*, counted from the chief's ``train_start`` event.
 """
 
@@ -17,7 +17,7 @@ from enum import StrEnum
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
-from orchestrator.errors import ConfigError
+from orchestrator.config.errors import ConfigError
 
 #: GCE's preemption notice (seconds between the notice and the stop).
 GCE_NOTICE_S = 30.0
@@ -142,12 +142,12 @@ def register_transient_configs() -> None:
     cs.store(group="straggler", name="base_straggler", node=StragglerConfig)
 
 
-# --- semantic checks (the lead calls these from orchestrator.validate) -------------------------
+# --- semantic checks (the lead calls these from orchestrator.config.validation) -------------------------
 
 
 def validate_revocation(cfg: RevocationConfig, path: str = "revocation") -> None:
     """Check meaning, not shape; raises ConfigError naming the field. Host names are checked
-    against the cluster later, by :func:`orchestrator.revocation.plan_revocations`."""
+    against the cluster later, by :func:`orchestrator.transient.revocation.plan_revocations`."""
     if cfg.model == RevocationModel.exponential and cfg.rate_per_hour <= 0:
         raise ConfigError(f"{path}.rate_per_hour", f"must be > 0 (got {cfg.rate_per_hour:g})")
     if cfg.time_scale <= 0:

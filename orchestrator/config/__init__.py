@@ -1,0 +1,1 @@
+"""Config: schemas, semantic validation and one-line errors naming the field."""

@@ -1,0 +1,1 @@
+"""Transient servers: revocation models, recovery policies, stragglers and sync policies."""
