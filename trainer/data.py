@@ -38,6 +38,7 @@ CACHE_ENV = "TRANSIENT_DATA_CACHE"  # overrides the per-user cache folder
 MIRROR_ENV = "TRANSIENT_DATA_MIRROR"  # base URL serving the archives under their file names
 APP_DIR = "transient-orchestrator"
 FETCH_ERROR_EXIT_CODE = 2  # as a config error: nothing was started, the user must act
+INTERRUPTED_EXIT_CODE = 130
 CHUNK_BYTES = 1 << 20
 TIMEOUT_S = 60.0  # per socket operation, not for the whole download
 MAX_ATTEMPTS = 5  # a dropped connection is resumed while each attempt makes progress
@@ -203,8 +204,14 @@ def _download(archive: Archive, part: Path, ds: Dataset, root: Path, console: An
               show: bool) -> None:
     """Fetch ``archive`` into ``part``, resuming what is there; retry while attempts progress."""
     from rich.console import Console
-    from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn,
-                               TimeRemainingColumn, TransferSpeedColumn)
+    from rich.progress import (
+        BarColumn,
+        DownloadColumn,
+        Progress,
+        TextColumn,
+        TimeRemainingColumn,
+        TransferSpeedColumn,
+    )
 
     url = archive.source_url()
     console = console or Console(stderr=True)
@@ -401,6 +408,10 @@ def main(argv: list[str] | None = None) -> int:
     except FetchError as err:
         print(f"data error: {err}", file=sys.stderr)
         return FETCH_ERROR_EXIT_CODE
+    except KeyboardInterrupt:
+        print(f"interrupted: the next fetch resumes the partial download in {root}",
+              file=sys.stderr)
+        return INTERRUPTED_EXIT_CODE
     return 0
 
 

@@ -25,12 +25,12 @@ from trainer.problems import get_problem, train_dataset
 REPO = Path(__file__).resolve().parents[2]
 
 
-def use_archive(monkeypatch: pytest.MonkeyPatch, archive: ServedArchive, base_url: str,
-                md5: str | None = None) -> data.Dataset:
+def use_archive(monkeypatch: pytest.MonkeyPatch, archive: ServedArchive,
+                base_url: str) -> data.Dataset:
     """Register ``archive`` (its own checksum and size) as its dataset's default download."""
-    name, fmt, folder = REAL_ARCHIVES[archive.name]
+    name, fmt, _ = REAL_ARCHIVES[archive.name]
     real = data.DATASETS[name]
-    entry = replace(real.archive(fmt), md5=md5 or archive.md5, size=len(archive.data))
+    entry = replace(real.archive(fmt), md5=archive.md5, size=len(archive.data))
     ds = replace(real, archives=(entry,))
     monkeypatch.setitem(data.DATASETS, name, ds)
     monkeypatch.setenv(data.MIRROR_ENV, base_url)
