@@ -278,7 +278,7 @@ def _download_once(url: str, part: Path, have: int, report: Any) -> bool:
             total = have + int(length) if length is not None else None
             report(have, total)
             with open(part, "ab" if have else "wb") as out:
-                while chunk := resp.read(CHUNK_BYTES):
+                while chunk := resp.read1(CHUNK_BYTES):  # what has arrived, at most this
                     out.write(chunk)
                     received += len(chunk)
                     report(have + received, total)

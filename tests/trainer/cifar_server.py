@@ -14,6 +14,7 @@ import io
 import tarfile
 import tempfile
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -80,6 +81,7 @@ class Behaviour:
     honour_range: bool = True
     status: int | None = None  # answer every request with this HTTP error
     status_after_drop: int | None = None  # becomes `status` once a response was dropped
+    trickle_s: float = 0.0  # pause after each 4 KiB of body (a slow link)
     requests: list[dict] = field(default_factory=list)  # path, range, bytes sent
 
 
@@ -117,9 +119,15 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             payload = payload[:b.drop_after]
             self.close_connection = True
             b.status = b.status_after_drop
-        self.wfile.write(payload)
-        self.wfile.flush()
-        record["sent"] = len(payload)
+        step = 4096 if b.trickle_s else len(payload) or 1
+        try:
+            for i in range(0, len(payload), step):
+                self.wfile.write(payload[i:i + step])
+                self.wfile.flush()
+                record["sent"] += len(payload[i:i + step])
+                time.sleep(b.trickle_s)
+        except (BrokenPipeError, ConnectionResetError):  # the client went away
+            self.close_connection = True
 
 
 class ArchiveServer:

@@ -11,6 +11,7 @@ import io
 import os
 import subprocess
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -35,6 +36,14 @@ def use_archive(monkeypatch: pytest.MonkeyPatch, archive: ServedArchive,
     monkeypatch.setitem(data.DATASETS, name, ds)
     monkeypatch.setenv(data.MIRROR_ENV, base_url)
     return ds
+
+
+def fetch_served(monkeypatch: pytest.MonkeyPatch, archive: ServedArchive, root: Path) -> Path:
+    """Serve ``archive`` on loopback and fetch it into ``root`` (for tests of what follows)."""
+    with ArchiveServer() as srv:
+        srv.behaviour.files[archive.name] = archive.data
+        ds = use_archive(monkeypatch, archive, srv.base_url)
+        return data.fetch(ds, root, console=capture()[0])
 
 
 def capture() -> tuple[Console, io.StringIO]:
@@ -80,11 +89,7 @@ def test_first_fetch_shows_progress_and_the_reader_reads_it(
 
 def test_fetched_data_feeds_the_training_pipeline(tmp_path: Path,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    archive = make_archive("cifar-10-binary.tar.gz")
-    with ArchiveServer() as srv:
-        srv.behaviour.files[archive.name] = archive.data
-        ds = use_archive(monkeypatch, archive, srv.base_url)
-        folder = data.fetch(ds, tmp_path, progress=False, console=capture()[0])
+    folder = fetch_served(monkeypatch, make_archive("cifar-10-binary.tar.gz"), tmp_path)
     arrays = get_problem("image_cifar10").load(str(folder), 0)
     images, labels = next(iter(train_dataset(arrays, 8, seed=0)))
     assert images.shape == (8, 32, 32, 3) and labels.shape == (8,)
@@ -151,6 +156,39 @@ def test_interrupted_download_is_resumed_by_the_next_run(
         assert [r["range"] for r in b.requests] == [None, f"bytes={half}-", f"bytes={half}-"]
     assert f"(resumed at byte {half:,})" in out.getvalue()
     assert not part.exists()
+    check_arrays(get_problem(ds.problem).load(str(folder), 0), archive)
+
+
+def test_a_killed_fetch_leaves_no_data_and_the_next_one_resumes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """SIGKILL the CLI mid-download (a slow link): only ``<archive>.part`` remains, and the next
+    fetch asks for the rest. (The killed process has the real registry, so it could never have
+    verified this test archive: it is killed long before.)"""
+    archive = make_archive("cifar-10-binary.tar.gz", seed=3)
+    part = tmp_path / f"{archive.name}.part"
+    with ArchiveServer() as srv:
+        srv.behaviour.files[archive.name] = archive.data
+        srv.behaviour.trickle_s = 0.1  # ~40 KiB/s: the transfer takes seconds
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "trainer.data", "fetch", "cifar10", "--cache-dir",
+             str(tmp_path)], cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            env={**os.environ, "PYTHONPATH": str(REPO), data.MIRROR_ENV: srv.base_url})
+        try:
+            deadline = time.monotonic() + 60
+            while not (part.exists() and part.stat().st_size >= 16384):
+                assert proc.poll() is None and time.monotonic() < deadline
+                time.sleep(0.02)
+        finally:
+            proc.kill()
+            proc.wait()
+        have = part.stat().st_size
+        assert 0 < have < len(archive.data)
+        assert not data.holds_files("image_cifar10", tmp_path / "cifar10")
+        srv.behaviour.trickle_s = 0.0
+        ds = use_archive(monkeypatch, archive, srv.base_url)
+        folder = data.fetch(ds, tmp_path, console=capture()[0])
+        resumed_at = int(srv.behaviour.requests[-1]["range"].removeprefix("bytes=").rstrip("-"))
+    assert resumed_at >= have  # (the killed process may have written a little more)
     check_arrays(get_problem(ds.problem).load(str(folder), 0), archive)
 
 
@@ -257,11 +295,7 @@ def test_cli_offline_exits_2_with_one_line(tmp_path: Path) -> None:
 def test_cli_list_shows_cached_and_missing(tmp_path: Path,
                                            monkeypatch: pytest.MonkeyPatch) -> None:
     """``list`` reads the cache only; the cached folder was fetched in-process from the server."""
-    archive = make_archive("cifar-10-binary.tar.gz")
-    with ArchiveServer() as srv:
-        srv.behaviour.files[archive.name] = archive.data
-        ds = use_archive(monkeypatch, archive, srv.base_url)
-        folder = data.fetch(ds, tmp_path, console=capture()[0])
+    folder = fetch_served(monkeypatch, make_archive("cifar-10-binary.tar.gz"), tmp_path)
     (tmp_path / "cifar-100-binary.tar.gz.part").write_bytes(b"x" * 2048)
     res = run_cli("list", "--cache-dir", str(tmp_path), env={"COLUMNS": "200"})
     assert res.returncode == 0, res.stderr

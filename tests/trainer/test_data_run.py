@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from cifar_server import ArchiveServer, make_archive, refused_url
-from test_data import REPO, capture, check_arrays, use_archive
+from test_data import REPO, capture, check_arrays, fetch_served, use_archive
 
 from orchestrator import data as data_step
 from orchestrator.config.errors import ConfigError
@@ -124,10 +124,7 @@ def test_offline_run_stops_with_one_line_before_provisioning(tmp_path: Path) -> 
 def test_stage_dataset_copies_to_the_hosts_that_read_it(tmp_path: Path,
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     archive = make_archive("cifar-100-binary.tar.gz")
-    with ArchiveServer() as srv:
-        srv.behaviour.files[archive.name] = archive.data
-        ds = use_archive(monkeypatch, archive, srv.base_url)
-        folder = data.fetch(ds, tmp_path / "cache", console=capture()[0])
+    folder = fetch_served(monkeypatch, archive, tmp_path / "cache")
     hosts = [HostSpec("ps-0", Role.PS), HostSpec("worker-0", Role.WORKER),
              HostSpec("chief-0", Role.CHIEF), HostSpec("evaluator-0", Role.EVALUATOR)]
     provider = LocalProvider(provision_delay_s=0.0)
@@ -150,12 +147,8 @@ def test_a_run_trains_on_the_cached_download(tmp_path: Path,
                                              monkeypatch: pytest.MonkeyPatch) -> None:
     """Fetched once from the test server, then a real local run (1 PS, 1 worker, chief,
     evaluator) reads it from the cache with the source offline: nothing is downloaded again."""
-    archive = make_archive("cifar-10-python.tar.gz")
     cache = tmp_path / "cache"
-    with ArchiveServer() as srv:
-        srv.behaviour.files[archive.name] = archive.data
-        ds = use_archive(monkeypatch, archive, srv.base_url)
-        data.fetch(ds, cache, console=capture()[0])
+    fetch_served(monkeypatch, make_archive("cifar-10-python.tar.gz"), cache)
     run_dir = tmp_path / "run"
     res = orchestrate("+experiment=digits_local", "job.problem=image_cifar10",
                       "cluster.workers=1", "job.train_steps=20", "job.batch_size=8",
