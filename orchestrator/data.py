@@ -79,8 +79,10 @@ def prepare(cfg: ExperimentConfig, console=None) -> Path | None:
     from trainer import data
 
     validate_data_dir(cfg)
-    if cfg.job.data_dir:
-        return Path(cfg.job.data_dir).expanduser()
+    if cfg.job.data_dir:  # absolute: the roles run in their hosts' work dirs
+        given = Path(cfg.job.data_dir).expanduser().resolve()
+        cfg.job.data_dir = str(given)
+        return given
     ds = _dataset(cfg)
     if ds is None:
         return None

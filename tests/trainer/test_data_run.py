@@ -35,7 +35,8 @@ def cifar10_config(cache: Path, *overrides: str):
     return cfg
 
 
-def test_given_data_dir_wins_and_must_hold_the_files(tmp_path: Path) -> None:
+def test_given_data_dir_wins_and_must_hold_the_files(tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     empty = tmp_path / "empty"
     empty.mkdir()
     with pytest.raises(ConfigError, match=r"job.data_dir: folder '.*empty' does not hold the "
@@ -51,8 +52,9 @@ def test_given_data_dir_wins_and_must_hold_the_files(tmp_path: Path) -> None:
     own.mkdir()
     with tarfile.open(fileobj=io.BytesIO(archive.data)) as tar:
         tar.extractall(own, filter="data")
-    cfg = cifar10_config(tmp_path / "cache", f"job.data_dir={own}")
-    assert data_step.prepare(cfg) == own  # no fetch: nothing listens anywhere
+    monkeypatch.chdir(tmp_path)  # a relative data_dir becomes absolute for the roles' cwd
+    cfg = cifar10_config(tmp_path / "cache", "job.data_dir=mine")
+    assert data_step.prepare(cfg) == own and cfg.job.data_dir == str(own)  # no fetch
     assert not (tmp_path / "cache").exists()
     assert data_step.describe(cfg).startswith(f"image_cifar10 from job.data_dir {own} (")
 
