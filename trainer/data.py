@@ -311,8 +311,9 @@ def _verify(path: Path, archive: Archive, ds: Dataset, root: Path, delete: bool)
     if got != archive.md5:
         if delete:
             path.unlink()
-        fate = "deleted it" if delete else "left it in place; delete or replace it"
-        raise FetchError(f"{path.name} from {archive.source_url()} has MD5 {got}, expected "
+        fate = "deleted it" if delete else f"left it at {path}; delete or replace it"
+        source = archive.source_url() if delete else "the cache folder"
+        raise FetchError(f"{archive.filename} from {source} has MD5 {got}, expected "
                          f"{archive.md5} (corrupted or not the published archive; {fate}); "
                          f"cache folder {root}: {manual_hint(ds, root, archive)}")
 
