@@ -6,11 +6,12 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
+LOGDIR ?= outputs
 
-.PHONY: setup run test test-fast validate bench lint clean help
+.PHONY: setup run test test-fast validate bench lint tensorboard clean help
 
 help:
-	@echo "make setup | run | test | test-fast | validate | bench | lint | clean"
+	@echo "make setup | run | test | test-fast | validate | bench | lint | tensorboard | clean"
 
 setup: $(STAMP)
 
@@ -38,6 +39,10 @@ bench: setup
 
 lint: setup
 	$(PY) -m ruff check .
+
+# The runs' training curves at http://localhost:6006 (sweeps: make tensorboard LOGDIR=multirun)
+tensorboard: setup
+	TF_CPP_MIN_LOG_LEVEL=2 $(VENV)/bin/tensorboard --logdir $(LOGDIR)
 
 clean:
 	rm -rf outputs multirun .pytest_cache .ruff_cache
