@@ -19,7 +19,9 @@ $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python >= 3.11 required"'
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[cpu,dev]'
+	@# PYTHONWARNINGS: setuptools announces every editable install of a flat layout with a
+	@# warning that says nothing is wrong ("Editable installation ..."); other warnings still show
+	PYTHONWARNINGS="ignore:Editable installation" $(PY) -m pip install --quiet -e '.[cpu,dev]'
 	@touch $(STAMP)
 
 run: setup
