@@ -482,11 +482,12 @@ class LocalProvider(Provider):
     def _kill_machine(self, machine: HostId) -> None:
         if self._states.get(machine) != HostState.RUNNING:
             return
+        # REVOKED before the kill: whoever sees a process die then finds the cause in poll()
+        self._states[machine] = HostState.REVOKED
         runners = [r for r in self._runners.values() if r.host.machine == machine]
         for runner in runners:
             runner.mark_gone()
         stop_processes([p for r in runners for p in r.take_processes()], grace_s=0.0)
-        self._states[machine] = HostState.REVOKED
 
     def _release_host(self, host: Host, final_state: HostState, keep_port: bool = False) -> None:
         runner = self._runners.get(host.id)
