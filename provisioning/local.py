@@ -358,6 +358,7 @@ class LocalProvider(Provider):
 
     name = "local"
     can_revoke = True
+    runner_class: type[LocalHostRunner] = LocalHostRunner
 
     def __init__(self, config: LocalProviderConfig | None = None, *,
                  journal: ResourceJournal | None = None,
@@ -476,7 +477,7 @@ class LocalProvider(Provider):
             state=HostState.RUNNING,
             machine=host_id if machine is None else machine.id,
         )
-        self._runners[host_id] = LocalHostRunner(host, self._journal, self.config.python)
+        self._runners[host_id] = self.runner_class(host, self._journal, self.config.python)
         return host
 
     def _kill_machine(self, machine: HostId) -> None:

@@ -134,9 +134,15 @@ class Fleet:
         return new_hosts
 
     def sync_checkpoints(self) -> None:
-        """Make the chief's latest checkpoint durable (the store fetches it if it must)."""
-        with contextlib.suppress(HostLostError, IndexError):
-            self.store.sync(self.chief_runner())
+        """Make the chief's latest checkpoint (and `DONE`) durable, and hand it to evaluators
+        on other machines than the chief's, which read checkpoints on their own host."""
+        with contextlib.suppress(HostLostError, IndexError, OSError):
+            chief = self.chief_runner()
+            if not self.store.sync(chief):
+                return
+            for host in self.cluster.hosts_for(Role.EVALUATOR):
+                if host.machine != chief.host.machine:
+                    self.store.before_start(self.provider.runner(host))
 
     # --- the end ------------------------------------------------------------------------------
     def release(self) -> None:

@@ -212,7 +212,8 @@ class Supervisor:
         elif kind == "protocol_switch":
             s.switch_overhead_s += _num(f.get("switch_s")) or 0.0
             s.open(str(f.get("to")), int(f.get("step", 0)), at)
-        elif kind == "train_end":
+        elif kind == "train_end":  # the chief wrote DONE just before
+            self.fleet.sync_checkpoints()
             s.train_time_s = _num(f.get("train_time_s"))
             s.close(s.global_step, at)
             self.progress.update(s.global_step)

@@ -12,6 +12,7 @@ Behaviour knobs come from the JSON file named by env FAKE_ROLE_BEHAVIOUR (all op
 """
 
 import argparse
+import contextlib
 import json
 import os
 import socket
@@ -23,8 +24,15 @@ parser.add_argument("--role")
 parser.add_argument("--index", type=int)
 parser.add_argument("--spec")
 args = parser.parse_args()
-spec = json.load(open(args.spec))
-knobs = json.load(open(os.environ["FAKE_ROLE_BEHAVIOUR"]))
+
+
+def load(path):
+    with open(path) as f:
+        return json.load(f)
+
+
+spec = load(args.spec)
+knobs = load(os.environ["FAKE_ROLE_BEHAVIOUR"])
 ckpt_dir = spec["checkpoint_dir"] or os.path.join(spec["run_dir"], "checkpoints")
 os.makedirs(ckpt_dir, exist_ok=True)
 
@@ -59,17 +67,15 @@ if args.role in ("ps", "worker"):
     event("ready", address=f"{host}:{port}")
     while True:
         server.settimeout(1.0)
-        try:
+        with contextlib.suppress(OSError):
             server.accept()[0].close()
-        except OSError:
-            pass
 
 if args.role == "evaluator":
     event("ready", address=None)
     done = os.path.join(ckpt_dir, "DONE")
     while not os.path.exists(done):
         time.sleep(0.05)
-    final = json.load(open(done))
+    final = load(done)
     event("eval", step=final["step"], accuracy=0.9, loss=0.1, final=True,
           checkpoint=final["checkpoint"])
     sys.exit(0)

@@ -27,7 +27,7 @@ from orchestrator.transient.revocation import RevocationSchedule
 from orchestrator.validate import compose_experiment
 from provisioning.base import Cluster, HostId, HostState, Role
 from provisioning.journal import JOURNAL_FILE, Journal, list_unreleased
-from provisioning.local import LocalProvider, LocalProviderConfig
+from provisioning.local import LocalHostRunner, LocalProvider, LocalProviderConfig
 from trainer.layout import CHECKPOINT_DIR, CONTROL_FILE
 
 FAKE_ROLE = Path(__file__).with_name("fake_role.py")
@@ -49,6 +49,19 @@ class CutLinkProvider(LocalProvider):
     def poll(self, cluster: Cluster) -> dict[HostId, HostState]:
         states = super().poll(cluster)
         return {i: HostState.REVOKED if i in self.cut_ids else s for i, s in states.items()}
+
+
+class NothingSharedRunner(LocalHostRunner):
+    """A local host whose paths the orchestrator treats as remote: every file goes through
+    copy and fetch, as on an SSH or GCE host."""
+
+    shares_orchestrator_fs = False
+
+
+class NothingSharedProvider(LocalProvider):
+    """The local backend with hosts that share no filesystem with the orchestrator."""
+
+    runner_class = NothingSharedRunner
 
 
 def read_events(run_dir: Path) -> list[dict[str, Any]]:
@@ -96,7 +109,7 @@ class FakeRun:
             def guarded() -> None:
                 try:
                     fault(self)
-                except BaseException as error:  # noqa: BLE001 - reported by the test below
+                except BaseException as error:  # reported by the test below
                     errors.append(error)
             threading.Thread(target=guarded, daemon=True).start()
         started = time.monotonic()
@@ -257,3 +270,20 @@ def test_a_revoked_worker_is_one_loss_though_both_its_exit_and_the_poll_report_i
     assert run.supervisor.state.error is None
     assert [e["host"] for e in events if e["kind"] == "revocation"] == ["worker-0"]
     assert Counter(e["kind"] for e in events)["replacement_ready"] == 1
+
+
+def test_a_restart_on_other_hosts_resumes_from_the_synced_store_when_nothing_is_shared(
+        fake_run):
+    """Checkpoints written on the chief's host reach the orchestrator's store; a restart on a
+    fresh machine (a new work dir) gets them copied over and resumes from the latest."""
+    run = fake_run(*ps_revoked_at_step(25), "cluster.recovery.max_restarts=1",
+                   provider_cls=NothingSharedProvider)
+    events = run.follow()
+    assert run.supervisor.state.error is None, run.supervisor.state.error
+    store = run.run_dir / "checkpoints"
+    assert {"ckpt-10", "ckpt-20", "ckpt-40", "DONE"} <= {p.name for p in store.iterdir()}
+    resumed = [e["resumed_from"] for e in events
+               if e["kind"] == "train_start" and e.get("resumed_from")]
+    assert resumed == ["ckpt-20"]
+    chiefs = [h for h in (run.run_dir / "hosts").iterdir() if (h / "checkpoints").exists()]
+    assert len(chiefs) == 2  # the first chief's machine and the restart's, each its own copy
