@@ -39,6 +39,7 @@ from typing import Any, ClassVar
 
 from orchestrator.config.transient import RecoveryConfig
 from provisioning.base import Host, HostId, Role
+from trainer.registry import Registry
 
 EVENT_REVOCATION_NOTICE = "revocation_notice"  # host, host_id, role, notice_s (loop records it)
 EVENT_REVOCATION = "revocation"  # host, host_id, role, cause
@@ -126,20 +127,17 @@ def loss_events(losses: Sequence[HostLoss]) -> list[RecordedEvent]:
 
 # --- policies -------------------------------------------------------------------------------
 
-_POLICIES: dict[str, type[RecoveryPolicy]] = {}
+_POLICIES: Registry[type[RecoveryPolicy]] = Registry("recovery policy")
 
 
 def register_recovery_policy(cls: type[RecoveryPolicy]) -> type[RecoveryPolicy]:
     """Class decorator: make ``cls`` selectable by its ``name``."""
-    _POLICIES[cls.name] = cls
-    return cls
+    return _POLICIES.register(cls.name, cls)
 
 
 def get_recovery_policy(name: str, cfg: RecoveryConfig) -> RecoveryPolicy:
-    """A new policy; raises ValueError naming the valid policies for an unknown name."""
-    if name not in _POLICIES:
-        raise ValueError(f"unknown recovery policy {name!r} ({', '.join(sorted(_POLICIES))})")
-    return _POLICIES[name](cfg)
+    """A new policy; raises UnknownNameError (a ValueError) naming the valid policies."""
+    return _POLICIES.get(name)(cfg)
 
 
 class RecoveryPolicy(abc.ABC):
