@@ -56,6 +56,11 @@ def register_provider(name: str, factory: type[Provider],
     _backends.register(name, Backend(name, factory, config, factory))
 
 
+def unregister_provider(name: str) -> None:
+    """Forget a registered backend (tests that register their own)."""
+    _backends.unregister(name)
+
+
 def provider_names() -> list[str]:
     """Every name `get_provider` accepts in this installation, sorted."""
     available = {name for name, module in _BACKEND_MODULES.items() if _module_exists(module)}

@@ -32,6 +32,10 @@ class Registry(Generic[T]):
         self._entries[name] = entry
         return entry
 
+    def unregister(self, name: str) -> None:
+        """Remove an entry (a test's own); unknown names are ignored."""
+        self._entries.pop(name, None)
+
     def get(self, name: str) -> T:
         """The entry; raises UnknownNameError listing the valid names."""
         try:
