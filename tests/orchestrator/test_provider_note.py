@@ -74,7 +74,7 @@ class _CloudStandIn(Provider):
 def cloud_backend() -> Iterator[str]:
     registry.register_provider(_CloudStandIn.name, _CloudStandIn)
     yield _CloudStandIn.name
-    registry._factories.pop(_CloudStandIn.name, None)
+    registry.unregister_provider(_CloudStandIn.name)
 
 
 def test_a_billed_backend_gets_no_note_and_a_plain_price(cloud_backend: str) -> None:
