@@ -40,9 +40,18 @@ _LIST_ITEM_PATHS = {
 }
 
 
+def pasteable(path: str) -> str:
+    """The dotted form a user can paste back as an override: ``a[0].b`` -> ``a.0.b``."""
+    return re.sub(r"\[(\w+)\]", r".\1", path).strip(".")
+
+
 def from_omegaconf(ex: OmegaConfBaseException) -> ConfigError:
-    """Translate an OmegaConf error (raised while merging into the schema) to a ConfigError."""
-    path = getattr(ex, "full_key", None) or "<config>"
+    """Translate an OmegaConf error (raised while merging into the schema) to a ConfigError.
+
+    An error inside a list item carries only the item's key (OmegaConf checks the item before
+    it is attached to the list); :func:`item_path_from_data` then finds the index.
+    """
+    path = pasteable(getattr(ex, "full_key", None) or "")
     msg = _first_line(getattr(ex, "msg", None) or str(ex))
     if isinstance(ex, MissingMandatoryValue):
         return ConfigError(path, "required value is missing", "set it in the YAML or on the CLI")
@@ -52,9 +61,22 @@ def from_omegaconf(ex: OmegaConfBaseException) -> ConfigError:
 
 def describe(path: str, msg: str, key_error: bool = False,
              object_type: str | None = None) -> ConfigError:
-    """The ConfigError for an OmegaConf message about the field at ``path``."""
+    """The ConfigError for an OmegaConf message about the field at ``path``.
+
+    A key inside a list item is reported with the list's path and ``*`` for the index until the
+    caller (which has the data) replaces it with the index at fault (:func:`resolve_item`).
+    """
+    path = pasteable(path)
     if "." not in path and object_type in _LIST_ITEM_PATHS:
         path = f"{_LIST_ITEM_PATHS[object_type]}.{path}"
+    m = re.search(r"Invalid type assigned: (\w+) is not a subclass of (\w+)", msg)
+    if m and m.group(1) == "dict":  # hydra made an empty item for an index past the end
+        index = path.rsplit(".", 1)[-1]
+        return ConfigError(path, f"no such item: the list has fewer than {int(index) + 1} items"
+                           if index.isdigit() else "no such item",
+                           f"replace the whole list: '{path.rsplit('.', 1)[0]}=[{{...}}, ...]'")
+    if m:
+        return ConfigError(path, f"expected a mapping ({m.group(2)}), got a {m.group(1)}")
     m = re.search(r"Key '([^']+)' (?:not in|is not in struct)", msg)
     if key_error or m:
         key = m.group(1) if m else path.rsplit(".", 1)[-1]

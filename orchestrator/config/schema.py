@@ -8,9 +8,9 @@ dataclasses, never a ``DictConfig``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, is_dataclass
 from enum import StrEnum
-from typing import Any
+from typing import Any, get_args, get_origin, get_type_hints
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
@@ -182,7 +182,50 @@ def to_experiment(cfg: DictConfig | dict[str, Any]) -> ExperimentConfig:
     data = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else cfg
     assert isinstance(data, dict)
     data = {k: v for k, v in data.items() if k != "hydra"}
+    check_list_items(ExperimentConfig, data)
     merged = OmegaConf.merge(OmegaConf.structured(ExperimentConfig), data)
     obj = OmegaConf.to_object(merged)
     assert isinstance(obj, ExperimentConfig)
     return obj
+
+
+def check_list_items(schema: type, data: Any, path: str = "") -> None:
+    """Merge every item of a list of dataclasses on its own, so an error names its index.
+
+    OmegaConf checks a list item before attaching it to the list, so its errors carry only the
+    item's own key; this walk gives them the dotted path a user can paste back as an override
+    (``cluster.worker_groups.1.count``). Raises :class:`ConfigError`.
+    """
+    from omegaconf.errors import OmegaConfBaseException
+
+    from orchestrator.config.errors import ConfigError, from_omegaconf, pasteable
+
+    if not isinstance(data, dict):
+        return
+    hints = get_type_hints(schema)
+    for key, value in data.items():
+        hint = hints.get(key)
+        if hint is None:
+            continue
+        here = f"{path}{key}"
+        inner = [a for a in get_args(hint) if a is not type(None)]
+        if isinstance(hint, type) and is_dataclass(hint):
+            check_list_items(hint, value, here + ".")
+        elif inner and is_dataclass(inner[0]) and get_origin(hint) is not list:
+            check_list_items(inner[0], value, here + ".")  # X | None
+        elif get_origin(hint) is list and inner and is_dataclass(inner[0]):
+            if not isinstance(value, list):
+                continue  # the whole-config merge reports the wrong type
+            for i, item in enumerate(value):
+                item_path = f"{here}.{i}"
+                if not isinstance(item, dict):
+                    raise ConfigError(item_path, f"expected a mapping of {inner[0].__name__} "
+                                      f"keys, got '{item}'")
+                try:
+                    OmegaConf.merge(OmegaConf.structured(inner[0]), item)
+                except OmegaConfBaseException as ex:
+                    err = from_omegaconf(ex)
+                    key_in_item = pasteable(getattr(ex, "full_key", None) or "")
+                    raise ConfigError(f"{item_path}.{key_in_item}".rstrip("."), err.problem,
+                                      err.allowed) from None
+                check_list_items(inner[0], item, item_path + ".")
