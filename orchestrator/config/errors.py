@@ -91,6 +91,14 @@ def describe(path: str, msg: str, key_error: bool = False,
     m = re.search(r"Incompatible value '([^']*)' for field of type '([^']+)'", msg)
     if m:
         return ConfigError(path, f"wrong type for '{m.group(1)}'", f"expected {m.group(2)}")
+    m = re.search(r"Value (.+) \((\w+)\) is incompatible with type hint '(\w+)'", msg)
+    if m:  # OmegaConf's check of a mapping inside a list: it does not convert ints to floats
+        value, kind, hint = m.group(1).strip("'"), m.group(2), m.group(3)
+        if kind == "int" and hint == "float":
+            return ConfigError(path, f"'{value}' must be written as a decimal number here",
+                               f"write {value}.0")
+        return ConfigError(path, f"'{value}' is not a valid {hint}",
+                           _type_hint({"float": "Float", "int": "Integer"}.get(hint, hint)))
     if "Missing mandatory value" in msg:
         return ConfigError(path, "required value is missing", "set it in the YAML or on the CLI")
     return ConfigError(path, msg)
