@@ -177,14 +177,21 @@ def to_experiment(cfg: DictConfig | dict[str, Any]) -> ExperimentConfig:
     """Re-merge a composed config into a fresh schema and return real dataclasses.
 
     Re-merging catches what Hydra lets through: keys added with ``+`` that the schema does not
-    know, and values of the wrong type. Raises OmegaConf errors carrying ``full_key``.
+    know, and values of the wrong type. Raises :class:`ConfigError` naming the field.
     """
+    from omegaconf.errors import OmegaConfBaseException
+
+    from orchestrator.config.errors import from_omegaconf
+
     data = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else cfg
     assert isinstance(data, dict)
     data = {k: v for k, v in data.items() if k != "hydra"}
     check_list_items(ExperimentConfig, data)
-    merged = OmegaConf.merge(OmegaConf.structured(ExperimentConfig), data)
-    obj = OmegaConf.to_object(merged)
+    try:
+        merged = OmegaConf.merge(OmegaConf.structured(ExperimentConfig), data)
+        obj = OmegaConf.to_object(merged)
+    except OmegaConfBaseException as ex:
+        raise from_omegaconf(ex) from None
     assert isinstance(obj, ExperimentConfig)
     return obj
 
