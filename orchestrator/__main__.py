@@ -72,6 +72,7 @@ def _run_one(cfg: DictConfig) -> dict[str, Any] | None:
         return None
     validate_data_dir(exp)
     run_dir = Path(hc.runtime.output_dir)
+    sweep.mark_killed_siblings(run_dir)  # earlier runs here whose orchestrator was killed
     resolved = OmegaConf.to_container(cfg, resolve=True)
     assert isinstance(resolved, dict)
     summary = execute_run(exp, plan, run_dir, resolved, title)

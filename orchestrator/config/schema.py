@@ -152,7 +152,16 @@ class ExperimentConfig:
 
 
 def register_configs() -> None:
-    """Store every schema as ``base_*`` so YAML files can name it first in their defaults."""
+    """Store every schema as ``base_*`` so YAML files can name it first in their defaults.
+
+    Also registers ``${pid:}``, which makes the default output folders unique for runs started
+    in the same second (conf/config.yaml ``hydra.run.dir``); a sweep's jobs share one process,
+    so they share its folder.
+    """
+    import os
+
+    if not OmegaConf.has_resolver("pid"):
+        OmegaConf.register_new_resolver("pid", os.getpid)
     cs = ConfigStore.instance()
     cs.store(name="base_config", node=ExperimentConfig)
     cs.store(group="cluster", name="base_cluster", node=ClusterConfig)
