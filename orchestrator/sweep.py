@@ -44,7 +44,11 @@ class SweepValidator(Callback):
         from hydra import compose
 
         from orchestrator.config.errors import CONFIG_ERROR_EXIT_CODE, ConfigError
-        from orchestrator.config.hydra_errors import config_error_from_hydra
+        from orchestrator.config.hydra_errors import (
+            config_error_from_hydra,
+            exact_item_error,
+            explain,
+        )
         from orchestrator.config.schema import to_experiment
         from orchestrator.config.validation import validate
 
@@ -61,6 +65,7 @@ class SweepValidator(Callback):
                 err = config_error_from_hydra(ex)
                 if err is None:
                     raise
+                err = explain(exact_item_error(err, combo))
                 print(ConfigError(err.path, err.problem, err.allowed).line()
                       + f" [sweep point: {' '.join(combo)}]", file=sys.stderr)
                 sys.exit(CONFIG_ERROR_EXIT_CODE)

@@ -13,6 +13,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -207,3 +208,47 @@ def test_recorder_releases_the_directory_on_close(tmp_path: Path) -> None:
     rec.close()
     assert not results.is_locked(tmp_path)
     results.RunRecorder(tmp_path).close()  # a resume in the same directory may take it again
+
+
+@pytest.mark.slow
+def test_real_run_owns_its_dir_and_a_sigkilled_orchestrator_is_marked_killed(
+        tmp_path: Path) -> None:
+    """The real CLI on the local backend: a second run into its directory is refused while it
+    trains; after ``kill -9`` of the orchestrator, release stops the leftovers and marks it."""
+    from tests.orchestrator.proc_utils import live_processes_mentioning
+
+    run_dir = tmp_path / "owned"
+    cmd = [sys.executable, "-m", "orchestrator", "+experiment=digits_local",
+           "job.train_steps=100000", f"hydra.run.dir={run_dir}", "progress=false"]
+    proc = subprocess.Popen(cmd, cwd=REPO, env=ENV, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:  # until training is under way
+            events = run_dir / results.EVENTS_FILE
+            if events.exists() and '"kind": "step"' in events.read_text():
+                break
+            assert proc.poll() is None, proc.communicate()[1][-3000:]
+            time.sleep(0.5)
+        second = subprocess.run(cmd, cwd=REPO, env=ENV, capture_output=True, text=True,
+                                timeout=300)
+        assert second.returncode == 2, second.stderr[-3000:]
+        assert second.stderr.strip().count("\n") == 0 and "in use by a live run" in second.stderr
+        assert proc.poll() is None  # the owner trains on
+        proc.kill()  # SIGKILL the orchestrator alone: no clean-up of its own
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert results.run_status(run_dir) == results.STATUS_KILLED
+    done = subprocess.run([sys.executable, "-m", "orchestrator.release", str(run_dir)],
+                          cwd=REPO, env=ENV, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "status killed" in done.stdout, done.stdout + done.stderr
+    deadline = time.monotonic() + 30
+    while live_processes_mentioning(str(run_dir)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not live_processes_mentioning(str(run_dir))
+    summary = json.loads((run_dir / results.SUMMARY_FILE).read_text())
+    assert summary["status"] == "killed" and summary["global_steps"] > 0
+    rows = list(csv.DictReader((run_dir / sweep.RUNS_CSV).open()))
+    assert len(rows) == 1 and rows[0]["status"] == "killed"
