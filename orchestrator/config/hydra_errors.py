@@ -147,8 +147,10 @@ def yaml_syntax_error(ex: yaml.MarkedYAMLError, shown_as: str | Path | None = No
     """
     mark = ex.problem_mark or ex.context_mark
     where = str(shown_as) if shown_as is not None else (mark.name if mark else "<yaml>")
-    if not where.startswith("<") and not os.path.relpath(where).startswith(".."):
-        where = os.path.relpath(where)  # the user's own spelling when under the current folder
+    if not where.startswith("<"):
+        where = os.path.realpath(where)  # conf/experiment/ is a link to experiments/
+        if not os.path.relpath(where).startswith(".."):
+            where = os.path.relpath(where)  # the user's own spelling under the current folder
     if mark is not None:
         where += f":{mark.line + 1}:{mark.column + 1}"
     problem = " ".join((ex.problem or ex.context or "invalid YAML").split())
