@@ -99,6 +99,15 @@ def describe(path: str, msg: str, key_error: bool = False,
                                f"write {value}.0")
         return ConfigError(path, f"'{value}' is not a valid {hint}",
                            _type_hint({"float": "Float", "int": "Integer"}.get(hint, hint)))
+    m = re.search(r"Invalid value assigned: (\w+) is not a ListConfig", msg)
+    if m:
+        return ConfigError(path, f"expected a list, got a {m.group(1)}", "write it as [a, b, ...]")
+    if re.search(r"Cannot merge (Dict|List)Config with (Dict|List)Config", msg):
+        if _field_is_list(path):
+            return ConfigError(path, "expected a list, got a mapping", "write it as [a, b, ...]")
+        return ConfigError(path, "expected a mapping, got a list", "write it as {key: value}")
+    if re.search(r"field '[^']*' is not Optional", msg):
+        return ConfigError(path, "must not be null", "give it a value")
     if "Missing mandatory value" in msg:
         return ConfigError(path, "required value is missing", "set it in the YAML or on the CLI")
     return ConfigError(path, msg)
@@ -110,6 +119,28 @@ def _type_hint(kind: str) -> str:
         "Float": "a number",
         "Boolean": "true or false",
     }.get(kind, kind.lower())
+
+
+def _field_is_list(path: str) -> bool:
+    """Whether the schema declares the field at ``path`` a list."""
+    from dataclasses import is_dataclass
+    from typing import get_args, get_origin, get_type_hints
+
+    from orchestrator.config.schema import ExperimentConfig
+
+    parent: object = ExperimentConfig
+    hint: object = None
+    for part in path.split("."):
+        if part.isdigit():
+            continue
+        if not (isinstance(parent, type) and is_dataclass(parent)):
+            return False
+        hint = get_type_hints(parent).get(part)
+        parent = hint
+        while parent is not None and not (isinstance(parent, type) and is_dataclass(parent)):
+            inner = [a for a in get_args(parent) if a is not type(None)]
+            parent = inner[0] if inner else None
+    return get_origin(hint) is list
 
 
 def _valid_keys_hint(path: str) -> str | None:

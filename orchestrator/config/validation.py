@@ -162,6 +162,9 @@ def validate(cfg: ExperimentConfig) -> None:
     from orchestrator.config import transient as st
 
     check_ranges(cfg)
+    if not cfg.name or cfg.name != Path(cfg.name).name or cfg.name in (".", ".."):
+        raise ConfigError("name", f"'{cfg.name}' cannot name the output folder",
+                          "a non-empty name without '/'")
     validate_provider(cfg)
     validate_cluster(cfg)
     validate_job(cfg)

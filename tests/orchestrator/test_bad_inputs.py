@@ -309,6 +309,16 @@ BAD_OVERRIDES: list[tuple[str, list[str], str, str]] = [
     ("digits_local", ["provider.ready_timeout_s=inf"], "provider.ready_timeout_s", "finite"),
     ("digits_local", ["report_every_s=nan"], "report_every_s", "finite"),
     ("mixed_gpu_cifar10", ["cluster.workers=4"], "cluster.workers", "homogeneous"),
+    ("digits_local", ["job.lr_decay_steps=5"], "job.lr_decay_steps", "expected a list"),
+    ("digits_local", ["cluster.worker_groups={}"], "cluster.worker_groups", "expected a list"),
+    ("digits_local", ["cluster.recovery=[1]"], "cluster.recovery", "expected a mapping"),
+    ("digits_local", ["cluster.worker_groups.0.count=null"], "cluster.worker_groups.0.count",
+     "must not be null"),
+    ("digits_local", ["sync.phases=[{protocol: bsp}]"], "sync.phases.0.fraction",
+     "required value is missing"),
+    ("digits_local", ["name="], "name", "cannot name the output folder"),
+    ("digits_local", ["name=a/b"], "name", "cannot name the output folder"),
+    ("digits_local", ["job.train_steps="], "job.train_steps", "not a valid integer"),
 ]
 
 
