@@ -25,7 +25,8 @@ def config_error_from_hydra(ex: BaseException) -> ConfigError | None:
     if isinstance(ex, MissingConfigException):
         return _missing_option(ex)
     if isinstance(ex, OverrideParseException):
-        return ConfigError(ex.override or "<override>", _first(str(ex.message)),
+        key = (ex.override or "").split("=")[0].lstrip("+~")
+        return ConfigError(key or _quoted_field(str(ex.message)), _first(str(ex.message)),
                            "see python -m orchestrator --help")
     if isinstance(ex, ConfigCompositionException):
         cause = ex.__cause__
@@ -53,7 +54,7 @@ def config_error_from_hydra(ex: BaseException) -> ConfigError | None:
         m = re.search(r"Could not append to config. An item is already at '([^']+)'", msg)
         if m:
             return ConfigError(m.group(1), "already set", f"use {m.group(1)}=... without '+'")
-        return ConfigError("<config>", _first(msg))
+        return ConfigError(_quoted_field(msg), _first(msg))
     return None
 
 
@@ -64,9 +65,18 @@ def _missing_option(ex: MissingConfigException) -> ConfigError:
     m = re.search(r"Could not find '([^']+)'", msg) or re.search(r"'([^']+)'", msg)
     missing = m.group(1) if m else (getattr(ex, "missing_cfg_file", None) or "?")
     group, _, option = missing.rpartition("/")
-    path = group or "<config>"
+    path = group or missing
     allowed = "available: " + ", ".join(options) if options else None
     return ConfigError(path, f"unknown option '{option or missing}'", allowed)
+
+
+def _quoted_field(msg: str) -> str:
+    """The first quoted name in a Hydra message, as a dotted field (``sync/bsp`` -> ``sync``)."""
+    m = re.search(r"'([A-Za-z_][\w./@+~-]*)'", msg)
+    if not m:
+        return "overrides"  # nothing better to name: the command line as a whole
+    name = m.group(1).lstrip("+~").split("=")[0]
+    return name.split("/")[0] if "/" in name else name
 
 
 def _first(text: str) -> str:

@@ -319,6 +319,8 @@ BAD_OVERRIDES: list[tuple[str, list[str], str, str]] = [
     ("digits_local", ["name="], "name", "cannot name the output folder"),
     ("digits_local", ["name=a/b"], "name", "cannot name the output folder"),
     ("digits_local", ["job.train_steps="], "job.train_steps", "not a valid integer"),
+    ("digits_local", ["job.train_steps=[1"], "job.train_steps", "no viable alternative"),
+    ("digits_local", ["~job.nothing"], "job.nothing", "does not exist"),
 ]
 
 
