@@ -3,10 +3,10 @@
 Every run records each process group (and, for cloud backends, each VM) it creates in its
 ``journal.jsonl`` before using it, and marks it released on teardown. After a crash of the
 orchestrator itself (power loss, ``kill -9`` of a parent that had no parent-death signal), this
-command stops whatever a journal still lists as running. Each entry is handed to its own
-backend's clean-up (built with the run's ``provider`` config from ``config.yaml``), which acts
-on the entry's host: a remote pid is never signalled on this machine. Idempotent: a second call
-does nothing.
+command stops whatever a journal still lists as running, then marks such runs ``killed``
+(summary.json and their runs.csv row). Each entry is handed to its own backend's clean-up
+(built with the run's ``provider`` config from ``config.yaml``), which acts on the entry's
+host: a remote pid is never signalled on this machine. Idempotent: a second call does nothing.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from typing import Any
 
 import yaml
 
+from orchestrator import sweep
 from orchestrator.results import CONFIG_FILE
 from provisioning.journal import JOURNAL_FILE, clean_up
 
@@ -62,6 +63,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"{journal.parent}: {line}")
             acted += 1
     print(f"{len(journals)} journal(s) checked, {acted} resource(s) released")
+    for path in args.paths:  # runs whose orchestrator died: status killed, row in runs.csv
+        for run_dir in sweep.mark_killed_runs(path) if path.is_dir() else []:
+            print(f"{run_dir}: status killed (the orchestrator died before writing a summary)")
     return 0
 
 

@@ -11,6 +11,7 @@ import itertools
 from pathlib import Path
 
 from orchestrator.config.errors import ConfigError
+from orchestrator.config.ranges import check_ranges
 from orchestrator.config.schema import ExperimentConfig, Protocol, schedule_phases
 
 PHASE_FRACTION_TOLERANCE = 1e-6
@@ -33,28 +34,19 @@ def _providers() -> list[str]:
     return list(provider_names())
 
 
-def _positive(path: str, value: float, minimum: float = 1) -> None:
-    if value < minimum:
-        raise ConfigError(path, f"must be ≥ {minimum:g} (got {value:g})")
-
-
 def validate_cluster(cfg: ExperimentConfig) -> None:
     c, catalog = cfg.cluster, cfg.pricing
-    _positive("cluster.parameter_servers", c.parameter_servers)
     if not c.worker_groups:
         raise ConfigError("cluster.worker_groups", "needs at least one worker group")
-    if c.workers is not None:
-        _positive("cluster.workers", c.workers)
-        if len(c.worker_groups) > 1:
-            raise ConfigError(
-                "cluster.workers",
-                "the shorthand only applies to a homogeneous cluster",
-                "set cluster.workers=null and cluster.worker_groups.N.count",
-            )
+    if c.workers is not None and len(c.worker_groups) > 1:
+        raise ConfigError(
+            "cluster.workers",
+            "the shorthand only applies to a homogeneous cluster",
+            "set cluster.workers=null and cluster.worker_groups.N.count",
+        )
     known_zones = [*catalog.all_zones(), LOCAL_ZONE]
     for i, group in enumerate(c.worker_groups):
         path = f"cluster.worker_groups.{i}"
-        _positive(f"{path}.count", group.count)
         if group.machine_type not in catalog.machine_types:
             raise ConfigError(
                 f"{path}.machine_type",
@@ -100,18 +92,11 @@ def validate_job(cfg: ExperimentConfig) -> None:
     if j.problem not in problem_names:
         raise ConfigError("job.problem", f"unknown problem '{j.problem}'",
                           "one of: " + ", ".join(problem_names))
-    _positive("job.train_steps", j.train_steps)
-    _positive("job.batch_size", j.batch_size)
-    _positive("job.keep_checkpoints", j.keep_checkpoints)
-    for key in ("checkpoint_frequency", "eval_frequency", "warmup_steps", "weight_decay"):
-        _positive(f"job.{key}", getattr(j, key), minimum=0)
-    if j.learning_rate <= 0:
-        raise ConfigError("job.learning_rate", f"must be > 0 (got {j.learning_rate:g})")
-    if not 0 <= j.momentum < 1:
-        raise ConfigError("job.momentum", f"must be in [0, 1) (got {j.momentum:g})")
     steps = j.lr_decay_steps
-    if any(b <= a for a, b in itertools.pairwise(steps)) or any(s < 1 for s in steps):
-        raise ConfigError("job.lr_decay_steps", f"must be positive and increasing (got {steps})")
+    for i, (a, b) in enumerate(itertools.pairwise(steps)):
+        if b <= a:
+            raise ConfigError(f"job.lr_decay_steps.{i + 1}", f"must be greater than the step "
+                              f"before it (got {steps})", "steps in increasing order")
 
 
 def validate_sync(cfg: ExperimentConfig) -> None:
@@ -134,9 +119,6 @@ def validate_sync(cfg: ExperimentConfig) -> None:
         return
     total = 0.0
     for i, phase in enumerate(phases):
-        if not 0 < phase.fraction <= 1:
-            path = f"sync.fractions.{i}" if sync.switch_order else f"sync.phases.{i}.fraction"
-            raise ConfigError(path, f"must be in (0, 1] (got {phase.fraction:g})")
         unknown = set(phase.hparams) - {"learning_rate", "momentum"}
         if unknown:
             path = f"sync.phase_hparams.{i}" if sync.switch_order else f"sync.phases.{i}.hparams"
@@ -153,20 +135,42 @@ def validate_provider(cfg: ExperimentConfig) -> None:
     if cfg.provider.name not in names:
         raise ConfigError("provider.name", f"unknown provider '{cfg.provider.name}'",
                           "one of: " + ", ".join(names))
-    _positive("provider.ready_timeout_s", cfg.provider.ready_timeout_s, minimum=1)
     from provisioning.registry import backend
 
     if str(cfg.revocation.model) != "none" and not backend(cfg.provider.name).provider.can_revoke:
         raise ConfigError("revocation.model", f"provider '{cfg.provider.name}' cannot revoke "
                           "hosts on demand", "use revocation=none, or a provider that can "
                           "(local)")
-    _positive("report_every_s", cfg.report_every_s, minimum=0.05)
+
+
+def worker_count(cfg: ExperimentConfig) -> int:
+    """Workers at the start: the homogeneous shorthand wins over the groups' counts."""
+    c = cfg.cluster
+    return c.workers if c.workers is not None else sum(g.count for g in c.worker_groups)
+
+
+def validate_straggler_workers(cfg: ExperimentConfig) -> None:
+    """Injections may only slow workers that exist (as revocation events may only name hosts
+    that exist: :func:`orchestrator.transient.revocation.ScheduledRevocations.plan`)."""
+    if not cfg.straggler.enabled:
+        return
+    n = worker_count(cfg)
+    for i, inj in enumerate(cfg.straggler.injections):
+        for j, worker in enumerate(inj.workers):
+            if worker >= n:
+                raise ConfigError(f"straggler.injections.{i}.workers.{j}",
+                                  f"no worker {worker} in this cluster",
+                                  f"worker indices 0..{n - 1}")
 
 
 def validate(cfg: ExperimentConfig) -> None:
     """Check every field's meaning; raises ConfigError on the first problem found."""
     from orchestrator.config import transient as st
 
+    check_ranges(cfg)
+    if not cfg.name or cfg.name != Path(cfg.name).name or cfg.name in (".", ".."):
+        raise ConfigError("name", f"'{cfg.name}' cannot name the output folder",
+                          "a non-empty name without '/'")
     validate_provider(cfg)
     validate_cluster(cfg)
     validate_job(cfg)
@@ -175,6 +179,7 @@ def validate(cfg: ExperimentConfig) -> None:
     st.validate_sync_policy(cfg.sync.policy)
     st.validate_revocation(cfg.revocation)
     st.validate_straggler(cfg.straggler)
+    validate_straggler_workers(cfg)
 
 
 def validate_data_dir(cfg: ExperimentConfig) -> None:

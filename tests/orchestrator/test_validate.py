@@ -95,7 +95,7 @@ BAD_FILES = {
     "sync:\n  protocol: ssp\n": ("sync.protocol", "invalid value 'ssp'"),
     "foo: 1\n": ("foo", "unknown key 'foo'"),
     "cluster:\n  worker_groups:\n    - {count: 2, gpus: k80}\n":
-        ("cluster.worker_groups.*.gpus", "unknown key 'gpus'"),
+        ("cluster.worker_groups.0.gpus", "unknown key 'gpus'"),
     "cluster:\n  worker_groups:\n    - {count: -2}\n":
         ("cluster.worker_groups.0.count", "must be ≥ 1"),
     "defaults:\n  - override /sync: ssp\n": ("sync", "unknown option 'ssp'"),
