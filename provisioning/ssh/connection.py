@@ -36,6 +36,8 @@ import paramiko
 from provisioning.base import BadRequestError, ProvisionError
 
 log = logging.getLogger(__name__)
+# paramiko logs every handshake and SFTP session at INFO; a run's log keeps our own lines only.
+logging.getLogger("paramiko").setLevel(logging.WARNING)
 
 #: paramiko's exceptions that mean "the handshake was dropped, try again" (sshd MaxStartups).
 _RETRYABLE = (paramiko.SSHException, EOFError, ConnectionResetError)
