@@ -42,6 +42,7 @@ from provisioning.base import (
     STOP_GRACE_S,
     BadRequestError,
     CapacityError,
+    CleanUpResult,
     Cluster,
     ClusterRequest,
     Host,
@@ -505,13 +506,14 @@ class SshProvider(Provider):
         for name, items in by_machine.items():
             machine = self._machines.get(name) or items[0][0].machine
             groups = [g for _, gs in items for g in gs]
-            if self._kill_on(machine.inventory, groups, self.config.stop_grace_s):
+            if self._kill_on(machine.inventory, groups, self.config.stop_grace_s) is not None:
                 for runner, gs in items:
                     runner.launcher.forget([g for g, _ in gs])
 
     def _kill_on(self, inventory: SshHostConfig, groups: Sequence[tuple[int, int | None]],
-                 grace_s: float) -> bool:
-        """Connect afresh and stop these groups (TERM, grace, KILL); False if unreachable."""
+                 grace_s: float) -> list[int] | None:
+        """Connect afresh and stop these groups (TERM, grace, KILL); the pgids that were still
+        running, or None if the machine cannot be reached."""
         machine = Machine(inventory, self)
         timeouts = SshTimeouts(connect_s=RETRY_LOST_CONNECT_S, command_s=30.0,
                                heartbeat_interval_s=3600.0, heartbeat_timeout_s=60.0,
@@ -520,21 +522,23 @@ class SshProvider(Provider):
             connection = machine.connect(timeouts)
         except ProvisionError as error:
             log.warning("ssh: cannot reach %s to stop leftovers: %s", inventory.name, error)
-            return False
+            return None
         try:
             pgids = [g for g, _ in groups]
-            connection.run(kill_groups_command("TERM", groups), check=False)
-            deadline = time.monotonic() + grace_s
-            while time.monotonic() < deadline:
-                alive = connection.run(group_alive_command(pgids), check=False).stdout.split()
-                if not alive:
-                    break
-                time.sleep(0.2)
-            connection.run(kill_groups_command("KILL", groups), check=False)
-            return True
+            running = [int(g) for g in
+                       connection.run(group_alive_command(pgids), check=False).stdout.split()]
+            if running:
+                connection.run(kill_groups_command("TERM", groups), check=False)
+                deadline = time.monotonic() + grace_s
+                while time.monotonic() < deadline:
+                    if not connection.run(group_alive_command(pgids), check=False).stdout.split():
+                        break
+                    time.sleep(0.2)
+                connection.run(kill_groups_command("KILL", groups), check=False)
+            return running
         except ProvisionError as error:
             log.warning("ssh: stopping leftovers on %s failed: %s", inventory.name, error)
-            return False
+            return None
         finally:
             connection.close()
 
@@ -564,25 +568,33 @@ class SshProvider(Provider):
         machine.state = HostState.REVOKED
         machine.close()
 
-    def clean_up(self, entries: Sequence[Any], grace_s: float | None = None) -> list[str]:
-        grace = self.config.stop_grace_s if grace_s is None else grace_s
+    def clean_up(self, entries: Sequence[Any], grace_s: float = STOP_GRACE_S
+                 ) -> list[CleanUpResult]:
+        """Stop the journal's unreleased process groups on their machines (found by address in
+        the inventory), each guarded by its recorded start time."""
         inventory = {h.address: h for h in self.config.hosts}
+        results: dict[int, CleanUpResult] = {}
         by_address: dict[str, list[Any]] = {}
-        report: list[str] = []
-        for entry in entries:
+        for i, entry in enumerate(entries):
             if entry.pgid is None or entry.address not in inventory:
-                report.append(f"{entry.kind} {entry.resource_id} on host {entry.host_id} "
-                              f"({entry.address or '?'}): not a process group on an inventory "
-                              f"machine; left alone")
+                results[i] = CleanUpResult(entry, False, (
+                    f"{entry.kind} {entry.resource_id} on host {entry.host_id} "
+                    f"({entry.address or '?'}): not a process group on an inventory machine of "
+                    f"this run's provider config; left alone"))
                 continue
-            by_address.setdefault(entry.address, []).append(entry)
-        for address, group_entries in by_address.items():
-            groups = [(e.pgid, e.start_ticks) for e in group_entries]
-            if self._kill_on(inventory[address], groups, grace):
-                report += [f"stopped process group {e.pgid} on {address} (host {e.host_id})"
-                           for e in group_entries]
-            else:
-                report += [f"process group {e.pgid} on {address} (host {e.host_id}): machine "
-                           f"unreachable; still recorded" for e in group_entries]
-        return report
-
+            by_address.setdefault(entry.address, []).append((i, entry))
+        for address, items in by_address.items():
+            running = self._kill_on(inventory[address], [(e.pgid, e.start_ticks)
+                                                         for _, e in items], grace_s)
+            for i, entry in items:
+                if running is None:
+                    results[i] = CleanUpResult(entry, False, (
+                        f"process group {entry.pgid} on {address} (host {entry.host_id}): "
+                        f"machine unreachable; still recorded"))
+                elif entry.pgid in running:
+                    results[i] = CleanUpResult(entry, True, (
+                        f"stopped process group {entry.pgid} on {address} "
+                        f"(host {entry.host_id})"))
+                else:
+                    results[i] = CleanUpResult(entry, True)
+        return [results[i] for i in range(len(entries))]

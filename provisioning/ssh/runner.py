@@ -268,7 +268,7 @@ class RoleLauncher:
                               f"{self.host.id}-{next(self._seq)}-{int(time.time() * 1000)}")
         try:
             result = self.connection.run(launch_script(base, cwd, argv, env))
-            pid_text, ticks_text = (result.stdout.split() + ["", ""])[:2]
+            pid_text, ticks_text = [*result.stdout.split(), "", ""][:2]
             pgid = int(pid_text)
         except ProvisionError as error:
             if self.connection.lost.is_set():

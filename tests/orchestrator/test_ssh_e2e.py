@@ -10,6 +10,7 @@ and processes killed (restart from the latest checkpoint on the spare), the orch
 SIGKILLed (then `python -m orchestrator.release` leaves nothing on any host).
 """
 
+# ruff: noqa: F811  (the test bed fixture is imported, then requested by name)
 from __future__ import annotations
 
 import json

@@ -5,10 +5,12 @@ hosts, loss detection without TCP's help (cut link, frozen host), environment se
 cache, clean-up from the journal after a crash, and the config checks.
 """
 
+# ruff: noqa: F811  (the test bed fixture is imported, then requested by name)
 from __future__ import annotations
 
 import os
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -218,8 +220,9 @@ def test_clean_up_from_the_journal_stops_what_a_crashed_run_left(ssh_testbed: Ss
     leftovers = list_unreleased(journal.path)
     assert len(leftovers) == 2 and all(e.backend == "ssh" for e in leftovers)
     assert len(ssh_testbed.role_pids(host)) >= 2
-    report = get_provider("ssh", options).clean_up(leftovers, grace_s=0.5)
-    assert len(report) == 2 and all("stopped" in line for line in report), report
+    results = get_provider("ssh", options).clean_up(leftovers, grace_s=0.5)
+    assert [r.released for r in results] == [True, True]
+    assert all("stopped process group" in (r.note or "") for r in results), results
     deadline = time.monotonic() + 5
     while ssh_testbed.role_pids(host) and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -244,3 +247,15 @@ def test_no_key_material_in_errors_or_files(ssh_testbed: SshTestBed, tmp_path) -
     for line in secret_lines:
         assert line not in written
     assert os.fspath(ssh_testbed.client_key) not in output  # the key path never reaches a host
+
+
+def test_wrong_key_path_in_an_experiment_is_one_config_error_line(tmp_path, repo_root) -> None:
+    """Through the CLI: exit 2, one line naming the field as the user types it, no traceback."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "orchestrator", "+experiment=ssh_digits", "provider=ssh",
+         f"provider.hosts.0.key_path={tmp_path / 'no_such_key'}", f"hydra.run.dir={tmp_path}"],
+        cwd=repo_root, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = (proc.stdout + proc.stderr).strip().splitlines()
+    assert lines[-1].startswith("config error: provider.hosts[0].key_path: no such key file")
+    assert "Traceback" not in proc.stderr

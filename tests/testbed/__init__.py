@@ -136,7 +136,7 @@ class SshTestBed:
             self._created_links.append(self.bridge)
             _ip("addr", "add", f"{self.gateway}/24", "dev", self.bridge)
             _ip("link", "set", self.bridge, "up")
-            for i in range(hosts):
+            for _ in range(hosts):
                 self.add_host()
         except BaseException:
             self.close()
