@@ -135,8 +135,10 @@ def execute_run(cfg: ExperimentConfig, plan: RunPlan, run_dir: Path,
             control.reset()
             deployment = deploy(cluster)
             # train: follow events, revocations and recovery until done or failed
-            supervisor = Supervisor(cfg, provider, cluster, deployment, rec, progress, control,
-                                    revocations, deploy)
+            supervisor = Supervisor(
+                cfg, provider, cluster, deployment, rec, progress, control, revocations, deploy,
+                on_checkpoint=lambda on: checkpoints.sync(
+                    provider.runner(on.hosts_for(Role.CHIEF)[0])))
             supervisor.follow()
             cluster = supervisor.cluster
             error = supervisor.state.error

@@ -98,8 +98,10 @@ class Supervisor:
     def __init__(self, cfg: ExperimentConfig, provider: Provider, cluster: Cluster,
                  deployment: Deployment, rec: results.RunRecorder, progress: RunProgress,
                  control: ControlChannel, revocations: RevocationSchedule,
-                 restart_cluster: Callable[[Cluster], Deployment]) -> None:
+                 restart_cluster: Callable[[Cluster], Deployment],
+                 on_checkpoint: Callable[[Cluster], object] | None = None) -> None:
         self.cfg, self.provider, self.cluster = cfg, provider, cluster
+        self.on_checkpoint = on_checkpoint  # makes a new checkpoint durable (checkpoint store)
         self.deployment, self.rec, self.progress, self.control = deployment, rec, progress, control
         self.restart_cluster = restart_cluster
         self.state = RunState()
@@ -174,6 +176,8 @@ class Supervisor:
             self.progress.update(accuracy=s.final_accuracy)
             s.evaluator_done = s.evaluator_done or bool(f.get("final"))
         elif kind == "checkpoint":
+            if self.on_checkpoint is not None:
+                self.on_checkpoint(self.cluster)
             s.last_checkpoint_step = int(f.get("step", 0))
             s.last_checkpoint_s = _num(f.get("duration_s")) or s.last_checkpoint_s
         elif kind == "phase_start":  # protocol: in force now; scheduled: the phase's own
@@ -315,7 +319,8 @@ class Supervisor:
         gone = [h for h in self.cluster.hosts if self.host_state(h) != HostState.RUNNING]
         if not gone:
             return []
-        self.cluster = self.provider.replace(self.cluster, [h.id for h in gone])
+        self.cluster = self.provider.replace(self.cluster, [h.id for h in gone],
+                                             keep_endpoints=False)  # a restart: any will do
         names = {h.spec.name for h in gone}
         new_hosts = [h for h in self.cluster.hosts if h.spec.name in names]
         events = [RecordedEvent(EVENT_REPLACEMENT_READY, {

@@ -168,7 +168,10 @@ class RecoveryPolicy(abc.ABC):
         Raises what ``provider.replace`` raises; subclasses may degrade instead."""
         if not decision.replace_host_ids:
             return ReplacementResult(cluster, (), ())
-        new_cluster = provider.replace(cluster, decision.replace_host_ids)
+        # A restart rewrites TF's cluster spec, so any endpoint will do (a spare machine at
+        # another address); a replacement joins the running job and must keep the endpoint.
+        new_cluster = provider.replace(cluster, decision.replace_host_ids,
+                                       keep_endpoints=decision.action != Action.restart)
         old_ids = {h.id for h in cluster.hosts}
         new_hosts = tuple(h for h in new_cluster.hosts if h.id not in old_ids)
         lost_at = min(loss.at_s for loss in decision.losses)

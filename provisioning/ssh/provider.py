@@ -32,10 +32,12 @@ import posixpath
 import tempfile
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
+
+import paramiko
 
 from provisioning.base import (
     PREEMPTION_NOTICE_FILE,
@@ -209,20 +211,22 @@ class SshHostRunner(HostRunner):
 
     def copy(self, local: Path, remote: Path) -> None:
         connection = self._check()
-        try:
-            with connection.sftp() as sftp:
-                sftp_put(sftp, Path(local), self._path(remote))
-        except (OSError, EOFError, SshUnreachableError) as error:
-            if not self.machine.alive():
-                raise HostLostError(self.host.id, str(error)) from None
-            raise
+        with self._host_errors(connection), connection.sftp() as sftp:
+            sftp_put(sftp, Path(local), self._path(remote))
 
     def fetch(self, remote: Path, local: Path) -> bool:
         connection = self._check()
+        with self._host_errors(connection), connection.sftp() as sftp:
+            return sftp_get(sftp, self._path(remote), Path(local))
+
+    @contextlib.contextmanager
+    def _host_errors(self, connection: SshConnection) -> Iterator[None]:
+        """A transfer that fails because the connection died is the host's loss."""
         try:
-            with connection.sftp() as sftp:
-                return sftp_get(sftp, self._path(remote), Path(local))
-        except (OSError, EOFError, SshUnreachableError) as error:
+            yield
+        except (OSError, EOFError, paramiko.SSHException, SshUnreachableError) as error:
+            if isinstance(error, paramiko.SSHException) and "connection dropped" in str(error):
+                connection.mark_lost(str(error))
             if not self.machine.alive():
                 raise HostLostError(self.host.id, str(error)) from None
             raise

@@ -20,7 +20,9 @@ import itertools
 import posixpath
 import queue
 import shlex
+import shutil
 import stat
+import tempfile
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -377,19 +379,44 @@ def sftp_put(sftp: paramiko.SFTPClient, local: Path, remote: str) -> None:
 
 
 def sftp_get(sftp: paramiko.SFTPClient, remote: str, local: Path) -> bool:
-    """Copy a host file or directory tree to `local` (merging); False if `remote` is missing."""
+    """Copy a host file or directory tree to `local` (merging); False if `remote` is missing.
+
+    A directory is fetched whole into a staging folder first and only then moved into place,
+    file by file: a fetch cut short by a lost host leaves `local` as it was, never an index
+    (TF's `checkpoint` file) without the data it names."""
     try:
         attributes = sftp.stat(remote)
     except FileNotFoundError:
         return False
     local = Path(local)
-    if stat.S_ISDIR(attributes.st_mode or 0):
-        local.mkdir(parents=True, exist_ok=True)
-        for entry in sftp.listdir_attr(remote):
-            sftp_get(sftp, posixpath.join(remote, entry.filename), local / entry.filename)
+    if not stat.S_ISDIR(attributes.st_mode or 0):
+        local.parent.mkdir(parents=True, exist_ok=True)
+        tmp = local.with_name(f".{local.name}.fetch-tmp")
+        sftp.get(remote, str(tmp))
+        tmp.replace(local)
         return True
     local.parent.mkdir(parents=True, exist_ok=True)
-    tmp = local.with_name(f".{local.name}.fetch-tmp")
-    sftp.get(remote, str(tmp))
-    tmp.replace(local)
+    staging = Path(tempfile.mkdtemp(prefix=f".{local.name}.fetch-", dir=local.parent))
+    try:
+        _get_tree(sftp, remote, staging)
+        for path in sorted(staging.rglob("*")):
+            target = local / path.relative_to(staging)
+            if path.is_dir():
+                target.mkdir(parents=True, exist_ok=True)
+            else:
+                target.parent.mkdir(parents=True, exist_ok=True)
+                path.replace(target)
+        local.mkdir(parents=True, exist_ok=True)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
     return True
+
+
+def _get_tree(sftp: paramiko.SFTPClient, remote: str, local: Path) -> None:
+    local.mkdir(parents=True, exist_ok=True)
+    for entry in sftp.listdir_attr(remote):
+        path = posixpath.join(remote, entry.filename)
+        if stat.S_ISDIR(entry.st_mode or 0):
+            _get_tree(sftp, path, local / entry.filename)
+        else:
+            sftp.get(path, str(local / entry.filename))

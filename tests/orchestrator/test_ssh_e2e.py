@@ -156,6 +156,10 @@ def test_lost_ps_machine_restarts_from_checkpoint_on_the_spare(
     try:
         wait_for(run_dir, lambda e: e.get("kind") == "checkpoint" and e.get("step", 0) > 0,
                  "checkpoint")
+        deadline = time.monotonic() + EVENT_WAIT_S  # ...and it reached the orchestrator's store
+        while not (run_dir / "checkpoints" / "checkpoint").exists():
+            assert time.monotonic() < deadline, "no checkpoint synced to the run directory"
+            time.sleep(0.2)
         ssh_testbed.kill_sshd(ps_host)
         ssh_testbed.kill_processes(ps_host)  # the machine is gone: sshd, PS, chief, evaluator
         out = finish(proc)
