@@ -43,10 +43,10 @@ def _run_one(cfg: DictConfig) -> dict[str, Any] | None:
     from omegaconf.errors import OmegaConfBaseException
     from rich.console import Console
 
-    from orchestrator import sweep
+    from orchestrator import data, sweep
     from orchestrator.config.errors import from_omegaconf
     from orchestrator.config.schema import to_experiment
-    from orchestrator.config.validation import validate, validate_data_dir
+    from orchestrator.config.validation import validate
     from orchestrator.display import render_plan
     from orchestrator.plan import make_plan
     from orchestrator.run import execute_run
@@ -65,12 +65,10 @@ def _run_one(cfg: DictConfig) -> dict[str, Any] | None:
         total = sweep.sweep_size or "?"
         title = f"run {hc.job.num + 1}/{total} {exp.name} " + " ".join(overrides)
     if exp.dry_run:
-        if _needs_data_warning(exp):
-            plan.warnings.append(f"job.data_dir '{exp.job.data_dir}' does not exist here; "
-                                 "the run checks it when it starts")
-        render_plan(plan, Console(), title=f"Plan: {title} (dry run: nothing provisioned)")
+        render_plan(plan, Console(), title=f"Plan: {title} (dry run: nothing provisioned)",
+                    data=data.describe(exp))
         return None
-    validate_data_dir(exp)
+    data.prepare(exp)  # a bad job.data_dir or a failed download stops here, before provisioning
     run_dir = Path(hc.runtime.output_dir)
     resolved = OmegaConf.to_container(cfg, resolve=True)
     assert isinstance(resolved, dict)
@@ -81,16 +79,6 @@ def _run_one(cfg: DictConfig) -> dict[str, Any] | None:
     if summary["status"] != "completed":
         _failed_runs.append(str(run_dir))
     return summary
-
-
-def _needs_data_warning(exp: Any) -> bool:
-    try:
-        from orchestrator.config.validation import validate_data_dir
-
-        validate_data_dir(exp)
-    except ConfigError:
-        return True
-    return False
 
 
 def _report(summary: dict[str, Any], run_dir: Path) -> None:

@@ -16,8 +16,9 @@ def _duration(seconds: float | None) -> str:
     return f"{h}h {m:02d}m {s:02d}s" if h else f"{m}m {s:02d}s"
 
 
-def render_plan(plan: RunPlan, console: Console | None = None, title: str | None = None) -> None:
-    """Print the plan: hosts with placement and price, phases, estimates, risks."""
+def render_plan(plan: RunPlan, console: Console | None = None, title: str | None = None,
+                data: str | None = None) -> None:
+    """Print the plan: hosts with placement and price, phases, estimates, the data, risks."""
     console = console or Console()
     if not console.is_terminal:  # logs and pipes: wide enough that nothing is truncated
         console.width = max(console.width, 120)
@@ -48,6 +49,8 @@ def render_plan(plan: RunPlan, console: Console | None = None, title: str | None
     cost = f"${plan.est_cost_usd:.4f}" if plan.est_cost_usd is not None else "n/a"
     console.print(f"cost: [bold]${plan.hourly_usd:.4f}/h[/bold]   est. speed: {speed}   "
                   f"est. train time: {_duration(plan.est_train_time_s)}   est. cost: {cost}")
+    if data:
+        console.print(f"data: {data}", highlight=False)
     if plan.revocation_model != "none":
         revs = plan.planned_revocations
         timed = sorted(r["at_s"] for r in revs if r.get("at_s") is not None)

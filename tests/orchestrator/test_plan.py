@@ -52,3 +52,16 @@ def test_local_default_has_no_speed_estimate_but_a_price() -> None:
     plan = make_plan(compose_experiment("digits_local"))
     assert plan.est_steps_per_sec is None and plan.est_cost_usd is None
     assert plan.hourly_usd > 0
+
+
+def test_colocated_chief_and_evaluator_share_the_first_ps_machine_priced_once() -> None:
+    plan = make_plan(compose_experiment("cifar10_res32"))
+    ps = next(h for h in plan.hosts if h.name == "ps-0")
+    for name in ("chief-0", "evaluator-0"):
+        host = next(h for h in plan.hosts if h.name == name)
+        assert (host.colocate_with, host.machine_type, host.zone, host.hourly_usd) == (
+            "ps-0", ps.machine_type, ps.zone, 0.0)
+    apart = make_plan(compose_experiment("cifar10_res32", ["cluster.chief_on_ps=false"]))
+    chief = next(h for h in apart.hosts if h.name == "chief-0")
+    assert chief.colocate_with is None and chief.hourly_usd > 0
+    assert apart.hourly_usd > plan.hourly_usd
