@@ -29,6 +29,7 @@ import itertools
 import json
 import logging
 import posixpath
+import shlex
 import tempfile
 import threading
 import time
@@ -134,7 +135,7 @@ class Machine:
         if not root.startswith("/"):
             home = self.connection.run("pwd").stdout.strip()
             root = posixpath.join(home, root)
-        self.connection.run(f"mkdir -p {root}")
+        self.connection.run(f"mkdir -p {shlex.quote(root)}")
         self.root = root
         self.state = HostState.RUNNING
 

@@ -119,7 +119,7 @@ def test_digits_over_ssh_matches_a_local_run(repo_root: Path, ssh_testbed: SshTe
     assert hosts["ps-0"].split(":")[0] == addresses["h0"]
     assert hosts["chief-0"].split(":")[0] == addresses["h0"] != hosts["worker-0"].split(":")[0]
     assert len({hosts["ps-0"], hosts["chief-0"], hosts["evaluator-0"]}) == 3  # own ports
-    env_root = ssh_testbed.hosts[1].root / ".transient" / "envs"
+    env_root = ssh_testbed.hosts[1].root / "envs"  # the inventory root of h1
     assert any(env_root.glob("*/site/trainer")), "the wheel was not installed on the host"
     assert_no_key_material(ssh_testbed, run_dir)
     assert_nothing_left(ssh_testbed, ssh_testbed.hosts[:4])
