@@ -28,9 +28,9 @@ import contextlib
 import itertools
 import json
 import logging
+import os
 import posixpath
 import shlex
-import tempfile
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -88,13 +88,17 @@ _wheel_caches_lock = threading.Lock()
 
 
 def _wheel_cache(wheelhouse: str | None, extra: str) -> WheelCache:
-    """One wheel build per source state per process (a run builds it at most once)."""
-    key = (source_stamp(), wheelhouse, extra)
+    """One wheel per state of the sources: built at most once per run, and kept in the user's
+    cache (`$XDG_CACHE_HOME/transient-orchestrator/wheels/<source stamp>/`) for later runs."""
+    stamp = source_stamp()
+    key = (stamp, wheelhouse, extra)
     with _wheel_caches_lock:
         if key not in _wheel_caches:
+            cache_root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+            work_dir = cache_root / "transient-orchestrator" / "wheels" / stamp[:24]
+            work_dir.mkdir(parents=True, exist_ok=True)
             _wheel_caches[key] = WheelCache(
-                Path(tempfile.mkdtemp(prefix="transient-wheel-")),
-                None if wheelhouse is None else Path(wheelhouse).expanduser(), extra)
+                work_dir, None if wheelhouse is None else Path(wheelhouse).expanduser(), extra)
         return _wheel_caches[key]
 
 

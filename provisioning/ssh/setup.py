@@ -126,9 +126,22 @@ class WheelCache:
         self._lock = threading.Lock()
 
     def wheel(self) -> Wheel:
+        """The wheel in `work_dir` if an earlier run built it there, else built now (into a
+        staging folder, renamed into place, so concurrent runs never see half a wheel)."""
         with self._lock:
             if self._wheel is None:
-                self._wheel = build_wheel(self.work_dir)
+                built = sorted(self.work_dir.glob("transient_orchestrator-*.whl"))
+                if built:
+                    self._wheel = Wheel(built[-1], wheel_digest(built[-1]))
+                else:
+                    staging = Path(tempfile.mkdtemp(prefix=".build-", dir=self.work_dir))
+                    try:
+                        wheel = build_wheel(staging)
+                        target = self.work_dir / wheel.name
+                        wheel.path.replace(target)
+                        self._wheel = Wheel(target, wheel.digest)
+                    finally:
+                        shutil.rmtree(staging, ignore_errors=True)
             return self._wheel
 
     def prepared_wheelhouse(self) -> Path:
