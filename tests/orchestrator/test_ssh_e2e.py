@@ -85,6 +85,14 @@ def wait_for(run_dir: Path, predicate, what: str) -> dict:
     pytest.fail(f"no {what} event within {EVENT_WAIT_S} s")
 
 
+def completed(proc: subprocess.Popen[str], out: str, run_dir: Path) -> tuple[dict, list[dict]]:
+    """The summary and events of a run that must have completed."""
+    assert proc.returncode == 0, out[-4000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "completed", summary["error"]
+    return summary, read_events(run_dir)
+
+
 def step_at_least(n: int):
     return lambda e: e.get("kind") == "step" and e.get("step", 0) >= n
 
@@ -135,11 +143,8 @@ def test_cut_worker_link_shrinks_and_completes(repo_root: Path, ssh_testbed: Ssh
         out = finish(proc)
     finally:
         ssh_testbed.restore(worker_host)
-    assert proc.returncode == 0, out[-4000:]
-    summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["status"] == "completed", summary["error"]
+    summary, events = completed(proc, out, run_dir)
     assert summary["restarts"] == 0 and summary["final_accuracy"] >= 0.9
-    events = read_events(run_dir)
     lost = [e for e in events if e["kind"] in ("revocation", "server_failure")]
     assert [e.get("role") for e in lost] == ["worker"], lost  # only the cut worker was lost
     assert any(e["kind"] == "recovery_start" for e in events)
@@ -165,17 +170,12 @@ def test_lost_ps_machine_restarts_from_checkpoint_on_the_spare(
         out = finish(proc)
     finally:
         ssh_testbed.start_sshd(ps_host)
-    assert proc.returncode == 0, out[-4000:]
-    summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["status"] == "completed", summary["error"]
+    summary, events = completed(proc, out, run_dir)
     assert summary["restarts"] == 1 and summary["final_accuracy"] >= 0.9
-    events = read_events(run_dir)
     starts = [e for e in events if e["kind"] == "train_start"]
     assert starts[-1].get("resumed_from") not in (None, 0), starts  # resumed from a checkpoint
-    provisioned = [e for e in events if e["kind"] == "provisioned"]
-    assert any(spare.address in json.dumps(e) for e in events if e["kind"] != "provisioned") \
-        or any(spare.address in json.dumps(e) for e in provisioned[1:]), \
-        "the restart did not move to the spare machine"
+    moved = [e for e in events if e["kind"] == "replacement_ready" and e.get("host") == "ps-0"]
+    assert moved and moved[-1]["endpoint"].startswith(spare.address + ":"), moved  # the spare
     assert_nothing_left(ssh_testbed, ssh_testbed.hosts[:4])
 
 
