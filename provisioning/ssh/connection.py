@@ -334,6 +334,19 @@ class SshConnection:
                 self.mark_lost(f"no heartbeat reply within {self.timeouts.heartbeat_timeout_s:g} s")
                 return
 
+    def check_alive(self) -> bool:
+        """False (and the machine marked lost) once the transport is dead: a closed channel
+        says so before the next heartbeat does."""
+        if self.lost.is_set():
+            return False
+        client = self._client
+        transport = client.get_transport() if client is not None else None
+        if transport is None or not transport.is_active():
+            if not self._closed.is_set():
+                self.mark_lost("connection closed by the host")
+            return False
+        return True
+
     def mark_lost(self, reason: str) -> None:
         """Declare the machine unreachable: close the connection (so every stream ends) and
         tell the owner once."""

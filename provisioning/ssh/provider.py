@@ -149,7 +149,7 @@ class Machine:
 
     def alive(self) -> bool:
         return (self.state == HostState.RUNNING and self.connection is not None
-                and not self.connection.lost.is_set())
+                and self.connection.check_alive())
 
     def close(self) -> None:
         if self.connection is not None:
@@ -232,6 +232,7 @@ class SshHostRunner(HostRunner):
         except (OSError, EOFError, paramiko.SSHException, SshUnreachableError) as error:
             if isinstance(error, paramiko.SSHException) and "connection dropped" in str(error):
                 connection.mark_lost(str(error))
+            connection.check_alive()
             if not self.machine.alive():
                 raise HostLostError(self.host.id, str(error)) from None
             raise

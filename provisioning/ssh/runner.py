@@ -194,6 +194,8 @@ class SshProcess(RemoteProcess):
                 log.close()
             with contextlib.suppress(Exception):
                 channel.close()
+        if status < 0:
+            self._connection.check_alive()  # the machine is lost before its roles' exits show
         self._code = self._exit_code(status)
         self.observed = status >= 0
         self._done.set()
