@@ -27,7 +27,7 @@ from orchestrator.transient.stragglers import InjectionSchedule
 from provisioning.base import Cluster, ClusterRequest, HostSpec
 from provisioning.journal import JOURNAL_FILE, Journal
 from provisioning.registry import get_provider
-from trainer.layout import CHECKPOINT_DIR, CONTROL_FILE
+from trainer.layout import CHECKPOINT_DIR, CLUSTER_JOBS, CONTROL_FILE
 from trainer.spec import JobSpec, PhaseSpec, StragglerSpec, TrainerSpec
 
 
@@ -48,7 +48,7 @@ def build_trainer_spec(cfg: ExperimentConfig, plan: RunPlan, cluster: Cluster, r
     job["train_steps"] = plan.total_steps
     return TrainerSpec(
         run_id=run_id,
-        cluster={role: cluster.endpoints(role) for role in ("ps", "worker", "chief")},
+        cluster={job: cluster.endpoints(job) for job in CLUSTER_JOBS},
         job=JobSpec(**job),
         phases=[PhaseSpec(p.protocol, p.end_step, dict(p.hparams)) for p in plan.phases],
         run_dir=run_dir,

@@ -25,13 +25,14 @@ from orchestrator.config.transient import (
 from provisioning.base import ProviderConfig
 from provisioning.catalog import PricingConfig
 from provisioning.registry import all_backends, backend, provider_names
+from trainer import layout
 
 
 class Protocol(StrEnum):
     """Parameter synchronisation protocol on the parameter servers."""
 
-    bsp = "bsp"  # bulk synchronous: one global step = one gradient from every worker
-    asp = "asp"  # asynchronous: every worker step is a global step
+    bsp = layout.PROTOCOL_BSP  # bulk synchronous: one global step = one gradient from every worker
+    asp = layout.PROTOCOL_ASP  # asynchronous: every worker step is a global step
 
 
 class Optimizer(StrEnum):

@@ -73,8 +73,7 @@ class Fleet:
         started is stopped by `stop_roles` or `release`."""
         chief = self.chief_runner()
         spec = dataclasses.replace(
-            self.spec, cluster={job: self.cluster.endpoints(job) for job in ("ps", "worker",
-                                                                             "chief")},
+            self.spec, cluster={job: self.cluster.endpoints(job) for job in layout.CLUSTER_JOBS},
             checkpoint_dir=self.store.location(chief))
         spec_text = spec.to_json(self.run_dir / layout.SPEC_FILE).read_text()
         self.store.before_start(chief)
