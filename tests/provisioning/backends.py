@@ -43,13 +43,17 @@ class Bed:
 
 BedFactory = Callable[[Path], contextlib.AbstractContextManager[Bed]]
 BACKENDS: dict[str, BedFactory] = {}
+SLOW_BACKENDS: set[str] = set()  # their checks run with the slow tests (-m slow)
 
 
-def register_backend(name: str) -> Callable[[BedFactory], BedFactory]:
-    """Decorator: add a bed factory to the suite under `name`."""
+def register_backend(name: str, slow: bool = False) -> Callable[[BedFactory], BedFactory]:
+    """Decorator: add a bed factory to the suite under `name`; `slow` when its hosts take
+    seconds to build (real sshds), so the fast suite stays fast."""
 
     def add(factory: BedFactory) -> BedFactory:
         BACKENDS[name] = factory
+        if slow:
+            SLOW_BACKENDS.add(name)
         return factory
 
     return add
@@ -62,3 +66,24 @@ def local_bed(tmp_path: Path) -> Iterator[Bed]:
     journal_path = tmp_path / JOURNAL_FILE
     provider = LocalProvider(config, journal=Journal(journal_path))
     yield Bed("local", provider, tmp_path, journal_path, sys.executable, config, spare_hosts=99)
+
+
+@register_backend("ssh", slow=True)
+@contextlib.contextmanager
+def ssh_bed(tmp_path: Path) -> Iterator[Bed]:
+    """Four real sshd hosts in network namespaces (tests/testbed): three machines for the
+    suite's cluster and a spare. Skips loudly without root, `ip` or sshd."""
+    import pytest
+
+    from provisioning.registry import get_provider, make_config
+    from tests.testbed import SshTestBed, skip_reason
+    from tests.testbed.fixtures import host_python, provider_options
+
+    reason = skip_reason()
+    if reason:
+        pytest.skip(reason)
+    with SshTestBed(tmp_path / "sshbed", hosts=4) as testbed:
+        config = make_config("ssh", provider_options(testbed, stop_grace_s=0.5))
+        journal_path = tmp_path / JOURNAL_FILE
+        provider = get_provider("ssh", config, journal=Journal(journal_path))
+        yield Bed("ssh", provider, tmp_path, journal_path, host_python(), config, spare_hosts=1)

@@ -26,7 +26,7 @@ from provisioning.base import (
     Role,
 )
 from provisioning.journal import clean_up, list_unreleased
-from tests.provisioning.backends import BACKENDS, Bed
+from tests.provisioning.backends import BACKENDS, SLOW_BACKENDS, Bed
 
 WAIT_S = 10.0
 #: Ignores SIGTERM, keeps a grandchild in its group; both bump a heartbeat file on the host.
@@ -56,7 +56,8 @@ REPORT = textwrap.dedent(
 )
 
 
-@pytest.fixture(params=sorted(BACKENDS))
+@pytest.fixture(params=[pytest.param(name, marks=[pytest.mark.slow] if name in SLOW_BACKENDS
+                                     else []) for name in sorted(BACKENDS)])
 def bed(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Bed]:
     with BACKENDS[request.param](tmp_path) as made:
         yield made
@@ -187,11 +188,13 @@ def test_revoke_with_notice_then_poll_reports_the_machine_revoked(bed: Bed, clus
     watcher = run_python(bed, runner, textwrap.dedent("""
         import os, sys, time
         path = os.environ[sys.argv[1]]
+        print("watching", flush=True)
         while not os.path.exists(path):
             time.sleep(0.05)
         print(open(path).read().strip(), flush=True)
         time.sleep(60)
         """), PREEMPTION_NOTICE_ENV)
+    assert watcher.readline() == "watching\n"  # started (a remote host takes a moment)
     bed.provider.revoke(ps, notice_s=1.0)
     notice = json.loads(watcher.readline())
     assert notice["host_id"] == ps.id and notice["deadline"] > time.time() - 1.0
