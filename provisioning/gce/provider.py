@@ -1,0 +1,523 @@
+"""`provider=gce`: one Compute Engine VM per machine of the plan, Spot for transient hosts.
+
+- acquire: VMs are journalled *before* they are inserted, then created in parallel (one
+  idempotency `request_id` per attempt), each operation waited on in a bounded loop. A failed
+  insert is classified once (`errors.py`): a stock-out blocks the zone, a quota error its region
+  (or every region for GPUS_ALL_REGIONS), and the VMs that failed move to their next zone
+  (`HostSpec.zone` first, then `provider.zones`); a bad request stops at once. When acquire
+  fails, every VM it created is deleted before the error propagates.
+- readiness: ONE label-filtered aggregatedList per tick for all VMs until RUNNING, then host
+  keys from the guest attributes (pinned into `<run dir>/known_hosts`; first-use pinning when a
+  VM publishes none).
+- poll: ONE aggregatedList per `poll_interval_s` for the whole cluster; raw GCE states are mapped
+  onto HostState in `STATE_MAP`, a VM we did not delete that is stopping, stopped or gone is
+  REVOKED (preempted: its zone's `compute.instances.preempted` operation is looked up once).
+- replace: the lost VM is deleted and a new one created the same way in the same zone with the
+  same internal IP, so the replacement keeps the TensorFlow endpoint of its slot.
+- release: deletes every VM of the run, in parallel; idempotent.
+
+Host runners come from the SSH backend (issue 7); see `runner()`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from provisioning.base import (
+    BadRequestError,
+    CapacityError,
+    Cluster,
+    ClusterRequest,
+    Host,
+    HostId,
+    HostLostError,
+    HostRunner,
+    HostSpec,
+    HostState,
+    Provider,
+    ProvisionError,
+    ResourceJournal,
+)
+from provisioning.gce.body import VmRequest, instance_body, label_value, remote_workdir, vm_name
+from provisioning.gce.body import run_labels as make_run_labels
+from provisioning.gce.config import TOOL_LABEL, GceConfig
+from provisioning.gce.errors import (
+    QuotaError,
+    TransientApiError,
+    ZoneCapacityError,
+    region_of,
+)
+
+#: Raw GCE instance status -> HostState, for VMs we have not asked to delete. Anything stopping,
+#: stopped or gone without our asking is a revocation (a Spot preemption, a maintenance event).
+STATE_MAP: dict[str, HostState] = {
+    "PROVISIONING": HostState.PENDING, "STAGING": HostState.PENDING,
+    "PENDING": HostState.PENDING, "REPAIRING": HostState.PENDING,
+    "RUNNING": HostState.RUNNING,
+    "PENDING_STOP": HostState.REVOKED, "STOPPING": HostState.REVOKED,
+    "SUSPENDING": HostState.REVOKED, "SUSPENDED": HostState.REVOKED,
+    "TERMINATED": HostState.REVOKED, "STOPPED": HostState.REVOKED,
+    "DEPROVISIONING": HostState.REVOKED,
+}
+#: Guest attributes allow about 10 queries per minute per VM (gce-notes §A3).
+HOST_KEY_POLL_S = 6.0
+KNOWN_HOSTS_FILE = "known_hosts"
+PIN_GUEST_ATTRIBUTES = "guest-attributes"
+PIN_FIRST_USE = "first-use"
+
+
+@dataclass(frozen=True)
+class SshTarget:
+    """How the SSH backend reaches a VM: address, user, key, and pinned host keys."""
+
+    address: str  # external IP (or internal when the orchestrator runs inside the VPC)
+    port: int
+    user: str
+    key_path: Path
+    known_hosts: Path  # file with the pinned keys of every VM of the run
+    pinning: str  # PIN_GUEST_ATTRIBUTES (RejectPolicy) or PIN_FIRST_USE (record on first connect)
+
+
+#: Builds the runner for one host from its SSH target (the SSH backend, issue 7).
+RunnerFactory = Callable[[Host, SshTarget], HostRunner]
+
+
+@dataclass
+class _Vm:
+    """One VM of a run, from before its insert to after its delete."""
+
+    request: VmRequest
+    run_id: str
+    slot: str  # plan name of the VM's first host (ps-0, worker-3), stable across replacements
+    specs: list[HostSpec]
+    internal_ip: str = ""
+    external_ip: str = ""
+    host_keys: list[tuple[str, str]] | None = None
+    created: bool = False  # its insert may have succeeded: delete it on release
+    deleted: bool = False  # we deleted it (or it never came to exist)
+    revoked_reason: str | None = None
+    zone_hint: str | None = None  # tried before the hosts' plan zone (a replacement's slot)
+    hosts: list[Host] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return self.request.name
+
+    @property
+    def zone(self) -> str:
+        return self.request.zone
+
+
+def colocation_owner(spec: HostSpec) -> str | None:
+    """The plan name of the host whose VM `spec` shares, or None for a VM of its own. The plan
+    marks a colocated role with machine type `on <host>` (e.g. the chief `on ps-0`)."""
+    owner = getattr(spec, "colocate_with", None)
+    if owner:
+        return str(owner)
+    if spec.machine_type.startswith("on "):
+        return spec.machine_type[3:].strip()
+    return None
+
+
+def owner_labels() -> dict[str, str]:
+    """Who created a VM: this machine and process, so `orchestrator.gc` can tell a live run."""
+    from provisioning.journal import read_process_start_ticks
+
+    pid = os.getpid()
+    return {"owner-host": label_value(socket.gethostname()), "owner-pid": str(pid),
+            "owner-start": str(read_process_start_ticks(pid) or 0)}
+
+
+class GceProvider(Provider):
+    """Compute Engine VMs for trainer roles. `api`: a `ComputeApi` (built from `config` when
+    None); `runner_factory`: the SSH backend's runner builder (see `runner`)."""
+
+    name = "gce"
+
+    def __init__(self, config: GceConfig | None = None, journal: ResourceJournal | None = None,
+                 api: Any = None, runner_factory: RunnerFactory | None = None,
+                 sweep_id: str | None = None, clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
+        self.config = config or GceConfig()
+        if api is None:
+            from provisioning.gce.api import ComputeApi
+
+            api = ComputeApi(self.config)
+        self.api = api
+        self._journal = journal
+        self._runner_factory = runner_factory
+        self._sweep_id = sweep_id
+        self._clock, self._sleep = clock, sleep
+        self._vms: dict[str, _Vm] = {}  # by VM name
+        self._host_vm: dict[HostId, str] = {}
+        self._runners: dict[HostId, HostRunner] = {}
+        self._workdirs: dict[str, Path] = {}  # run_id -> request.workdir
+        self._poll_cache: dict[str, tuple[float, dict[str, Any]]] = {}
+        self._serial = itertools.count()
+        self._lock = threading.RLock()
+        self._owner = owner_labels()
+        self.revocations: dict[HostId, str] = {}  # host -> "preempted" | "gone" (for reports)
+
+    # --- acquire ---------------------------------------------------------------------------
+
+    def acquire(self, request: ClusterRequest) -> Cluster:
+        self._workdirs[request.run_id] = request.workdir
+        vms = self._plan_vms(request.run_id, request.hosts)
+        try:
+            self._create(vms)
+            self._await_running(vms)
+            self._pin_host_keys(request.run_id, vms)
+        except BaseException:
+            self._delete([vm for vm in vms if vm.created])
+            raise
+        by_name = {h.spec.name: h for vm in vms for h in vm.hosts}
+        return Cluster(run_id=request.run_id, hosts=[by_name[s.name] for s in request.hosts])
+
+    def _plan_vms(self, run_id: str, specs: Sequence[HostSpec]) -> list[_Vm]:
+        """One `_Vm` per machine of the plan; colocated roles join their owner's VM."""
+        groups: dict[str, list[HostSpec]] = {}
+        for spec in specs:
+            owner = colocation_owner(spec)
+            if owner is None:
+                groups[spec.name] = [spec]
+            elif owner in groups:
+                groups[owner].append(spec)
+            else:
+                raise BadRequestError(f"host {spec.name!r}: colocated with {owner!r}, which "
+                                      "is not an earlier host of the request")
+        return [_Vm(request=self._vm_request(run_id, slot, group), run_id=run_id, slot=slot,
+                    specs=group) for slot, group in groups.items()]
+
+    def _vm_request(self, run_id: str, slot: str, specs: list[HostSpec],
+                    zone: str | None = None, network_ip: str | None = None) -> VmRequest:
+        """A fresh VM request (new name, new host ids) for the hosts of one machine."""
+        first = specs[0]
+        host_ids = [f"{run_id}-{s.name}-{next(self._serial)}" for s in specs]
+        labels = make_run_labels(run_id, self._sweep_id, "_".join(s.role.value for s in specs),
+                                 host_ids[0], self._owner)
+        return VmRequest(name=vm_name(run_id, slot, next(self._serial)),
+                         zone=zone or first.zone or "", machine_type=first.machine_type,
+                         gpu=first.gpu, transient=first.transient, labels=labels,
+                         host_ids=host_ids, network_ip=network_ip)
+
+    def _zones_for(self, vm: _Vm, same_region: str | None = None) -> list[str]:
+        zones = [z for z in dict.fromkeys([vm.zone_hint, vm.specs[0].zone, *self.config.zones])
+                 if z]
+        if same_region is not None:
+            zones = [z for z in zones if region_of(z) == same_region]
+        if not zones:
+            raise BadRequestError(f"provider.zones: no zone for host {vm.slot!r} (set its zone "
+                                  "in the cluster or list zones in provider.zones)")
+        return zones
+
+    def _create(self, vms: list[_Vm], same_region: str | None = None) -> None:
+        """Insert every VM, in parallel rounds; failed ones move to their next usable zone."""
+        blocked_zones: set[str] = set()
+        blocked_regions: set[str] = set()
+        everywhere_blocked = False
+        reasons: list[str] = []
+        last_error: dict[str, ProvisionError] = {}
+        candidates = {vm.slot: self._zones_for(vm, same_region) for vm in vms}
+        pending = list(vms)
+        while pending:
+            round_vms = []
+            for vm in pending:
+                usable = [z for z in candidates[vm.slot] if not everywhere_blocked
+                          and z not in blocked_zones and region_of(z) not in blocked_regions]
+                if not usable:
+                    last = last_error.get(vm.slot)
+                    if isinstance(last, QuotaError):  # a quota raise fixes it, not a zone
+                        raise last
+                    raise CapacityError(f"no zone could create {vm.slot}: " + "; ".join(reasons))
+                vm.request = replace(vm.request, zone=usable[0],
+                                     name=vm_name(vm.run_id, vm.slot, next(self._serial)))
+                round_vms.append(vm)
+            failures = self._parallel(self._insert_one, round_vms)
+            pending = []
+            bad: ProvisionError | None = None
+            for vm, error in zip(round_vms, failures, strict=True):
+                if error is None:
+                    continue
+                if isinstance(error, QuotaError):
+                    if error.region is None:
+                        everywhere_blocked = True
+                    else:
+                        blocked_regions.add(error.region)
+                elif isinstance(error, ZoneCapacityError | TransientApiError):
+                    blocked_zones.add(vm.zone)
+                elif isinstance(error, ProvisionError):
+                    bad = bad or error
+                else:
+                    raise error
+                reasons.append(str(error))
+                last_error[vm.slot] = error
+                pending.append(vm)
+            if bad is not None:
+                raise bad
+
+    def _insert_one(self, vm: _Vm) -> None:
+        cfg = self.config
+        if self._journal is not None:
+            record = getattr(self._journal, "record_vm", None)
+            if record is not None:
+                record(host_id=vm.request.host_ids[0], name=vm.name)
+        body = instance_body(cfg, self.api.project, vm.request, vm.run_id, self._public_key())
+        vm.created = True  # from here on a delete is owed (404 if it never came to exist)
+        vm.deleted = False
+        try:
+            op = self.api.insert(vm.zone, body, request_id=str(uuid.uuid4()))
+            self.api.wait(vm.zone, op, cfg.operation_timeout_s)
+        except (ZoneCapacityError, QuotaError, BadRequestError):
+            vm.created = False  # the operation failed: GCE created nothing
+            self._record_released(vm)
+            raise
+        with self._lock:
+            self._vms[vm.name] = vm
+
+    def _public_key(self) -> str:
+        path = Path(os.path.expanduser(self.config.ssh_key) + ".pub")
+        try:
+            return path.read_text().strip()
+        except OSError:
+            raise BadRequestError(f"provider.ssh_key: cannot read public key {path} (create "
+                                  "one with ssh-keygen -t ed25519)") from None
+
+    def _await_running(self, vms: list[_Vm]) -> None:
+        """Until every VM is RUNNING: one list call per config.ready_poll_s for all of them."""
+        deadline = self._clock() + self.config.ready_timeout_s
+        waiting = {vm.name: vm for vm in vms}
+        run_ids = {vm.run_id for vm in vms}
+        while waiting:
+            listed = {}
+            for run_id in run_ids:
+                listed.update({v.name: v for v in self.api.list_vms(self._run_filter(run_id))})
+            for name, vm in list(waiting.items()):
+                seen = listed.get(name)
+                if seen is not None and seen.status == "RUNNING":
+                    vm.internal_ip, vm.external_ip = seen.internal_ip, seen.external_ip
+                    del waiting[name]
+                elif seen is not None and STATE_MAP.get(seen.status) is HostState.REVOKED:
+                    raise ZoneCapacityError(vm.zone, f"VM {name} went {seen.status} while "
+                                            "starting (preempted during creation)")
+            if not waiting:
+                break
+            if self._clock() >= deadline:
+                raise CapacityError(f"VMs not RUNNING after {self.config.ready_timeout_s:g} s: "
+                                    + ", ".join(sorted(waiting)))
+            self._sleep(self.config.ready_poll_s)
+
+    def _pin_host_keys(self, run_id: str, vms: list[_Vm]) -> None:
+        """Host keys from guest attributes (in parallel), then the Host records."""
+
+        def fetch(vm: _Vm) -> None:
+            deadline = self._clock() + self.config.host_key_timeout_s
+            while (keys := self.api.host_keys(vm.zone, vm.name)) is None:
+                if self._clock() >= deadline:
+                    break
+                self._sleep(HOST_KEY_POLL_S)
+            vm.host_keys = keys
+
+        errors = self._parallel(fetch, vms)
+        for error in errors:
+            if error is not None:
+                raise error
+        self._write_known_hosts(run_id)
+        for vm in vms:
+            vm.hosts = [
+                Host(id=host_id, spec=spec, address=vm.internal_ip,
+                     port=self.config.trainer_port + i,
+                     workdir=Path(PurePosixPath(remote_workdir(self.config, run_id, host_id))),
+                     state=HostState.RUNNING)
+                for i, (host_id, spec) in enumerate(zip(vm.request.host_ids, vm.specs,
+                                                        strict=True))]
+            with self._lock:
+                for host in vm.hosts:
+                    self._host_vm[host.id] = vm.name
+
+    def known_hosts_path(self, run_id: str) -> Path:
+        return self._workdirs.get(run_id, Path.cwd()) / KNOWN_HOSTS_FILE
+
+    def _write_known_hosts(self, run_id: str) -> None:
+        """`<run dir>/known_hosts` with every published key of the run's live VMs (OpenSSH
+        format, paramiko's `load_host_keys` reads it; RejectPolicy stays on)."""
+        lines = []
+        with self._lock:
+            vms = [vm for vm in self._vms.values() if vm.run_id == run_id and not vm.deleted]
+        for vm in vms:
+            for kind, blob in vm.host_keys or []:
+                lines.extend(f"{addr} {kind} {blob}"
+                             for addr in dict.fromkeys([vm.external_ip, vm.internal_ip]) if addr)
+        path = self.known_hosts_path(run_id)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text("".join(line + "\n" for line in lines))
+        tmp.replace(path)
+
+    # --- runners (the SSH backend) ---------------------------------------------------------
+
+    def ssh_target(self, host: Host) -> SshTarget:
+        """How to reach `host`'s VM over SSH, with its pinned host keys."""
+        vm = self._vm_of(host.id)
+        return SshTarget(address=vm.external_ip or vm.internal_ip, port=22,
+                         user=self.config.ssh_user,
+                         key_path=Path(os.path.expanduser(self.config.ssh_key)),
+                         known_hosts=self.known_hosts_path(vm.run_id),
+                         pinning=PIN_GUEST_ATTRIBUTES if vm.host_keys else PIN_FIRST_USE)
+
+    def runner(self, host: Host) -> HostRunner:
+        """The SSH runner of `host` (the same object per host). Needs the SSH backend of issue 7:
+        pass `runner_factory`; without one this says so instead of pretending."""
+        with self._lock:
+            if host.id in self._runners:
+                return self._runners[host.id]
+            if self._runner_factory is None:
+                raise NotImplementedError(
+                    "provider=gce runs roles over SSH (issue 7's provisioning.ssh runner), which "
+                    "is not wired into this checkout; VMs can be acquired, watched, replaced "
+                    "and released, but not yet used")
+            runner = self._runner_factory(host, self.ssh_target(host))
+            self._runners[host.id] = runner
+            return runner
+
+    # --- poll ------------------------------------------------------------------------------
+
+    def _run_filter(self, run_id: str) -> str:
+        return f'labels.tool = "{TOOL_LABEL}" AND labels.run-id = "{label_value(run_id)}"'
+
+    def poll(self, cluster: Cluster) -> dict[HostId, HostState]:
+        """States of every host from ONE list call, at most one per `poll_interval_s`."""
+        now = self._clock()
+        cached = self._poll_cache.get(cluster.run_id)
+        if cached is None or now - cached[0] >= self.config.poll_interval_s:
+            listed = {v.name: v for v in self.api.list_vms(self._run_filter(cluster.run_id))}
+            cached = (now, listed)
+            self._poll_cache[cluster.run_id] = cached
+        listed = cached[1]
+        states = {}
+        for host in cluster.hosts:
+            vm = self._vms.get(self._host_vm.get(host.id, ""))
+            if vm is None:
+                states[host.id] = HostState.REVOKED
+                continue
+            if vm.deleted:
+                states[host.id] = HostState.TERMINATED
+                continue
+            seen = listed.get(vm.name)
+            state = HostState.REVOKED if seen is None else STATE_MAP.get(seen.status,
+                                                                          HostState.REVOKED)
+            if state is HostState.REVOKED and vm.revoked_reason is None:
+                vm.revoked_reason = self._revocation_reason(vm)
+            if state is HostState.REVOKED:
+                self.revocations[host.id] = vm.revoked_reason or "gone"
+            states[host.id] = state
+        return states
+
+    def _revocation_reason(self, vm: _Vm) -> str:
+        """'preempted' when GCE recorded a preemption of the VM, else 'gone' (one call, once)."""
+        try:
+            return "preempted" if self.api.was_preempted(vm.zone, vm.name) else "gone"
+        except ProvisionError:
+            return "gone"
+
+    # --- replace ---------------------------------------------------------------------------
+
+    def replace(self, cluster: Cluster, lost: Sequence[HostId]) -> Cluster:
+        lost_vms: dict[str, _Vm] = {}
+        for host_id in lost:
+            cluster.host(host_id)  # KeyError for a stranger
+            vm = self._vm_of(host_id)
+            lost_vms[vm.name] = vm
+        old = list(lost_vms.values())
+        self._stop_runners([h for vm in old for h in vm.hosts])
+        self._delete(old)
+        # The slot's zone first, and the lost VM's internal IP: the replacement keeps the
+        # endpoint in TensorFlow's fixed cluster spec (the address holds only in its region).
+        fresh = [_Vm(request=self._vm_request(vm.run_id, vm.slot, vm.specs, zone=vm.zone,
+                                              network_ip=vm.internal_ip or None),
+                     run_id=vm.run_id, slot=vm.slot, specs=list(vm.specs), zone_hint=vm.zone)
+                 for vm in old]
+        try:
+            self._create(fresh, same_region=region_of(old[0].zone) if old else None)
+            self._await_running(fresh)
+            self._pin_host_keys(cluster.run_id, fresh)
+        except BaseException:
+            self._delete([vm for vm in fresh if vm.created])
+            raise
+        swap = {h.id: new_host for vm, new in zip(old, fresh, strict=True)
+                for h, new_host in zip(vm.hosts, new.hosts, strict=True)}
+        return Cluster(run_id=cluster.run_id, hosts=[swap.get(h.id, h) for h in cluster.hosts])
+
+    # --- release ---------------------------------------------------------------------------
+
+    def release(self, cluster: Cluster) -> None:
+        """Stop the runners and delete every VM of the run (the cluster's and any leftovers of
+        a failed replacement); waits for the deletes. Idempotent."""
+        self._stop_runners(cluster.hosts)
+        with self._lock:
+            vms = [vm for vm in self._vms.values()
+                   if vm.run_id == cluster.run_id and not vm.deleted]
+        self._delete(vms)
+
+    def _stop_runners(self, hosts: Sequence[Host]) -> None:
+        for host in hosts:
+            runner = self._runners.pop(host.id, None)
+            if runner is not None:
+                with contextlib.suppress(Exception):
+                    runner.stop_all()
+
+    def _delete(self, vms: Sequence[_Vm]) -> None:
+        """Delete in parallel and wait; a VM that is already gone is fine. Raises the first
+        failure after every delete was tried."""
+
+        def delete(vm: _Vm) -> None:
+            op = self.api.delete(vm.zone, vm.name)
+            if op is not None:
+                self.api.wait(vm.zone, op, self.config.operation_timeout_s)
+            vm.deleted = True
+            vm.created = False
+            self._record_released(vm)
+
+        errors = [e for e in self._parallel(delete, [vm for vm in vms if not vm.deleted]) if e]
+        if errors:
+            raise errors[0]
+
+    def _record_released(self, vm: _Vm) -> None:
+        record = getattr(self._journal, "record_vm", None) if self._journal else None
+        if record is not None:
+            record(host_id=vm.request.host_ids[0], name=vm.name, released=True)
+
+    # --- helpers ---------------------------------------------------------------------------
+
+    def _vm_of(self, host_id: HostId) -> _Vm:
+        try:
+            return self._vms[self._host_vm[host_id]]
+        except KeyError:
+            raise HostLostError(host_id, f"host {host_id} was not acquired here") from None
+
+    def _parallel(self, fn: Callable[[_Vm], None], vms: Sequence[_Vm]) -> list[BaseException | None]:
+        """Run `fn` on every VM concurrently; the exception of each (None = success). Waits for
+        all, so nothing is still being created when the caller cleans up."""
+        if not vms:
+            return []
+        if len(vms) == 1:
+            try:
+                fn(vms[0])
+                return [None]
+            except Exception as error:
+                return [error]
+        with ThreadPoolExecutor(max_workers=min(self.config.max_parallel, len(vms)),
+                                thread_name_prefix="gce") as pool:
+            futures = [pool.submit(fn, vm) for vm in vms]
+            return [f.exception() for f in futures]
+
