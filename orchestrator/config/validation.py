@@ -12,6 +12,7 @@ from pathlib import Path
 
 from orchestrator.config.errors import ConfigError
 from orchestrator.config.schema import ExperimentConfig, Protocol, schedule_phases
+from provisioning.catalog import retirement
 
 PHASE_FRACTION_TOLERANCE = 1e-6
 LOCAL_ZONE = "local"
@@ -62,6 +63,16 @@ def validate_cluster(cfg: ExperimentConfig) -> None:
                 "one of: " + ", ".join(catalog.machine_types),
             )
         if group.gpu is not None:
+            retired = retirement(cfg.provider.name, group.gpu)
+            if retired is not None:
+                raise ConfigError(
+                    f"{path}.gpu",
+                    f"{group.gpu.upper()} was retired on {cfg.provider.name.upper()} on "
+                    f"{retired.date} ({retired.source})",
+                    f"use {retired.replacement} (e.g. {path}.gpu={retired.replacement}); "
+                    f"{group.gpu} clusters stay valid for dry runs and analysis with "
+                    "provider=local",
+                )
             if group.gpu not in catalog.gpus:
                 raise ConfigError(
                     f"{path}.gpu",

@@ -70,8 +70,6 @@ STATE_MAP: dict[str, HostState] = {
     "TERMINATED": HostState.REVOKED, "STOPPED": HostState.REVOKED,
     "DEPROVISIONING": HostState.REVOKED,
 }
-#: Guest attributes allow about 10 queries per minute per VM (gce-notes §A3).
-HOST_KEY_POLL_S = 6.0
 KNOWN_HOSTS_FILE = "known_hosts"
 PIN_GUEST_ATTRIBUTES = "guest-attributes"
 PIN_FIRST_USE = "first-use"
@@ -325,7 +323,7 @@ class GceProvider(Provider):
             while (keys := self.api.host_keys(vm.zone, vm.name)) is None:
                 if self._clock() >= deadline:
                     break
-                self._sleep(HOST_KEY_POLL_S)
+                self._sleep(self.config.host_key_poll_s)
             vm.host_keys = keys
 
         errors = self._parallel(fetch, vms)

@@ -13,26 +13,10 @@ from provisioning.gce.config import CREDENTIALS_ANONYMOUS, GceConfig
 from provisioning.gce.provider import GceProvider
 from provisioning.journal import Journal
 from tests.fakes.gce_server import FakeGce
+from tests.fakes.keys import write_ssh_key
 
 PROJECT = "test-project"
 ZONES = ["us-central1-a", "us-central1-b", "us-east1-c"]
-
-
-def write_ssh_key(directory: Path) -> Path:
-    """A throwaway ed25519 key pair in OpenSSH format; returns the private key's path."""
-    from cryptography.hazmat.primitives import serialization
-    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-
-    key = Ed25519PrivateKey.generate()
-    path = directory / "id_ed25519"
-    path.write_bytes(key.private_bytes(serialization.Encoding.PEM,
-                                       serialization.PrivateFormat.OpenSSH,
-                                       serialization.NoEncryption()))
-    path.chmod(0o600)
-    public = key.public_key().public_bytes(serialization.Encoding.OpenSSH,
-                                           serialization.PublicFormat.OpenSSH)
-    path.with_suffix(".pub").write_bytes(public + b" test@fake\n")
-    return path
 
 
 def gce_config(fake: FakeGce, tmp_path: Path, **overrides: Any) -> GceConfig:
