@@ -27,7 +27,8 @@ def render_plan(plan: RunPlan, console: Console | None = None, title: str | None
                          ("machine", "left"), ("transient", "center"), ("$/h", "right")):
         hosts.add_column(col, justify=justify)  # type: ignore[arg-type]
     for h in plan.hosts:
-        hosts.add_row(h.name, h.role, h.gpu or "cpu", h.zone or "-", h.machine_type,
+        machine = f"on {h.colocate_with}" if h.colocate_with else h.machine_type
+        hosts.add_row(h.name, h.role, h.gpu or "cpu", h.zone or "-", machine,
                       "yes" if h.transient else "no", f"{h.hourly_usd:.4f}")
     hosts.add_section()
     hosts.add_row("total", f"{plan.workers} workers, {plan.parameter_servers} PS", "", "", "", "",

@@ -7,7 +7,6 @@ host, and ``summary.json`` is written atomically with the status.
 
 from __future__ import annotations
 
-import sys
 import time
 import traceback
 import uuid
@@ -18,15 +17,17 @@ from typing import Any
 from orchestrator import results
 from orchestrator.config.schema import ExperimentConfig
 from orchestrator.plan import RunPlan
-from orchestrator.runtime.control import CONTROL_FILE, ControlChannel
+from orchestrator.runtime.checkpoints import LocalFolderStore
+from orchestrator.runtime.control import ControlChannel
 from orchestrator.runtime.deploy import Deployment
 from orchestrator.runtime.progress import RunProgress
 from orchestrator.runtime.supervisor import RunState, Supervisor
 from orchestrator.transient.revocation import RevocationSchedule
 from orchestrator.transient.stragglers import InjectionSchedule
-from provisioning.base import Cluster, ClusterRequest, HostSpec
+from provisioning.base import Cluster, ClusterRequest, HostSpec, Role
 from provisioning.journal import JOURNAL_FILE, Journal
 from provisioning.registry import get_provider
+from trainer.layout import CHECKPOINT_DIR, CONTROL_FILE
 from trainer.spec import JobSpec, PhaseSpec, StragglerSpec, TrainerSpec
 
 
@@ -35,8 +36,13 @@ def make_run_id(name: str) -> str:
 
 
 def build_trainer_spec(cfg: ExperimentConfig, plan: RunPlan, cluster: Cluster, run_id: str,
-                       run_dir: Path, control_file: Path | None = None) -> TrainerSpec:
-    """The launch spec every role reads: addresses from the cluster, steps from the plan."""
+                       run_dir: str = ".", control_file: str | None = None,
+                       checkpoint_dir: str | None = None) -> TrainerSpec:
+    """The launch spec every role reads: addresses from the cluster, steps from the plan.
+
+    Paths are host paths: `run_dir` "." is each role's working directory (its host's work
+    dir), where the control file, TensorBoard and the spec itself live; `checkpoint_dir` is
+    where the chief writes checkpoints (the checkpoint store's location for this cluster)."""
     job = asdict(cfg.job)
     job = {k: (v.value if hasattr(v, "value") else v) for k, v in job.items()}
     job["train_steps"] = plan.total_steps
@@ -45,10 +51,11 @@ def build_trainer_spec(cfg: ExperimentConfig, plan: RunPlan, cluster: Cluster, r
         cluster={role: cluster.endpoints(role) for role in ("ps", "worker", "chief")},
         job=JobSpec(**job),
         phases=[PhaseSpec(p.protocol, p.end_step, dict(p.hparams)) for p in plan.phases],
-        run_dir=str(run_dir),
+        run_dir=run_dir,
         report_every_s=cfg.report_every_s,
         stragglers=straggler_specs(cfg),
-        control_file=None if control_file is None else str(control_file),
+        control_file=control_file,
+        checkpoint_dir=checkpoint_dir,
     )
 
 
@@ -67,7 +74,8 @@ def straggler_specs(cfg: ExperimentConfig) -> list[StragglerSpec]:
 
 def cluster_request(plan: RunPlan, run_id: str, run_dir: Path) -> ClusterRequest:
     hosts = [HostSpec(name=h.name, role=h.role, machine_type=h.machine_type, gpu=h.gpu,
-                      zone=h.zone, transient=h.transient) for h in plan.hosts]
+                      zone=h.zone, transient=h.transient, colocate_with=h.colocate_with)
+             for h in plan.hosts]
     return ClusterRequest(run_id=run_id, hosts=hosts, workdir=run_dir)  # hosts/<id>/ below
 
 
@@ -86,9 +94,11 @@ def execute_run(cfg: ExperimentConfig, plan: RunPlan, run_dir: Path,
     error: str | None = None
     rec.write_config(resolved_config)
     rec.write_json(results.PLAN_FILE, plan.to_dict())
-    provider = get_provider(cfg.provider.name, journal=Journal(run_dir / JOURNAL_FILE))
+    provider = get_provider(cfg.provider.name, cfg.provider,
+                            journal=Journal(run_dir / JOURNAL_FILE))
     revocations = RevocationSchedule.from_config(cfg.revocation, plan.hosts)
     control = ControlChannel(run_dir / CONTROL_FILE)
+    checkpoints = LocalFolderStore(run_dir / CHECKPOINT_DIR)
     cluster: Cluster | None = None
     supervisor: Supervisor | None = None
     deployments: list[Deployment] = []
@@ -97,12 +107,15 @@ def execute_run(cfg: ExperimentConfig, plan: RunPlan, run_dir: Path,
 
     def deploy(on: Cluster) -> Deployment:
         """Write the spec for ``on`` and start every role (also after a restart)."""
-        spec_path = run_dir / results.SPEC_FILE
-        build_trainer_spec(cfg, plan, on, run_id, run_dir, control.path).to_json(spec_path)
-        deployment = Deployment(provider, on, run_dir, spec_path,
-                                python=cfg.provider.python or sys.executable,
+        chief = provider.runner(on.hosts_for(Role.CHIEF)[0])
+        spec = build_trainer_spec(cfg, plan, on, run_id,
+                                  checkpoint_dir=checkpoints.location(chief))
+        spec_text = spec.to_json(run_dir / results.SPEC_FILE).read_text()  # the run's record
+        checkpoints.before_start(chief)
+        deployment = Deployment(provider, on, run_dir, spec_text,
                                 ready_timeout_s=cfg.provider.ready_timeout_s)
         deployments.append(deployment)
+        control.attach(chief)
         rec.event("start", roles={r: len(on.hosts_for(r)) for r in
                                   ("ps", "worker", "chief", "evaluator")})
         deployment.start()
@@ -156,6 +169,8 @@ def _release(deployments: list[Deployment], provider: Any, cluster: Cluster | No
     """Stop every process and release every host; repeated Ctrl-C cannot skip it."""
     for attempt in range(3):
         try:
+            if deployments:  # TensorBoard back from the hosts, whatever the ending
+                deployments[-1].collect()
             for deployment in deployments:
                 deployment.teardown()
             if cluster is not None:

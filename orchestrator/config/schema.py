@@ -8,7 +8,7 @@ dataclasses, never a ``DictConfig``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from enum import StrEnum
 from typing import Any
 
@@ -22,7 +22,9 @@ from orchestrator.config.transient import (
     SyncPolicyConfig,
     register_transient_configs,
 )
+from provisioning.base import ProviderConfig
 from provisioning.catalog import PricingConfig
+from provisioning.registry import all_backends, backend, provider_names
 
 
 class Protocol(StrEnum):
@@ -124,15 +126,6 @@ class SyncConfig:
 
 
 @dataclass
-class ProviderConfig:
-    """Where servers come from."""
-
-    name: str = "local"  # provider registry name
-    ready_timeout_s: float = 120.0  # how long a role may take to start serving
-    python: str | None = None  # interpreter on the hosts; None = this one
-
-
-@dataclass
 class ExperimentConfig:
     """The root config: one run (a sweep runs several)."""
 
@@ -159,6 +152,8 @@ def register_configs() -> None:
     cs.store(group="job", name="base_job", node=JobConfig)
     cs.store(group="sync", name="base_sync", node=SyncConfig)
     cs.store(group="provider", name="base_provider", node=ProviderConfig)
+    for registered in all_backends():  # provider=<name> composes against its own schema
+        cs.store(group="provider", name=f"{registered.name}_schema", node=registered.config)
     cs.store(group="pricing", name="base_pricing", node=PricingConfig)
     register_transient_configs()
 
@@ -182,7 +177,15 @@ def to_experiment(cfg: DictConfig | dict[str, Any]) -> ExperimentConfig:
     data = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else cfg
     assert isinstance(data, dict)
     data = {k: v for k, v in data.items() if k != "hydra"}
-    merged = OmegaConf.merge(OmegaConf.structured(ExperimentConfig), data)
+    schema = OmegaConf.structured(ExperimentConfig)
+    provider = data.get("provider")
+    if isinstance(provider, dict) and provider.get("name") in provider_names():
+        # the backend's own schema (a ProviderConfig subclass) checks its options
+        schema.provider = OmegaConf.structured(backend(provider["name"]).config)
+    elif isinstance(provider, dict):  # an unknown backend: validation names provider.name
+        base = {f.name for f in fields(ProviderConfig)}
+        data["provider"] = {k: v for k, v in provider.items() if k in base}
+    merged = OmegaConf.merge(schema, data)
     obj = OmegaConf.to_object(merged)
     assert isinstance(obj, ExperimentConfig)
     return obj

@@ -165,6 +165,12 @@ def validate_provider(cfg: ExperimentConfig) -> None:
         raise ConfigError("provider.name", f"unknown provider '{cfg.provider.name}'",
                           "one of: " + ", ".join(names))
     _positive("provider.ready_timeout_s", cfg.provider.ready_timeout_s, minimum=1)
+    from provisioning.registry import backend
+
+    if str(cfg.revocation.model) != "none" and not backend(cfg.provider.name).provider.can_revoke:
+        raise ConfigError("revocation.model", f"provider '{cfg.provider.name}' cannot revoke "
+                          "hosts on demand", "use revocation=none, or a provider that can "
+                          "(local)")
     _positive("report_every_s", cfg.report_every_s, minimum=0.05)
 
 
