@@ -59,7 +59,8 @@ def _request(run_id: str, vms: int, workdir: Path) -> ClusterRequest:
     hosts = [HostSpec("ps-0", Role.PS, "n1-standard-4", None, ZONE, False)]
     hosts += [HostSpec(f"worker-{i}", Role.WORKER, "n1-standard-4", "t4", ZONE, True)
               for i in range(vms - 1)]
-    hosts.append(HostSpec("chief-0", Role.CHIEF, "on ps-0", None, ZONE, False))
+    hosts.append(HostSpec("chief-0", Role.CHIEF, "n1-standard-4", None, ZONE, False,
+                          colocate_with="ps-0"))
     return ClusterRequest(run_id=run_id, hosts=hosts, workdir=workdir)
 
 

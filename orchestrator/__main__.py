@@ -46,7 +46,7 @@ def _run_one(cfg: DictConfig) -> dict[str, Any] | None:
     from orchestrator import sweep
     from orchestrator.config.errors import from_omegaconf
     from orchestrator.config.schema import to_experiment
-    from orchestrator.config.validation import validate, validate_data_dir
+    from orchestrator.config.validation import validate, validate_run_start
     from orchestrator.display import render_plan
     from orchestrator.plan import make_plan
     from orchestrator.run import execute_run
@@ -70,7 +70,7 @@ def _run_one(cfg: DictConfig) -> dict[str, Any] | None:
                                  "the run checks it when it starts")
         render_plan(plan, Console(), title=f"Plan: {title} (dry run: nothing provisioned)")
         return None
-    validate_data_dir(exp)
+    validate_run_start(exp)
     run_dir = Path(hc.runtime.output_dir)
     resolved = OmegaConf.to_container(cfg, resolve=True)
     assert isinstance(resolved, dict)

@@ -196,6 +196,21 @@ def validate_data_dir(cfg: ExperimentConfig) -> None:
     if not cfg.job.data_dir:
         raise ConfigError("job.data_dir", f"problem '{cfg.job.problem}' reads files",
                           "set job.data_dir to the folder with its files")
+    if cfg.job.data_dir.startswith("gs://"):
+        return  # staged from Cloud Storage when the run starts (provisioning/gce/storage.py)
     if not Path(cfg.job.data_dir).expanduser().is_dir():
         raise ConfigError("job.data_dir", f"folder '{cfg.job.data_dir}' does not exist",
                           f"put the {cfg.job.problem} files there or set job.data_dir")
+
+
+def validate_run_start(cfg: ExperimentConfig) -> None:
+    """At run start (never in a dry run): the data, and access to the cloud the run will use,
+    so a run without credentials fails at once with one line saying what to do."""
+    validate_data_dir(cfg)
+    if cfg.provider.name == "gce":
+        from provisioning.gce.api import GceAuthError, resolve_credentials
+
+        try:
+            resolve_credentials(cfg.provider)  # type: ignore[arg-type]
+        except GceAuthError as error:
+            raise ConfigError(error.field, error.problem) from None

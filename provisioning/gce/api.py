@@ -39,7 +39,12 @@ REQUEST_TIMEOUT_S = 150.0
 
 
 class GceAuthError(BadRequestError):
-    """No usable credentials or project; the message says how to authenticate."""
+    """No usable credentials or project: `field` is the config key to fix, the message says how
+    to authenticate."""
+
+    def __init__(self, field: str, problem: str) -> None:
+        super().__init__(f"{field}: {problem}")
+        self.field, self.problem = field, problem
 
 
 def resolve_credentials(cfg: GceConfig) -> tuple[Any, str]:
@@ -51,14 +56,17 @@ def resolve_credentials(cfg: GceConfig) -> tuple[Any, str]:
     project = cfg.project or os.environ.get(PROJECT_ENV)
     if cfg.credentials == CREDENTIALS_ANONYMOUS:
         if not cfg.api_endpoint:
-            raise GceAuthError("provider.credentials: 'anonymous' only works with "
+            raise GceAuthError("provider.credentials", "'anonymous' only works with "
                                "provider.api_endpoint (a local fake); " + AUTH_HINT)
         credentials: Any = AnonymousCredentials()
     elif cfg.credentials == CREDENTIALS_ADC:
+        if not _adc_may_exist():  # fail at once instead of probing a metadata server for ~20 s
+            raise GceAuthError("provider.credentials", "no Google credentials found; "
+                               + AUTH_HINT)
         try:
             credentials, adc_project = google.auth.default(scopes=list(cfg.scopes))
         except auth_exceptions.DefaultCredentialsError:
-            raise GceAuthError("provider.credentials: no Google credentials found; "
+            raise GceAuthError("provider.credentials", "no Google credentials found; "
                                + AUTH_HINT) from None
         project = project or adc_project
     else:
@@ -70,12 +78,27 @@ def resolve_credentials(cfg: GceConfig) -> tuple[Any, str]:
                 path, scopes=list(cfg.scopes))
             project = project or json.loads(Path(path).read_text()).get("project_id")
         except (OSError, ValueError) as error:
-            raise GceAuthError(f"provider.credentials: cannot read service-account key "
+            raise GceAuthError("provider.credentials", f"cannot read service-account key "
                                f"'{cfg.credentials}' ({error}); " + AUTH_HINT) from None
     if not project:
-        raise GceAuthError(f"provider.project: no project set (set provider.project or "
+        raise GceAuthError("provider.project", f"no project set (set provider.project or "
                            f"${PROJECT_ENV}); " + AUTH_HINT)
     return credentials, project
+
+
+def _adc_may_exist() -> bool:
+    """Whether Application Default Credentials can be found without a network probe: the env
+    variable, gcloud's ADC file, or this machine being a GCE VM (its metadata server)."""
+    if os.environ.get("GOOGLE_APPLICATION_CREDENTIALS"):
+        return True
+    try:
+        from google.auth import _cloud_sdk
+        from google.auth.compute_engine import _metadata
+
+        return (Path(_cloud_sdk.get_application_default_credentials_path()).is_file()
+                or _metadata.detect_gce_residency_linux())
+    except (ImportError, AttributeError):  # another google-auth layout: let default() decide
+        return True
 
 
 @dataclass(frozen=True)

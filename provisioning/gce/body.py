@@ -70,24 +70,25 @@ class VmRequest:
     gpu: str | None
     transient: bool
     labels: Mapping[str, str]
-    host_ids: Sequence[str]  # trainer hosts on this VM (colocated roles share one)
+    host_ids: Sequence[str]  # trainer hosts on this VM (colocated roles share it); [0] = machine
     network_ip: str | None = None  # pin the internal IP (a replacement keeps its slot's address)
 
 
-def notice_paths(cfg: GceConfig, run_id: str, host_ids: Sequence[str]) -> list[str]:
-    """Where the trainer on each host reads its preemption notice (provisioning/base.py)."""
-    return [f"{remote_workdir(cfg, run_id, h)}/{PREEMPTION_NOTICE_FILE}" for h in host_ids]
+def remote_workdir(cfg: GceConfig, run_id: str, machine_id: str) -> str:
+    """The work dir on a VM, shared by the hosts on it (`Host.machine` names the VM's first)."""
+    return f"{cfg.remote_root}/{run_id}/hosts/{machine_id}"
 
 
-def remote_workdir(cfg: GceConfig, run_id: str, host_id: str) -> str:
-    return f"{cfg.remote_root}/{run_id}/hosts/{host_id}"
+def notice_path(cfg: GceConfig, run_id: str, machine_id: str) -> str:
+    """Where the trainers on a VM read their preemption notice (provisioning/base.py)."""
+    return f"{remote_workdir(cfg, run_id, machine_id)}/{PREEMPTION_NOTICE_FILE}"
 
 
 def watcher_script(notices: Mapping[str, str], owner: str,
                    grace_s: int = SPOT_SHUTDOWN_WINDOW_S) -> str:
     """Bash that long-polls the metadata server's `instance/preempted` and, when it flips to
-    TRUE, writes the preemption notice (JSON `{"host_id", "deadline"}`) for every host on the VM,
-    atomically. Reads the current value first, then waits with its ETag, so a flip between two
+    TRUE, writes each preemption notice (`notices`: host id -> file; JSON `{"host_id",
+    "deadline"}`) atomically. Reads the current value first, then waits with its ETag, so a flip between two
     requests is not missed (gce-notes §A3). `TRANSIENT_METADATA_URL` overrides the server (tests).
     """
     pairs = " ".join(f"{shlex.quote(h)}={shlex.quote(p)}" for h, p in notices.items())
@@ -160,8 +161,8 @@ def instance_body(cfg: GceConfig, project: str, vm: VmRequest, run_id: str,
         nic["networkIP"] = vm.network_ip
     if cfg.external_ip:
         nic["accessConfigs"] = [{"name": "External NAT", "type": "ONE_TO_ONE_NAT"}]
-    watcher = watcher_script(dict(zip(vm.host_ids, notice_paths(cfg, run_id, vm.host_ids),
-                                      strict=True)), cfg.ssh_user)
+    machine = vm.host_ids[0]
+    watcher = watcher_script({machine: notice_path(cfg, run_id, machine)}, cfg.ssh_user)
     metadata = [
         {"key": "ssh-keys", "value": f"{cfg.ssh_user}:{ssh_public_key.strip()}"},
         {"key": "enable-guest-attributes", "value": "TRUE"},

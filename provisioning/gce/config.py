@@ -1,13 +1,17 @@
 """The typed configuration of `provider=gce` (the Hydra `provider` group's `gce` option).
 
-Plain dataclass, no Google imports: the dry run and validation read it without the cloud SDK.
-Every field is documented in `conf/provider/gce.yaml` and the README's "Running on Google Cloud".
+A `ProviderConfig` subclass registered with the backend (stored by the registry as `gce_schema`,
+named by `conf/provider/gce.yaml`). No Google imports: the dry run and validation read it without
+the cloud SDK. Every field is commented in `conf/provider/gce.yaml`; the README's "Running on
+Google Cloud" explains them.
 """
 
 from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+
+from provisioning.base import ProviderConfig
 
 #: The label every VM of this tool carries (`tool=<TOOL_LABEL>`); `orchestrator.gc` finds orphans
 #: by it. Label values: lowercase letters, digits, `_` and `-`, at most 63 characters.
@@ -26,9 +30,10 @@ class TerminationAction(enum.StrEnum):
 
 
 @dataclass
-class GceConfig:
+class GceConfig(ProviderConfig):
     """Everything the GCE backend needs beyond the plan (machine types, GPUs, zones per host)."""
 
+    name: str = "gce"
     project: str | None = None  # GCP project id; None = $GOOGLE_CLOUD_PROJECT at run time
     zones: list[str] = field(default_factory=list)  # fallback order after each host's plan zone
     image_project: str = "deeplearning-platform-release"  # where image_family lives
@@ -48,12 +53,13 @@ class GceConfig:
     termination_action: TerminationAction = TerminationAction.DELETE
     max_run_duration_s: int | None = None  # Spot VMs are deleted/stopped after this; None = never
     labels: dict[str, str] = field(default_factory=dict)  # added to every VM
+    storage: str | None = None  # gs://BUCKET/PREFIX: checkpoints and results of each run there
     remote_root: str = "/var/tmp/transient"  # run dirs on the VMs: <root>/<run_id>/hosts/<id>
     trainer_port: int = 2222  # first gRPC port on a VM; colocated roles take the next ones
     poll_interval_s: float = 5.0  # at most one list call per interval while watching
     ready_poll_s: float = 2.0  # one list call per interval while VMs come up
     operation_timeout_s: float = 300.0  # how long one insert/delete may take
-    ready_timeout_s: float = 600.0  # insert until RUNNING, per VM
+    vm_ready_timeout_s: float = 600.0  # insert until RUNNING, per VM
     host_key_timeout_s: float = 90.0  # wait for the guest agent to publish host keys
     host_key_poll_s: float = 6.0  # guest attributes allow about 10 queries/min per VM
     retries: int = 4  # retries of a transient API error (rate limit, 5xx) per request

@@ -1,7 +1,7 @@
 """What `provider=gce` would create for a plan, for the dry run: VMs grouped by zone.
 
-Reads the planned hosts only (no Google libraries, no credentials): colocated roles (machine type
-`on <host>`) join their owner's VM, GPUs are shown as attached or built in.
+Reads the planned hosts only (no Google libraries, no credentials): colocated roles
+(`colocate_with`) join their owner's VM, GPUs are shown as attached or built in.
 """
 
 from __future__ import annotations
@@ -25,13 +25,14 @@ class VmPreview:
 
 def preview_vms(hosts: Sequence[Any], fallback_zones: Sequence[str] = ()) -> list[VmPreview]:
     """One entry per VM, in plan order. `hosts` are plan hosts (name, gpu, zone, machine_type,
-    transient); a host without a zone goes to the first fallback zone."""
+    transient, colocate_with); a host without a zone goes to the first fallback zone."""
     vms: dict[str, VmPreview] = {}
     for host in hosts:
-        machine = str(host.machine_type)
-        if machine.startswith("on ") and machine[3:].strip() in vms:
-            vms[machine[3:].strip()].hosts.append(host.name)
+        owner = getattr(host, "colocate_with", None)
+        if owner in vms:
+            vms[owner].hosts.append(host.name)
             continue
+        machine = str(host.machine_type)
         family = machine.split("-", 1)[0]
         if family in BUILT_IN_GPUS:
             gpu = f"{BUILT_IN_GPUS[family]} (built in)"

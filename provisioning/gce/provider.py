@@ -35,8 +35,10 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from provisioning.base import (
+    STOP_GRACE_S,
     BadRequestError,
     CapacityError,
+    CleanUpResult,
     Cluster,
     ClusterRequest,
     Host,
@@ -58,6 +60,7 @@ from provisioning.gce.errors import (
     ZoneCapacityError,
     region_of,
 )
+from provisioning.journal import ResourceKind
 
 #: Raw GCE instance status -> HostState, for VMs we have not asked to delete. Anything stopping,
 #: stopped or gone without our asking is a revocation (a Spot preemption, a maintenance event).
@@ -115,17 +118,6 @@ class _Vm:
     @property
     def zone(self) -> str:
         return self.request.zone
-
-
-def colocation_owner(spec: HostSpec) -> str | None:
-    """The plan name of the host whose VM `spec` shares, or None for a VM of its own. The plan
-    marks a colocated role with machine type `on <host>` (e.g. the chief `on ps-0`)."""
-    owner = getattr(spec, "colocate_with", None)
-    if owner:
-        return str(owner)
-    if spec.machine_type.startswith("on "):
-        return spec.machine_type[3:].strip()
-    return None
 
 
 def owner_labels() -> dict[str, str]:
@@ -186,7 +178,7 @@ class GceProvider(Provider):
         """One `_Vm` per machine of the plan; colocated roles join their owner's VM."""
         groups: dict[str, list[HostSpec]] = {}
         for spec in specs:
-            owner = colocation_owner(spec)
+            owner = spec.colocate_with
             if owner is None:
                 groups[spec.name] = [spec]
             elif owner in groups:
@@ -266,10 +258,7 @@ class GceProvider(Provider):
 
     def _insert_one(self, vm: _Vm) -> None:
         cfg = self.config
-        if self._journal is not None:
-            record = getattr(self._journal, "record_vm", None)
-            if record is not None:
-                record(host_id=vm.request.host_ids[0], name=vm.name)
+        self._journal_vm(vm, released=False)
         body = instance_body(cfg, self.api.project, vm.request, vm.run_id, self._public_key())
         vm.created = True  # from here on a delete is owed (404 if it never came to exist)
         vm.deleted = False
@@ -293,7 +282,7 @@ class GceProvider(Provider):
 
     def _await_running(self, vms: list[_Vm]) -> None:
         """Until every VM is RUNNING: one list call per config.ready_poll_s for all of them."""
-        deadline = self._clock() + self.config.ready_timeout_s
+        deadline = self._clock() + self.config.vm_ready_timeout_s
         waiting = {vm.name: vm for vm in vms}
         run_ids = {vm.run_id for vm in vms}
         while waiting:
@@ -311,7 +300,7 @@ class GceProvider(Provider):
             if not waiting:
                 break
             if self._clock() >= deadline:
-                raise CapacityError(f"VMs not RUNNING after {self.config.ready_timeout_s:g} s: "
+                raise CapacityError(f"VMs not RUNNING after {self.config.vm_ready_timeout_s:g} s: "
                                     + ", ".join(sorted(waiting)))
             self._sleep(self.config.ready_poll_s)
 
@@ -332,11 +321,12 @@ class GceProvider(Provider):
                 raise error
         self._write_known_hosts(run_id)
         for vm in vms:
+            machine = vm.request.host_ids[0]
+            workdir = Path(PurePosixPath(remote_workdir(self.config, run_id, machine)))
             vm.hosts = [
                 Host(id=host_id, spec=spec, address=vm.internal_ip,
-                     port=self.config.trainer_port + i,
-                     workdir=Path(PurePosixPath(remote_workdir(self.config, run_id, host_id))),
-                     state=HostState.RUNNING)
+                     port=self.config.trainer_port + i, workdir=workdir,
+                     state=HostState.RUNNING, machine=machine)
                 for i, (host_id, spec) in enumerate(zip(vm.request.host_ids, vm.specs,
                                                         strict=True))]
             with self._lock:
@@ -430,23 +420,26 @@ class GceProvider(Provider):
 
     # --- replace ---------------------------------------------------------------------------
 
-    def replace(self, cluster: Cluster, lost: Sequence[HostId]) -> Cluster:
+    def replace(self, cluster: Cluster, lost: Sequence[HostId],
+                keep_endpoints: bool = True) -> Cluster:
         lost_vms: dict[str, _Vm] = {}
-        for host_id in lost:
-            cluster.host(host_id)  # KeyError for a stranger
+        for host_id in cluster.same_machine(list(lost)):  # KeyError for a stranger
             vm = self._vm_of(host_id)
             lost_vms[vm.name] = vm
         old = list(lost_vms.values())
         self._stop_runners([h for vm in old for h in vm.hosts])
         self._delete(old)
-        # The slot's zone first, and the lost VM's internal IP: the replacement keeps the
-        # endpoint in TensorFlow's fixed cluster spec (the address holds only in its region).
-        fresh = [_Vm(request=self._vm_request(vm.run_id, vm.slot, vm.specs, zone=vm.zone,
-                                              network_ip=vm.internal_ip or None),
+        # The slot's zone first. keep_endpoints: also the lost VM's internal IP, so the
+        # replacement has the endpoint in TensorFlow's fixed cluster spec (an internal address
+        # holds only within its region's subnet).
+        fresh = [_Vm(request=self._vm_request(
+                         vm.run_id, vm.slot, vm.specs, zone=vm.zone,
+                         network_ip=(vm.internal_ip or None) if keep_endpoints else None),
                      run_id=vm.run_id, slot=vm.slot, specs=list(vm.specs), zone_hint=vm.zone)
                  for vm in old]
         try:
-            self._create(fresh, same_region=region_of(old[0].zone) if old else None)
+            same_region = region_of(old[0].zone) if old and keep_endpoints else None
+            self._create(fresh, same_region=same_region)
             self._await_running(fresh)
             self._pin_host_keys(cluster.run_id, fresh)
         except BaseException:
@@ -491,9 +484,53 @@ class GceProvider(Provider):
             raise errors[0]
 
     def _record_released(self, vm: _Vm) -> None:
-        record = getattr(self._journal, "record_vm", None) if self._journal else None
+        self._journal_vm(vm, released=True)
+
+    def _journal_vm(self, vm: _Vm, released: bool) -> None:
+        """Journal a VM before its insert and after its delete (`provisioning.journal.Journal`
+        records VMs; a journal of process groups only is skipped)."""
+        record = getattr(self._journal, "record_vm", None)
         if record is not None:
-            record(host_id=vm.request.host_ids[0], name=vm.name, released=True)
+            record(backend=self.name, host_id=vm.request.host_ids[0], name=vm.name,
+                   address=vm.zone or None, released=released)
+
+    def clean_up(self, entries: Sequence[Any], grace_s: float = STOP_GRACE_S
+                 ) -> list[CleanUpResult]:
+        """After a crash: delete the VMs a run's journal still lists (found by name with one
+        list call, deleted in parallel). Processes on them end with their VM, so their entries
+        are released once every VM of the journal is gone."""
+        vm_names = {e.resource_id for e in entries if e.kind == ResourceKind.VM}
+        existing = {v.name: v for v in self.api.list_vms(f'labels.tool = "{TOOL_LABEL}"')
+                    if v.name in vm_names}
+        failed: dict[str, str] = {}
+
+        def delete(name: str) -> None:
+            listed = existing[name]
+            try:
+                op = self.api.delete(listed.zone, name)
+                if op is not None:
+                    self.api.wait(listed.zone, op, self.config.operation_timeout_s)
+            except ProvisionError as error:
+                failed[name] = str(error)
+
+        self._parallel(delete, sorted(existing))
+        results = []
+        for entry in entries:
+            if entry.kind == ResourceKind.VM:
+                name = entry.resource_id
+                if name in failed:
+                    results.append(CleanUpResult(entry, False, f"vm {name}: delete failed: "
+                                                 f"{failed[name]}"))
+                else:
+                    note = (f"deleted vm {existing[name].zone}/{name} (host {entry.host_id})"
+                            if name in existing else None)
+                    results.append(CleanUpResult(entry, True, note))
+            elif failed:
+                results.append(CleanUpResult(entry, False, f"{entry.kind} {entry.resource_id} "
+                                             f"on host {entry.host_id}: its VM may still run"))
+            else:
+                results.append(CleanUpResult(entry, True, None))
+        return results
 
     # --- helpers ---------------------------------------------------------------------------
 
@@ -503,7 +540,7 @@ class GceProvider(Provider):
         except KeyError:
             raise HostLostError(host_id, f"host {host_id} was not acquired here") from None
 
-    def _parallel(self, fn: Callable[[_Vm], None], vms: Sequence[_Vm]) -> list[BaseException | None]:
+    def _parallel(self, fn: Callable[[Any], None], vms: Sequence[Any]) -> list[BaseException | None]:
         """Run `fn` on every VM concurrently; the exception of each (None = success). Waits for
         all, so nothing is still being created when the caller cleans up."""
         if not vms:

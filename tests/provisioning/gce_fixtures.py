@@ -24,7 +24,7 @@ def gce_config(fake: FakeGce, tmp_path: Path, **overrides: Any) -> GceConfig:
         project=PROJECT, zones=list(ZONES), api_endpoint=fake.endpoint,
         credentials=CREDENTIALS_ANONYMOUS, ssh_key=str(write_ssh_key(tmp_path)),
         poll_interval_s=0.0, ready_poll_s=0.05, host_key_timeout_s=2.0,
-        operation_timeout_s=20.0, ready_timeout_s=20.0, retry_backoff_s=0.01,
+        operation_timeout_s=20.0, vm_ready_timeout_s=20.0, retry_backoff_s=0.01,
         labels={"team": "lab"})
     values.update(overrides)
     return GceConfig(**values)
@@ -36,8 +36,10 @@ def small_request(run_id: str, workdir: Path, workers: int = 2, gpu: str | None 
     hosts = [HostSpec("ps-0", Role.PS, "n1-standard-4", None, zone, False)]
     hosts += [HostSpec(f"worker-{i}", Role.WORKER, "n1-standard-4", gpu, zone, True)
               for i in range(workers)]
-    hosts += [HostSpec("chief-0", Role.CHIEF, "on ps-0", None, zone, False),
-              HostSpec("evaluator-0", Role.EVALUATOR, "on ps-0", None, zone, False)]
+    hosts += [HostSpec("chief-0", Role.CHIEF, "n1-standard-4", None, zone, False,
+                       colocate_with="ps-0"),
+              HostSpec("evaluator-0", Role.EVALUATOR, "n1-standard-4", None, zone, False,
+                       colocate_with="ps-0")]
     return ClusterRequest(run_id=run_id, hosts=hosts, workdir=workdir)
 
 
