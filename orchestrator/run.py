@@ -7,6 +7,7 @@ host, and ``summary.json`` is written atomically with the status.
 
 from __future__ import annotations
 
+import sys
 import time
 import traceback
 import uuid
@@ -17,9 +18,9 @@ from typing import Any
 from orchestrator import results
 from orchestrator.config.schema import ExperimentConfig
 from orchestrator.plan import RunPlan
-from orchestrator.runtime.checkpoints import LocalFolderStore
 from orchestrator.runtime.control import ControlChannel
 from orchestrator.runtime.deploy import Deployment
+from orchestrator.runtime.gcs_store import checkpoint_store
 from orchestrator.runtime.progress import RunProgress
 from orchestrator.runtime.supervisor import RunState, Supervisor
 from orchestrator.transient.revocation import RevocationSchedule
@@ -98,7 +99,7 @@ def execute_run(cfg: ExperimentConfig, plan: RunPlan, run_dir: Path,
                             journal=Journal(run_dir / JOURNAL_FILE))
     revocations = RevocationSchedule.from_config(cfg.revocation, plan.hosts)
     control = ControlChannel(run_dir / CONTROL_FILE)
-    checkpoints = LocalFolderStore(run_dir / CHECKPOINT_DIR)
+    checkpoints = checkpoint_store(cfg.provider, run_dir, run_id, run_dir / CHECKPOINT_DIR)
     cluster: Cluster | None = None
     supervisor: Supervisor | None = None
     deployments: list[Deployment] = []
@@ -159,6 +160,10 @@ def execute_run(cfg: ExperimentConfig, plan: RunPlan, run_dir: Path,
         summary = make_summary(cfg, plan, run_id, status, started, supervisor, error)
         rec.write_summary(summary)
         rec.close()
+        try:
+            checkpoints.finish(run_dir)  # e.g. results to the bucket
+        except Exception as ex:  # the run's outcome stands; say what was not archived
+            print(f"warning: results not archived: {type(ex).__name__}: {ex}", file=sys.stderr)
     if interrupted is not None:
         raise interrupted
     return summary

@@ -119,3 +119,44 @@ def test_without_credentials_the_error_says_how_to_authenticate(
     monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(tmp_path / "missing.json"))
     with pytest.raises(StorageError, match="gcloud auth application-default login"):
         GcsStore()
+
+
+def test_run_checkpoint_store_mirrors_to_the_bucket_and_restores(emulator: str,
+                                                                 tmp_path: Path) -> None:
+    """The store run.py uses with provider.storage=gs://...: a chief on a real (local) host
+    writes checkpoints, sync mirrors them, finish uploads the run directory, and a store on an
+    empty folder (a new orchestrator machine) restores them before the chief starts."""
+    from orchestrator.runtime.gcs_store import GcsCheckpointStore, checkpoint_store
+    from provisioning.base import ClusterRequest, HostSpec, Role
+    from provisioning.gce.config import GceConfig
+    from provisioning.local import LocalProvider
+
+    provider = LocalProvider()
+    cluster = provider.acquire(ClusterRequest("run-3", [HostSpec("chief-0", Role.CHIEF)],
+                                              tmp_path / "run"))
+    try:
+        chief = provider.runner(cluster.hosts[0])
+        store = checkpoint_store(GceConfig(storage=f"gs://{BUCKET}/exp"),
+                                 tmp_path / "run", "run-3", tmp_path / "run" / "checkpoints")
+        assert isinstance(store, GcsCheckpointStore)
+        store.before_start(chief)  # nothing anywhere yet
+        folder = Path(store.location(chief))
+        (folder / "ckpt-1.index").write_bytes(b"i")
+        (folder / "checkpoint").write_text('model_checkpoint_path: "ckpt-1"\n')
+        assert store.sync(chief)
+        (tmp_path / "run" / "summary.json").write_text("{}\n")
+        store.finish(tmp_path / "run")
+    finally:
+        provider.release(cluster)
+    listed = GcsStore().list(results_url(f"gs://{BUCKET}/exp", "run-3"))
+    assert "summary.json" in listed and "checkpoints/checkpoint" in listed
+    fresh = GcsCheckpointStore(tmp_path / "elsewhere", f"gs://{BUCKET}/exp", "run-3")
+    other = LocalProvider()
+    again = other.acquire(ClusterRequest("run-3b", [HostSpec("chief-0", Role.CHIEF)],
+                                         tmp_path / "run-b"))
+    try:
+        fresh.before_start(other.runner(again.hosts[0]))
+    finally:
+        other.release(again)
+    assert read_tree(tmp_path / "elsewhere") == {"ckpt-1.index": b"i",
+                                                 "checkpoint": b'model_checkpoint_path: "ckpt-1"\n'}
