@@ -120,6 +120,11 @@ class ProviderConfig:
     name: str = "local"  # provider registry name
     ready_timeout_s: float = 120.0  # how long a role may take to start serving
 
+    def check(self) -> list[tuple[str, str]]:
+        """Backend-specific semantic problems as (field as the user types it, what is wrong);
+        validation reports the first as a config error before anything is provisioned."""
+        return []
+
 
 # --- records ----------------------------------------------------------------------------------
 

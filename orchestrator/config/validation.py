@@ -171,6 +171,8 @@ def validate_provider(cfg: ExperimentConfig) -> None:
         raise ConfigError("revocation.model", f"provider '{cfg.provider.name}' cannot revoke "
                           "hosts on demand", "use revocation=none, or a provider that can "
                           "(local)")
+    for path, problem in cfg.provider.check()[:1]:  # the backend's own checks (ssh: key files)
+        raise ConfigError(path, problem)
     _positive("report_every_s", cfg.report_every_s, minimum=0.05)
 
 
