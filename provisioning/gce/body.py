@@ -60,6 +60,11 @@ def accelerators(machine_type: str, gpu: str | None, count: int = 1) -> list[dic
     return [{"acceleratorType": ATTACHED_GPUS[gpu], "acceleratorCount": count}]
 
 
+def has_gpu(machine_type: str, gpu: str | None) -> bool:
+    """True when a VM of this type (with `gpu` attached) has a GPU."""
+    return gpu is not None or machine_type.split("-", 1)[0] in BUILT_IN_GPUS
+
+
 @dataclass(frozen=True)
 class VmRequest:
     """One VM to create: where, what, and which trainer hosts it carries."""
@@ -142,7 +147,7 @@ def instance_body(cfg: GceConfig, project: str, vm: VmRequest, run_id: str,
     zone = vm.zone
     accs = [{**a, "acceleratorType": f"projects/{project}/zones/{zone}/acceleratorTypes/"
              f"{a['acceleratorType']}"} for a in accelerators(vm.machine_type, vm.gpu)]
-    has_gpu = bool(accs) or vm.machine_type.split("-", 1)[0] in BUILT_IN_GPUS
+    gpu_vm = has_gpu(vm.machine_type, vm.gpu)
     scheduling: dict[str, object] = {}
     if vm.transient:
         scheduling = {"provisioningModel": "SPOT",
@@ -150,7 +155,7 @@ def instance_body(cfg: GceConfig, project: str, vm: VmRequest, run_id: str,
                       "onHostMaintenance": "TERMINATE", "automaticRestart": False}
         if cfg.max_run_duration_s:
             scheduling["maxRunDuration"] = {"seconds": str(cfg.max_run_duration_s)}
-    elif has_gpu:  # GPU VMs cannot live-migrate
+    elif gpu_vm:  # GPU VMs cannot live-migrate
         scheduling = {"onHostMaintenance": "TERMINATE", "automaticRestart": True}
     source_image = cfg.image or (f"projects/{cfg.image_project}/global/images/family/"
                                  f"{cfg.image_family}")
@@ -168,7 +173,7 @@ def instance_body(cfg: GceConfig, project: str, vm: VmRequest, run_id: str,
         {"key": "enable-guest-attributes", "value": "TRUE"},
         {"key": "startup-script", "value": startup_script(watcher, cfg.remote_root)},
     ]
-    if has_gpu:
+    if gpu_vm:
         metadata.append({"key": "install-nvidia-driver", "value": "True"})
     body: dict[str, object] = {
         "name": vm.name,

@@ -50,6 +50,8 @@ class GceConfig(ProviderConfig):
     api_endpoint: str | None = None  # Compute API root; None = compute.googleapis.com
     ssh_user: str = "transient"  # login user created by the guest agent from ssh-keys
     ssh_key: str = "~/.ssh/id_ed25519"  # private key; its .pub goes into the VM's ssh-keys
+    python: str | None = None  # interpreter on the VMs that has the trainer's dependencies
+    wheelhouse: str | None = None  # local wheels for VMs without `python` (gpu/cpu extra)
     termination_action: TerminationAction = TerminationAction.DELETE
     max_run_duration_s: int | None = None  # Spot VMs are deleted/stopped after this; None = never
     labels: dict[str, str] = field(default_factory=dict)  # added to every VM

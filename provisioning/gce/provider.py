@@ -21,7 +21,6 @@ Host runners come from the SSH backend (issue 7); see `runner()`.
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import os
 import socket
@@ -51,7 +50,14 @@ from provisioning.base import (
     ProvisionError,
     ResourceJournal,
 )
-from provisioning.gce.body import VmRequest, instance_body, label_value, remote_workdir, vm_name
+from provisioning.gce.body import (
+    VmRequest,
+    has_gpu,
+    instance_body,
+    label_value,
+    remote_workdir,
+    vm_name,
+)
 from provisioning.gce.body import run_labels as make_run_labels
 from provisioning.gce.config import TOOL_LABEL, GceConfig
 from provisioning.gce.errors import (
@@ -60,6 +66,7 @@ from provisioning.gce.errors import (
     ZoneCapacityError,
     region_of,
 )
+from provisioning.gce.ssh import VmSsh
 from provisioning.journal import ResourceKind
 
 #: Raw GCE instance status -> HostState, for VMs we have not asked to delete. Anything stopping,
@@ -78,22 +85,6 @@ PIN_GUEST_ATTRIBUTES = "guest-attributes"
 PIN_FIRST_USE = "first-use"
 
 
-@dataclass(frozen=True)
-class SshTarget:
-    """How the SSH backend reaches a VM: address, user, key, and pinned host keys."""
-
-    address: str  # external IP (or internal when the orchestrator runs inside the VPC)
-    port: int
-    user: str
-    key_path: Path
-    known_hosts: Path  # file with the pinned keys of every VM of the run
-    pinning: str  # PIN_GUEST_ATTRIBUTES (RejectPolicy) or PIN_FIRST_USE (record on first connect)
-
-
-#: Builds the runner for one host from its SSH target (the SSH backend, issue 7).
-RunnerFactory = Callable[[Host, SshTarget], HostRunner]
-
-
 @dataclass
 class _Vm:
     """One VM of a run, from before its insert to after its delete."""
@@ -108,6 +99,7 @@ class _Vm:
     created: bool = False  # its insert may have succeeded: delete it on release
     deleted: bool = False  # we deleted it (or it never came to exist)
     revoked_reason: str | None = None
+    ssh: VmSsh | None = None  # the SSH side, once RUNNING (connects on first runner())
     zone_hint: str | None = None  # tried before the hosts' plan zone (a replacement's slot)
     hosts: list[Host] = field(default_factory=list)
 
@@ -131,13 +123,12 @@ def owner_labels() -> dict[str, str]:
 
 class GceProvider(Provider):
     """Compute Engine VMs for trainer roles. `api`: a `ComputeApi` (built from `config` when
-    None); `runner_factory`: the SSH backend's runner builder (see `runner`)."""
+    None; tests pass one bound to a fake). Runners come from the SSH backend (`gce/ssh.py`)."""
 
     name = "gce"
 
     def __init__(self, config: GceConfig | None = None, journal: ResourceJournal | None = None,
-                 api: Any = None, runner_factory: RunnerFactory | None = None,
-                 sweep_id: str | None = None, clock: Callable[[], float] = time.monotonic,
+                 api: Any = None, sweep_id: str | None = None, clock: Callable[[], float] = time.monotonic,
                  sleep: Callable[[float], None] = time.sleep) -> None:
         self.config = config or GceConfig()
         if api is None:
@@ -146,12 +137,10 @@ class GceProvider(Provider):
             api = ComputeApi(self.config)
         self.api = api
         self._journal = journal
-        self._runner_factory = runner_factory
         self._sweep_id = sweep_id
         self._clock, self._sleep = clock, sleep
         self._vms: dict[str, _Vm] = {}  # by VM name
         self._host_vm: dict[HostId, str] = {}
-        self._runners: dict[HostId, HostRunner] = {}
         self._workdirs: dict[str, Path] = {}  # run_id -> request.workdir
         self._poll_cache: dict[str, tuple[float, dict[str, Any]]] = {}
         self._serial = itertools.count()
@@ -329,6 +318,10 @@ class GceProvider(Provider):
                      state=HostState.RUNNING, machine=machine)
                 for i, (host_id, spec) in enumerate(zip(vm.request.host_ids, vm.specs,
                                                         strict=True))]
+            vm.ssh = VmSsh(self.config, vm.name, vm.external_ip or vm.internal_ip,
+                           has_gpu(vm.request.machine_type, vm.request.gpu),
+                           self.known_hosts_path(run_id), pinned=bool(vm.host_keys),
+                           journal=self._journal)
             with self._lock:
                 for host in vm.hosts:
                     self._host_vm[host.id] = vm.name
@@ -354,29 +347,13 @@ class GceProvider(Provider):
 
     # --- runners (the SSH backend) ---------------------------------------------------------
 
-    def ssh_target(self, host: Host) -> SshTarget:
-        """How to reach `host`'s VM over SSH, with its pinned host keys."""
-        vm = self._vm_of(host.id)
-        return SshTarget(address=vm.external_ip or vm.internal_ip, port=22,
-                         user=self.config.ssh_user,
-                         key_path=Path(os.path.expanduser(self.config.ssh_key)),
-                         known_hosts=self.known_hosts_path(vm.run_id),
-                         pinning=PIN_GUEST_ATTRIBUTES if vm.host_keys else PIN_FIRST_USE)
-
     def runner(self, host: Host) -> HostRunner:
-        """The SSH runner of `host` (the same object per host). Needs the SSH backend of issue 7:
-        pass `runner_factory`; without one this says so instead of pretending."""
-        with self._lock:
-            if host.id in self._runners:
-                return self._runners[host.id]
-            if self._runner_factory is None:
-                raise NotImplementedError(
-                    "provider=gce runs roles over SSH (issue 7's provisioning.ssh runner), which "
-                    "is not wired into this checkout; VMs can be acquired, watched, replaced "
-                    "and released, but not yet used")
-            runner = self._runner_factory(host, self.ssh_target(host))
-            self._runners[host.id] = runner
-            return runner
+        """The SSH runner of `host` (the same object per host); connects to its VM on first
+        use, checking the host key pinned from guest attributes."""
+        vm = self._vm_of(host.id)
+        if vm.deleted or vm.ssh is None:
+            raise HostLostError(host.id)
+        return vm.ssh.runner(host)
 
     # --- poll ------------------------------------------------------------------------------
 
@@ -404,6 +381,8 @@ class GceProvider(Provider):
             seen = listed.get(vm.name)
             state = HostState.REVOKED if seen is None else STATE_MAP.get(seen.status,
                                                                           HostState.REVOKED)
+            if state is HostState.RUNNING and vm.ssh is not None:
+                state = vm.ssh.state() or state  # a cut SSH heartbeat is news before GCE's
             if state is HostState.REVOKED and vm.revoked_reason is None:
                 vm.revoked_reason = self._revocation_reason(vm)
             if state is HostState.REVOKED:
@@ -427,7 +406,7 @@ class GceProvider(Provider):
             vm = self._vm_of(host_id)
             lost_vms[vm.name] = vm
         old = list(lost_vms.values())
-        self._stop_runners([h for vm in old for h in vm.hosts])
+        self._close_ssh(old)
         self._delete(old)
         # The slot's zone first. keep_endpoints: also the lost VM's internal IP, so the
         # replacement has the endpoint in TensorFlow's fixed cluster spec (an internal address
@@ -454,18 +433,15 @@ class GceProvider(Provider):
     def release(self, cluster: Cluster) -> None:
         """Stop the runners and delete every VM of the run (the cluster's and any leftovers of
         a failed replacement); waits for the deletes. Idempotent."""
-        self._stop_runners(cluster.hosts)
         with self._lock:
             vms = [vm for vm in self._vms.values()
                    if vm.run_id == cluster.run_id and not vm.deleted]
+        self._close_ssh(vms)
         self._delete(vms)
 
-    def _stop_runners(self, hosts: Sequence[Host]) -> None:
-        for host in hosts:
-            runner = self._runners.pop(host.id, None)
-            if runner is not None:
-                with contextlib.suppress(Exception):
-                    runner.stop_all()
+    def _close_ssh(self, vms: Sequence[_Vm]) -> None:
+        """Stop every role on these VMs and close their connections, in parallel."""
+        self._parallel(lambda vm: vm.ssh.close() if vm.ssh is not None else None, vms)
 
     def _delete(self, vms: Sequence[_Vm]) -> None:
         """Delete in parallel and wait; a VM that is already gone is fine. Raises the first

@@ -62,7 +62,7 @@ def test_acquire_builds_one_vm_per_machine_with_spot_labels_and_host_keys(
         known = (tmp_path / "known_hosts").read_text().splitlines()
         published = {(i.ip, k, v) for i in fake.live_instances() for k, v in i.host_keys}
         assert {tuple(line.split()) for line in known} == published
-        assert provider.ssh_target(workers[0]).pinning == "guest-attributes"
+        assert provider._vm_of(workers[0].id).ssh.pinned  # RejectPolicy, no first-use pinning
         # Journalled: one create per VM, none released yet.
         open_vms = [e for e in list_unreleased(tmp_path / "journal.jsonl")
                     if e.kind is ResourceKind.VM]
@@ -206,14 +206,3 @@ def test_missing_zone_is_a_bad_request(fake: FakeGce, make_provider, tmp_path: P
     with pytest.raises(BadRequestError, match=r"provider\.zones"):
         provider.acquire(small_request("nz", tmp_path, zone=None))
     assert live(fake) == {}
-
-
-def test_runner_without_ssh_backend_says_so(fake: FakeGce, make_provider,
-                                            tmp_path: Path) -> None:
-    provider = make_provider()
-    cluster = provider.acquire(small_request("r", tmp_path, workers=1))
-    try:
-        with pytest.raises(NotImplementedError, match="SSH"):
-            provider.runner(cluster.hosts[0])
-    finally:
-        provider.release(cluster)
