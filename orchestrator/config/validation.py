@@ -199,7 +199,9 @@ def validate_data_dir(cfg: ExperimentConfig) -> None:
         raise ConfigError("job.data_dir", f"problem '{cfg.job.problem}' reads files",
                           "set job.data_dir to the folder with its files")
     if cfg.job.data_dir.startswith("gs://"):
-        return  # staged from Cloud Storage when the run starts (provisioning/gce/storage.py)
+        raise ConfigError("job.data_dir", "gs:// data is not staged onto the hosts by a run yet",
+                          f"stage it first: python -m provisioning.gce.storage download "
+                          f"{cfg.job.data_dir} DIR, then job.data_dir=DIR")
     if not Path(cfg.job.data_dir).expanduser().is_dir():
         raise ConfigError("job.data_dir", f"folder '{cfg.job.data_dir}' does not exist",
                           f"put the {cfg.job.problem} files there or set job.data_dir")

@@ -62,7 +62,7 @@ def test_real_run_without_credentials_fails_at_once_in_one_line(tmp_path, monkey
     env.update(HOME=str(tmp_path), PYTHONPATH=str(repo), CLOUDSDK_CONFIG=str(tmp_path / "gc"))
     proc = subprocess.run(
         [sys.executable, "-m", "orchestrator", "+experiment=cifar10_res32",
-         "job.data_dir=gs://bucket/cifar10", "provider.project=my-project",
+         f"job.data_dir={tmp_path}", "provider.project=my-project",
          f"hydra.run.dir={tmp_path / 'run'}"],
         cwd=repo, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2, proc.stderr
@@ -72,3 +72,12 @@ def test_real_run_without_credentials_fails_at_once_in_one_line(tmp_path, monkey
     assert "gcloud auth application-default login" in lines[0]
     assert "provider=local" in lines[0]
     assert not (tmp_path / "run" / "journal.jsonl").exists()  # nothing was provisioned
+
+
+def test_gs_data_dir_is_refused_at_run_start_with_how_to_stage_it(tmp_path) -> None:
+    from orchestrator.config.validation import validate_data_dir
+
+    cfg = compose_experiment("cifar10_res32", ["job.data_dir=gs://bucket/cifar10"])
+    with pytest.raises(ConfigError) as info:
+        validate_data_dir(cfg)
+    assert "python -m provisioning.gce.storage download gs://bucket/cifar10" in info.value.line()
