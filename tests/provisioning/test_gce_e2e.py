@@ -19,8 +19,7 @@ from pathlib import Path
 import pytest
 
 from provisioning.journal import ResourceKind, list_unreleased
-from tests.fakes.gce_server import FakeGce
-from tests.provisioning.test_gce_ssh import published_keys
+from tests.provisioning.test_gce_ssh import fake_on_bed
 from tests.testbed import SshTestBed
 from tests.testbed.fixtures import host_python, ssh_testbed  # noqa: F401
 
@@ -48,13 +47,10 @@ def events(run_dir: Path) -> list[dict]:
 def test_cli_on_fake_gce_stockout_preemption_and_nothing_left(
         ssh_testbed: SshTestBed, tmp_path: Path) -> None:
     bed = ssh_testbed
-    keys = published_keys(bed)
     by_address = {h.address: h for h in bed.hosts}
     run_dir = tmp_path / "run"
-    with FakeGce(zones=ZONES, provision_s=0.2, staging_s=0.2, insert_op_s=0.1,
-                 delete_op_s=0.2, stop_s=0.2, wait_cap_s=1.0,
-                 ip_pool=[h.address for h in bed.hosts[:3]],
-                 host_keys_for=lambda ip: keys[ip]) as fake:
+    with fake_on_bed(bed, 3, zones=ZONES, provision_s=0.2, staging_s=0.2, insert_op_s=0.1,
+                     delete_op_s=0.2, stop_s=0.2, wait_cap_s=1.0) as fake:
         fake.stockout(ZONES[0])
         argv = [
             sys.executable, "-m", "orchestrator", "+experiment=digits_local", "provider=gce",

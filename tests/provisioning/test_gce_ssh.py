@@ -23,24 +23,24 @@ from tests.testbed.fixtures import host_python, ssh_testbed  # noqa: F401
 pytestmark = pytest.mark.slow
 
 
-def published_keys(bed: SshTestBed) -> dict[str, list[tuple[str, str]]]:
-    """What each namespace host's guest agent would publish: its sshd host key."""
+def fake_on_bed(bed: SshTestBed, vms: int, **options: object) -> FakeGce:
+    """A fake Compute API whose VMs are the bed's first `vms` namespace hosts (their address is
+    the VM's internal and external IP) publishing their sshd host keys as guest attributes."""
     keys = {}
     for host in bed.hosts:
         kind, blob = host.host_key.with_suffix(".pub").read_text().split()[:2]
         keys[host.address] = [(kind, blob)]
-    return keys
+    return FakeGce(ip_pool=[h.address for h in bed.hosts[:vms]],
+                   host_keys_for=lambda ip: keys[ip], **options)  # type: ignore[arg-type]
 
 
 def test_vms_run_roles_over_ssh_survive_a_preemption_and_leave_nothing(
         ssh_testbed: SshTestBed, tmp_path: Path) -> None:
     bed = ssh_testbed
-    keys = published_keys(bed)
     by_address = {h.address: h for h in bed.hosts}
-    with FakeGce(project=PROJECT, zones=tuple(ZONES), provision_s=0.05, staging_s=0.05,
-                 insert_op_s=0.05, delete_op_s=0.05, stop_s=0.05, wait_cap_s=0.2,
-                 ip_pool=[h.address for h in bed.hosts[:2]],
-                 host_keys_for=lambda ip: keys[ip]) as fake:
+    with fake_on_bed(bed, 2, project=PROJECT, zones=tuple(ZONES), provision_s=0.05,
+                     staging_s=0.05, insert_op_s=0.05, delete_op_s=0.05, stop_s=0.05,
+                     wait_cap_s=0.2) as fake:
         cfg = gce_config(fake, tmp_path, ssh_user="root", ssh_key=str(bed.client_key),
                          python=host_python(), remote_root=str(tmp_path / "vms"))
         provider = GceProvider(cfg, journal=Journal(tmp_path / "run" / "journal.jsonl"))
