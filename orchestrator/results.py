@@ -28,18 +28,17 @@ from typing import Any
 
 import yaml
 
+# The run layout's names, re-exported: results and hosts use the same ones (trainer/layout.py).
+from trainer.layout import CHECKPOINT_DIR, LOGS_DIR, SPEC_FILE, TENSORBOARD_DIR  # noqa: F401
+
 SCHEMA_VERSION = 1
 
 CONFIG_FILE = "config.yaml"
 PLAN_FILE = "plan.json"
-SPEC_FILE = "trainer_spec.json"
 EVENTS_FILE = "events.jsonl"
 METRICS_FILE = "metrics.csv"
 SUMMARY_FILE = "summary.json"
 ERROR_FILE = "error.txt"
-TENSORBOARD_DIR = "tensorboard"
-CHECKPOINT_DIR = "checkpoints"
-LOGS_DIR = "logs"
 
 # Event fields filled by the framework (auto): time (unix s), kind, role; the rest is reported.
 EVENT_TIME = "time"  # auto, unix seconds

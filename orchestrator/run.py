@@ -19,13 +19,13 @@ from orchestrator import results
 from orchestrator.config.schema import ExperimentConfig
 from orchestrator.plan import RunPlan
 from orchestrator.runtime.control import ControlChannel
-from orchestrator.runtime.deploy import Deployment
+from orchestrator.runtime.fleet import Fleet
 from orchestrator.runtime.gcs_store import checkpoint_store
 from orchestrator.runtime.progress import RunProgress
 from orchestrator.runtime.supervisor import RunState, Supervisor
 from orchestrator.transient.revocation import RevocationSchedule
 from orchestrator.transient.stragglers import InjectionSchedule
-from provisioning.base import Cluster, ClusterRequest, HostSpec, Role
+from provisioning.base import Cluster, ClusterRequest, HostSpec
 from provisioning.journal import JOURNAL_FILE, Journal
 from provisioning.registry import get_provider
 from trainer.layout import CHECKPOINT_DIR, CONTROL_FILE
@@ -99,30 +99,10 @@ def execute_run(cfg: ExperimentConfig, plan: RunPlan, run_dir: Path,
                             journal=Journal(run_dir / JOURNAL_FILE))
     revocations = RevocationSchedule.from_config(cfg.revocation, plan.hosts)
     control = ControlChannel(run_dir / CONTROL_FILE)
-    checkpoints = checkpoint_store(cfg.provider, run_dir, run_id, run_dir / CHECKPOINT_DIR)
-    cluster: Cluster | None = None
+    fleet: Fleet | None = None
     supervisor: Supervisor | None = None
-    deployments: list[Deployment] = []
     progress = RunProgress(title, plan.total_steps, enabled=cfg.progress)
     started = time.time()
-
-    def deploy(on: Cluster) -> Deployment:
-        """Write the spec for ``on`` and start every role (also after a restart)."""
-        chief = provider.runner(on.hosts_for(Role.CHIEF)[0])
-        spec = build_trainer_spec(cfg, plan, on, run_id,
-                                  checkpoint_dir=checkpoints.location(chief))
-        spec_text = spec.to_json(run_dir / results.SPEC_FILE).read_text()  # the run's record
-        checkpoints.before_start(chief)
-        deployment = Deployment(provider, on, run_dir, spec_text,
-                                ready_timeout_s=cfg.provider.ready_timeout_s)
-        deployments.append(deployment)
-        control.attach(chief)
-        rec.event("start", roles={r: len(on.hosts_for(r)) for r in
-                                  ("ps", "worker", "chief", "evaluator")})
-        deployment.start()
-        rec.event("ready")
-        return deployment
-
     try:
         with progress:
             # provision
@@ -130,16 +110,19 @@ def execute_run(cfg: ExperimentConfig, plan: RunPlan, run_dir: Path,
             rec.event("provision", hosts=len(plan.hosts), provider=provider.name,
                       planned_revocations=[e.to_record() for e in revocations.pending])
             cluster = provider.acquire(cluster_request(plan, run_id, run_dir))
+            fleet = Fleet(provider, cluster, run_dir, build_trainer_spec(cfg, plan, cluster,
+                                                                         run_id),
+                          checkpoint_store(cfg.provider, run_dir, run_id,
+                                           run_dir / CHECKPOINT_DIR), control, rec=rec,
+                          ready_timeout_s=cfg.provider.ready_timeout_s)
             rec.event("provisioned", hosts=[f"{h.spec.name}={h.endpoint}" for h in cluster.hosts])
             # deploy: servers first, then evaluator and chief
             progress.status("starting roles")
             control.reset()
-            deployment = deploy(cluster)
-            # train: follow events, revocations and recovery until done or failed
-            supervisor = Supervisor(cfg, provider, cluster, deployment, rec, progress, control,
-                                    revocations, deploy)
+            fleet.deploy()
+            # train: follow events, host losses and recovery until done or failed
+            supervisor = Supervisor(cfg, fleet, rec, progress, control, revocations)
             supervisor.follow()
-            cluster = supervisor.cluster
             error = supervisor.state.error
             status = results.STATUS_COMPLETED if error is None else results.STATUS_FAILED
     except KeyboardInterrupt as ex:
@@ -150,36 +133,32 @@ def execute_run(cfg: ExperimentConfig, plan: RunPlan, run_dir: Path,
         error = f"{type(ex).__name__}: {ex}"
         rec.write_error(traceback.format_exc())
     finally:
-        if supervisor is not None:
-            cluster = supervisor.cluster
         if error:
             rec.event("failure", error=error)
             if not (run_dir / results.ERROR_FILE).exists():
                 rec.write_error(error + "\n")
-        _release(deployments, provider, cluster, rec)
+        _release(fleet, rec)
         summary = make_summary(cfg, plan, run_id, status, started, supervisor, error)
         rec.write_summary(summary)
         rec.close()
-        try:
-            checkpoints.finish(run_dir)  # e.g. results to the bucket
-        except Exception as ex:  # the run's outcome stands; say what was not archived
-            print(f"warning: results not archived: {type(ex).__name__}: {ex}", file=sys.stderr)
+        if fleet is not None:
+            try:
+                fleet.store.finish(run_dir)  # e.g. results to the bucket
+            except Exception as ex:  # the run's outcome stands; say what was not archived
+                print(f"warning: results not archived: {type(ex).__name__}: {ex}",
+                      file=sys.stderr)
     if interrupted is not None:
         raise interrupted
     return summary
 
 
-def _release(deployments: list[Deployment], provider: Any, cluster: Cluster | None,
-             rec: results.RunRecorder) -> None:
-    """Stop every process and release every host; repeated Ctrl-C cannot skip it."""
+def _release(fleet: Fleet | None, rec: results.RunRecorder) -> None:
+    """Fetch TensorBoard, stop every process and release every host; repeated Ctrl-C cannot
+    skip it."""
     for attempt in range(3):
         try:
-            if deployments:  # TensorBoard back from the hosts, whatever the ending
-                deployments[-1].collect()
-            for deployment in deployments:
-                deployment.teardown()
-            if cluster is not None:
-                provider.release(cluster)
+            if fleet is not None:
+                fleet.release()
             rec.event("teardown")
             return
         except KeyboardInterrupt:

@@ -358,6 +358,7 @@ class LocalProvider(Provider):
 
     name = "local"
     can_revoke = True
+    runner_class: type[LocalHostRunner] = LocalHostRunner
 
     def __init__(self, config: LocalProviderConfig | None = None, *,
                  journal: ResourceJournal | None = None,
@@ -476,17 +477,18 @@ class LocalProvider(Provider):
             state=HostState.RUNNING,
             machine=host_id if machine is None else machine.id,
         )
-        self._runners[host_id] = LocalHostRunner(host, self._journal, self.config.python)
+        self._runners[host_id] = self.runner_class(host, self._journal, self.config.python)
         return host
 
     def _kill_machine(self, machine: HostId) -> None:
         if self._states.get(machine) != HostState.RUNNING:
             return
+        # REVOKED before the kill: whoever sees a process die then finds the cause in poll()
+        self._states[machine] = HostState.REVOKED
         runners = [r for r in self._runners.values() if r.host.machine == machine]
         for runner in runners:
             runner.mark_gone()
         stop_processes([p for r in runners for p in r.take_processes()], grace_s=0.0)
-        self._states[machine] = HostState.REVOKED
 
     def _release_host(self, host: Host, final_state: HostState, keep_port: bool = False) -> None:
         runner = self._runners.get(host.id)

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from provisioning.base import BadRequestError, Provider, ProviderConfig, ResourceJournal
+from trainer.registry import Registry, UnknownNameError
 
 DEFAULT_PROVIDER = "local"
 
@@ -40,20 +41,30 @@ class Backend:
     provider: type[Provider]
 
 
-_backends: dict[str, Backend] = {}
+class UnknownProviderError(BadRequestError, UnknownNameError):
+    """`provider.name` names no backend of this installation (the project's one registry
+    error, and a bad request to the provisioning layer)."""
+
+
+_backends: Registry[Backend] = Registry("provider")
 
 
 def register_provider(name: str, factory: type[Provider],
                       config: type[ProviderConfig] = ProviderConfig) -> None:
     """Make `get_provider(name, cfg)` call `factory(cfg, journal=...)`. Re-registering
     replaces."""
-    _backends[name] = Backend(name, factory, config, factory)
+    _backends.register(name, Backend(name, factory, config, factory))
+
+
+def unregister_provider(name: str) -> None:
+    """Forget a registered backend (tests that register their own)."""
+    _backends.unregister(name)
 
 
 def provider_names() -> list[str]:
     """Every name `get_provider` accepts in this installation, sorted."""
     available = {name for name, module in _BACKEND_MODULES.items() if _module_exists(module)}
-    return sorted(available | set(_backends))
+    return sorted(available | set(_backends.names()))
 
 
 def backend(name: str) -> Backend:
@@ -63,11 +74,9 @@ def backend(name: str) -> Backend:
     module = _BACKEND_MODULES.get(name)
     if name not in _backends and module is not None and _module_exists(module):
         importlib.import_module(module)
-    found = _backends.get(name)
-    if found is None:
-        valid = ", ".join(provider_names())
-        raise BadRequestError(f"provider.name: unknown provider {name!r} ({valid})")
-    return found
+    if name not in _backends:
+        raise UnknownProviderError("provider", name, provider_names())
+    return _backends.get(name)
 
 
 def all_backends() -> list[Backend]:

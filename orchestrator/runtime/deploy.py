@@ -161,6 +161,7 @@ class Deployment:
         until every server port accepts connections. Raises DeployError if a server exits or
         is not ready within `ready_timeout_s`; processes already started keep running until
         `teardown()`."""
+        self.prepare_all()
         servers = [self.start_role(h) for r in _SERVER_ROLES for h in self.cluster.hosts_for(r)]
         for role in _CLIENT_ROLES:
             for host in self.cluster.hosts_for(role):
@@ -192,14 +193,37 @@ class Deployment:
         task.reader.start()
         return task
 
+    def prepare_all(self) -> None:
+        """Set up every machine of the cluster and put the spec there, machines in parallel
+        (a remote setup can take a while per host). Raises the first error."""
+        firsts = {h.machine: h for h in reversed(self.cluster.hosts)}
+        errors: list[BaseException] = []
+
+        def prepare(host: Host) -> None:
+            try:
+                self._prepare(host, self.provider.runner(host))
+            except BaseException as error:  # handed to the caller below
+                errors.append(error)
+
+        threads = [threading.Thread(target=prepare, args=(h,), name=f"setup-{h.spec.name}")
+                   for h in firsts.values()]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        if errors:
+            raise errors[0]
+
     def _prepare(self, host: Host, runner: HostRunner) -> None:
         """Once per machine: set the host up and put the spec there (hosts sharing a machine
         share its work dir)."""
-        if host.machine in self._prepared:
-            return
+        with self._lock:
+            if host.machine in self._prepared:
+                return
         runner.setup()
         runner.write_text(Path(layout.SPEC_FILE), self.spec_text)
-        self._prepared.add(host.machine)
+        with self._lock:
+            self._prepared.add(host.machine)
 
     def collect(self) -> None:
         """Fetch the roles' TensorBoard files from their hosts into `<run_dir>/tensorboard`
