@@ -11,12 +11,14 @@
   VM publishes none).
 - poll: ONE aggregatedList per `poll_interval_s` for the whole cluster; raw GCE states are mapped
   onto HostState in `STATE_MAP`, a VM we did not delete that is stopping, stopped or gone is
-  REVOKED (preempted: its zone's `compute.instances.preempted` operation is looked up once).
+  REVOKED (preempted: its zone's `compute.instances.preempted` operation is looked up once), and
+  so is a RUNNING VM whose SSH heartbeat stopped.
 - replace: the lost VM is deleted and a new one created the same way in the same zone with the
   same internal IP, so the replacement keeps the TensorFlow endpoint of its slot.
 - release: deletes every VM of the run, in parallel; idempotent.
 
-Host runners come from the SSH backend (issue 7); see `runner()`.
+- runners: the SSH backend's, over one connection per VM opened on first use (`gce/ssh.py`).
+- clean_up (after a crash, from the journal) and `python -m orchestrator.gc` delete leftovers.
 """
 
 from __future__ import annotations
@@ -67,7 +69,7 @@ from provisioning.gce.errors import (
     region_of,
 )
 from provisioning.gce.ssh import VmSsh
-from provisioning.journal import ResourceKind
+from provisioning.journal import ResourceKind, read_process_start_ticks
 
 #: Raw GCE instance status -> HostState, for VMs we have not asked to delete. Anything stopping,
 #: stopped or gone without our asking is a revocation (a Spot preemption, a maintenance event).
@@ -114,8 +116,6 @@ class _Vm:
 
 def owner_labels() -> dict[str, str]:
     """Who created a VM: this machine and process, so `orchestrator.gc` can tell a live run."""
-    from provisioning.journal import read_process_start_ticks
-
     pid = os.getpid()
     return {"owner-host": label_value(socket.gethostname()), "owner-pid": str(pid),
             "owner-start": str(read_process_start_ticks(pid) or 0)}
