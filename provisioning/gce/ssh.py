@@ -63,12 +63,17 @@ class VmSsh:
     def runner(self, host: Host):  # type: ignore[no-untyped-def]
         """The SSH runner of `host` (a host on this VM); the same object on every call."""
         from provisioning.ssh.provider import SshHostRunner
+        from provisioning.ssh.runner import RoleLauncher
 
         with self._lock:
             if host.id not in self._runners:
                 if self._machine is None:
                     self._machine = self._open()
-                self._runners[host.id] = SshHostRunner(host, self._machine, self.journal)
+                runner = SshHostRunner(host, self._machine, self.journal)
+                # Journal the roles as this backend's: its clean-up (deleting the VM) owns them.
+                runner.launcher = RoleLauncher(self._machine.connection, host,
+                                               runner.launcher.python, self.journal, "gce")
+                self._runners[host.id] = runner
             return self._runners[host.id]
 
     def state(self) -> HostState | None:

@@ -14,7 +14,13 @@ import pytest
 
 from provisioning.base import PREEMPTION_NOTICE_FILE, HostState, Role
 from provisioning.gce.provider import GceProvider
-from provisioning.journal import Journal
+from provisioning.journal import (
+    Journal,
+    ResourceKind,
+    clean_up,
+    list_unreleased,
+    read_journal,
+)
 from tests.fakes.gce_server import FakeGce
 from tests.provisioning.gce_fixtures import PROJECT, ZONES, gce_config, small_request
 from tests.testbed import SshTestBed
@@ -80,9 +86,18 @@ def test_vms_run_roles_over_ssh_survive_a_preemption_and_leave_nothing(
             again = provider.runner(replacement).start(["sh", "-c", "echo back; sleep 60"])
             assert again.readline().strip() == "back"
             assert provider.poll(new)[replacement.id] is HostState.RUNNING
+            groups = [e for e in read_journal(tmp_path / "run" / "journal.jsonl")
+                      if e.kind is ResourceKind.PROCESS_GROUP]
+            assert groups and {e.backend for e in groups} == {"gce"}
         finally:
             provider.release(cluster)
             provider.release(new if "new" in locals() else cluster)
         assert fake.live_instances() == []
+        # What the preempted VM ran is still listed (it died with its VM, unobserved); the
+        # journal's clean-up (`python -m orchestrator.release`) settles it: its VM is gone.
+        journal = tmp_path / "run" / "journal.jsonl"
+        assert {e.kind for e in list_unreleased(journal)} <= {ResourceKind.PROCESS_GROUP}
+        clean_up(journal, configs={"gce": cfg})
+        assert list_unreleased(journal) == []
         for host in bed.hosts[:2]:
             assert bed.role_pids(host) == [], f"processes left on {host.name}"
