@@ -46,7 +46,7 @@ def _run_one(cfg: DictConfig) -> dict[str, Any] | None:
     from orchestrator import data, sweep
     from orchestrator.config.errors import from_omegaconf
     from orchestrator.config.schema import to_experiment
-    from orchestrator.config.validation import validate
+    from orchestrator.config.validation import validate, validate_run_start
     from orchestrator.display import cost_text, render_plan, say_provider_note
     from orchestrator.plan import make_plan
     from orchestrator.run import execute_run
@@ -68,6 +68,7 @@ def _run_one(cfg: DictConfig) -> dict[str, Any] | None:
         render_plan(plan, Console(), title=f"Plan: {title} (dry run: nothing provisioned)",
                     data=data.describe(exp))
         return None
+    validate_run_start(exp)  # cloud credentials: before a download or anything provisioned
     data.prepare(exp)  # a bad job.data_dir or a failed download stops here, before provisioning
     say_provider_note(plan, Console(), once=True)
     run_dir = Path(hc.runtime.output_dir)

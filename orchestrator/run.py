@@ -7,6 +7,7 @@ host, and ``summary.json`` is written atomically with the status.
 
 from __future__ import annotations
 
+import sys
 import time
 import traceback
 import uuid
@@ -17,9 +18,9 @@ from typing import Any
 from orchestrator import results
 from orchestrator.config.schema import ExperimentConfig
 from orchestrator.plan import RunPlan
-from orchestrator.runtime.checkpoints import LocalFolderStore
 from orchestrator.runtime.control import ControlChannel
 from orchestrator.runtime.fleet import Fleet
+from orchestrator.runtime.gcs_store import checkpoint_store
 from orchestrator.runtime.progress import RunProgress
 from orchestrator.runtime.supervisor import RunState, Supervisor
 from orchestrator.transient.revocation import RevocationSchedule
@@ -109,7 +110,8 @@ def execute_run(cfg: ExperimentConfig, plan: RunPlan, run_dir: Path,
             cluster = provider.acquire(cluster_request(plan, run_id, run_dir))
             fleet = Fleet(provider, cluster, run_dir, build_trainer_spec(cfg, plan, cluster,
                                                                          run_id),
-                          LocalFolderStore(run_dir / CHECKPOINT_DIR), control, rec=rec,
+                          checkpoint_store(cfg.provider, run_dir, run_id,
+                                           run_dir / CHECKPOINT_DIR), control, rec=rec,
                           ready_timeout_s=cfg.provider.ready_timeout_s)
             rec.event("provisioned", hosts=[f"{h.spec.name}={h.endpoint}" for h in cluster.hosts])
             # deploy: servers first, then evaluator and chief
@@ -137,6 +139,12 @@ def execute_run(cfg: ExperimentConfig, plan: RunPlan, run_dir: Path,
         summary = make_summary(cfg, plan, run_id, status, started, supervisor, error)
         rec.write_summary(summary)
         rec.close()
+        if fleet is not None:
+            try:
+                fleet.store.finish(run_dir)  # e.g. results to the bucket
+            except Exception as ex:  # the run's outcome stands; say what was not archived
+                print(f"warning: results not archived: {type(ex).__name__}: {ex}",
+                      file=sys.stderr)
     if interrupted is not None:
         raise interrupted
     return summary

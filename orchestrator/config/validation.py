@@ -13,6 +13,7 @@ from pathlib import Path
 from orchestrator.config.errors import ConfigError
 from orchestrator.config.ranges import check_ranges
 from orchestrator.config.schema import ExperimentConfig, Protocol, schedule_phases
+from provisioning.catalog import retirement
 
 PHASE_FRACTION_TOLERANCE = 1e-6
 LOCAL_ZONE = "local"
@@ -54,6 +55,16 @@ def validate_cluster(cfg: ExperimentConfig) -> None:
                 "one of: " + ", ".join(catalog.machine_types),
             )
         if group.gpu is not None:
+            retired = retirement(cfg.provider.name, group.gpu)
+            if retired is not None:
+                raise ConfigError(
+                    f"{path}.gpu",
+                    f"{group.gpu.upper()} was retired on {cfg.provider.name.upper()} on "
+                    f"{retired.date} ({retired.source})",
+                    f"use {retired.replacement} (e.g. {path}.gpu={retired.replacement}); "
+                    f"{group.gpu} clusters stay valid for dry runs and analysis with "
+                    "provider=local",
+                )
             if group.gpu not in catalog.gpus:
                 raise ConfigError(
                     f"{path}.gpu",
@@ -200,11 +211,24 @@ def validate_data_dir(cfg: ExperimentConfig) -> None:
         return
     unset = f"or leave job.data_dir unset to download them into {data.cache_root(cfg.data_cache)}"
     if given.startswith("gs://"):
-        raise ConfigError("job.data_dir", "gs:// buckets are not read yet",
-                          f"use a folder on this machine, {unset}")
+        raise ConfigError("job.data_dir", "gs:// data is not staged onto the hosts by a run yet",
+                          f"stage it first: python -m provisioning.gce.storage download "
+                          f"{given} DIR, then job.data_dir=DIR; {unset}")
     if not Path(given).expanduser().is_dir():
         raise ConfigError("job.data_dir", f"folder '{given}' does not exist",
                           f"put the {problem} files there, {unset}")
     if not data.holds_files(problem, given):
         raise ConfigError("job.data_dir", f"folder '{given}' does not hold the {problem} files",
                           f"see python -m trainer.data list, {unset}")
+
+
+def validate_run_start(cfg: ExperimentConfig) -> None:
+    """At run start (never in a dry run): access to the cloud the run will use, so a run
+    without credentials fails at once with one line saying what to do (before any download)."""
+    if cfg.provider.name == "gce":
+        from provisioning.gce.api import GceAuthError, resolve_credentials
+
+        try:
+            resolve_credentials(cfg.provider)  # type: ignore[arg-type]
+        except GceAuthError as error:
+            raise ConfigError(error.field, error.problem) from None

@@ -10,8 +10,8 @@ decides that location for a given chief host and keeps it durable:
   host's work dir; the supervisor calls `sync` after each `checkpoint` event, which fetches the
   folder back through the runner, and `before_start` copies the store onto a new chief's host
   before it starts, so it resumes from the latest checkpoint whichever host it is on.
-- A bucket store (`gs://...`, the GCE issue) implements the same three methods: the chief
-  writes straight to the bucket and `sync`/`before_start` have nothing to do.
+- `GcsCheckpointStore` (`orchestrator/runtime/gcs_store.py`, `provider.storage=gs://...`): the
+  local folder store plus a mirror of its folder in the bucket after every sync.
 
 A checkpoint that was still only on a host when that host was lost is lost with it; the run
 resumes from the last one synced (the lost steps are counted from it).
@@ -41,6 +41,11 @@ class CheckpointStore(abc.ABC):
     @abc.abstractmethod
     def sync(self, chief: HostRunner) -> bool:
         """Make what the chief wrote durable; False if nothing could be brought back."""
+
+    def finish(self, run_dir: Path) -> None:
+        """Once the run has ended (summary written): archive what the store keeps durable
+        elsewhere (the bucket store uploads the run directory). Default: nothing."""
+        return None
 
 
 class LocalFolderStore(CheckpointStore):

@@ -8,8 +8,8 @@ from orchestrator.plan import make_plan
 from orchestrator.validate import compose_experiment
 
 
-def test_headline_plan_matches_the_papers_prices() -> None:
-    plan = make_plan(compose_experiment("cifar10_res32"))
+def test_icac19_plan_matches_the_papers_prices() -> None:
+    plan = make_plan(compose_experiment("icac19_k80"))
     roles = [h.role for h in plan.hosts]
     assert roles.count("ps") == 1 and roles.count("worker") == 4
     workers = [h for h in plan.hosts if h.role == "worker"]
@@ -20,8 +20,17 @@ def test_headline_plan_matches_the_papers_prices() -> None:
     assert plan.est_steps_per_sec == pytest.approx(4 * 4.589)
 
 
+def test_headline_plan_is_spot_t4_at_gce_list_prices() -> None:
+    plan = make_plan(compose_experiment("cifar10_res32"))
+    workers = [h for h in plan.hosts if h.role == "worker"]
+    assert len(workers) == 4
+    assert all(h.gpu == "t4" and h.zone == "us-west1-b" and h.transient for h in workers)
+    # conf/pricing/gce.yaml: Spot n1-standard-4 + Spot T4 per worker, on-demand n1-standard-4 PS
+    assert plan.hourly_usd == pytest.approx(4 * (0.04 + 0.11) + 0.19)
+
+
 def test_workers_shorthand_resizes_the_cluster() -> None:
-    plan = make_plan(compose_experiment("cifar10_res32", ["cluster.workers=8"]))
+    plan = make_plan(compose_experiment("icac19_k80", ["cluster.workers=8"]))
     assert plan.workers == 8
     assert plan.hourly_usd == pytest.approx(8 * 0.2556 + 0.1429)
 

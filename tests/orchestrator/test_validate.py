@@ -17,7 +17,7 @@ BAD_OVERRIDES = [
     ("job.learning_rate=fast", "job.learning_rate", "not a valid number"),
     ("cluster.worker_groups.0.gpu=h100", "cluster.worker_groups.0.gpu", "unknown GPU 'h100'"),
     ("cluster.worker_groups.0.zone=us-east1-b", "cluster.worker_groups.0.zone",
-     "does not offer GPU 'k80'"),
+     "does not offer GPU 't4'"),
     ("cluster.worker_groups.0.zone=mars-1a", "cluster.worker_groups.0.zone", "does not offer"),
     ("cluster.workers=0", "cluster.workers", "must be ≥ 1"),
     ("cluster.workers=-3", "cluster.workers", "must be ≥ 1"),

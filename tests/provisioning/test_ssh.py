@@ -70,7 +70,7 @@ def test_wrong_key_path_is_a_bad_request_before_any_connection(tmp_path) -> None
         "known_hosts": str(known),
         "hosts": [{"name": "a", "address": "10.231.255.1", "key_path": str(tmp_path / "nope"),
                    "python": "python3"}]})
-    with pytest.raises(BadRequestError, match=r"provider\.hosts\[0\]\.key_path: no such key"):
+    with pytest.raises(BadRequestError, match=r"provider\.hosts\.0\.key_path: no such key"):
         provider.acquire(one_host_request(tmp_path))
 
 
@@ -257,5 +257,5 @@ def test_wrong_key_path_in_an_experiment_is_one_config_error_line(tmp_path, repo
         cwd=repo_root, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2, proc.stderr[-2000:]
     lines = (proc.stdout + proc.stderr).strip().splitlines()
-    assert lines[-1].startswith("config error: provider.hosts[0].key_path: no such key file")
+    assert lines[-1].startswith("config error: provider.hosts.0.key_path: no such key file")
     assert "Traceback" not in proc.stderr
