@@ -14,6 +14,8 @@ KINDS = frozenset({
     "worker_failure", "failure", "train_end",
     # transient servers (issue 4): see trainer/loop.py and trainer/control.py for the fields
     "worker_steps", "worker_rejoined", "protocol_switch", "preemption_notice",
+    # performance and recovery (issues 11, 12): trainer/loop.py, trainer/startup.py
+    "steps_per_closure", "startup", "checkpoint_skipped", "worker_unresponsive",
 })
 
 _identity: dict[str, Any] = {"role": "unknown", "index": 0}

@@ -26,6 +26,9 @@ Events (besides step/worker_steps/worker_failure/worker_rejoined, trainer/meter.
   in force, `scheduled` the phase's own); `phase_end` `{"protocol", "step", "phase",
   "wall_s", "switch_s"}`.
 - `protocol_switch` `{"from", "to", "step", "switch_s", "detect_s", "reason": "control"}`.
+- `steps_per_closure` `{"steps", "auto", "step_time_s"}`: ASP steps per worker closure,
+  fixed by the job (`auto` false) or chosen after the first chunk from its median on-worker
+  step time (trainer/protocols.py).
 - `checkpoint` `{"step", "path", "duration_s", "reason"}`, reason one of "schedule" (the
   job's checkpoint/eval frequency), "control", "notice" (this host's preemption notice),
   "final".
@@ -145,7 +148,15 @@ def _train(spec: TrainerSpec, tf: Any, strategy: Any, coordinator: Any,
 
     asp_step, bsp_accumulate, bsp_apply = build_steps(strategy, model, optimizer, job, v,
                                                       spec.stragglers)
-    runners = {"asp": asp_runner(coordinator, asp_step, (iterator, worker_ids), workers),
+    def chosen(steps: int, step_time_s: float) -> None:
+        events.emit("steps_per_closure", steps=steps, auto=True,
+                    step_time_s=round(step_time_s, 5))
+
+    if job.steps_per_closure:
+        events.emit("steps_per_closure", steps=job.steps_per_closure, auto=False,
+                    step_time_s=None)
+    runners = {"asp": asp_runner(coordinator, asp_step, (iterator, worker_ids), workers,
+                                 job.steps_per_closure, chosen),
                "bsp": bsp_runner(coordinator, bsp_accumulate, bsp_apply,
                                  (iterator, worker_ids), workers)}
     writer = tf.summary.create_file_writer(str(run_dir / "tensorboard" / "train"))

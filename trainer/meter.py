@@ -2,8 +2,8 @@
 
 - `step` `{"step", "loss", "steps_per_sec", "lr"}` at most every `report_every_s`.
 - `worker_steps` `{"worker", "step_time_s", "steps"}` at the same time, one per worker seen in
-  the sample: the mean on-worker step time (trainer/protocols.py) over the last
-  SAMPLE_CLOSURES finished closures since the previous report. Closure results are already
+  the sample: the mean on-worker step time (trainer/protocols.py) over the steps of the last
+  SAMPLE_CLOSURES finished closures since the previous report; `steps` counts those steps. Closure results are already
   copied to the chief by the coordinator, so reading them costs no RPC.
 - `worker_failure` `{"worker", "error"}` when the coordinator logs a worker's failure, and
   `worker_rejoined` `{"worker"}` when it has re-created that worker's resources after the
@@ -47,7 +47,7 @@ class Meter:
         self.sample.clear()
 
     def add(self, results: list[Any]) -> None:
-        """Remember finished closures' RemoteValues `[loss, worker_id, step_time_s]`."""
+        """Remember finished closures' RemoteValues `[loss, worker_id, step_time_s, steps]`."""
         if results:
             self.sample.extend(results)
             self.last = results[-1]
@@ -73,18 +73,20 @@ class Meter:
         self.last_time, self.last_step = now, step
 
     def _worker_steps(self, step: int) -> None:
-        times: dict[int, list[float]] = {}
+        times: dict[int, list[float]] = {}  # worker -> [seconds, steps]
         for remote in self.sample:
             fetched = fetch_or_none(remote)  # None: computed on a worker that is gone now
             if fetched is None:
                 continue
-            _, worker, seconds = fetched
-            times.setdefault(int(worker), []).append(float(seconds))
+            _, worker, seconds, steps = fetched
+            total = times.setdefault(int(worker), [0.0, 0.0])
+            total[0] += float(seconds) * float(steps)
+            total[1] += float(steps)
         self.sample.clear()
-        for worker, values in sorted(times.items()):
-            mean = sum(values) / len(values)
+        for worker, (seconds, steps) in sorted(times.items()):
+            mean = seconds / max(steps, 1.0)
             events.emit("worker_steps", worker=worker, step_time_s=round(mean, 5),
-                        steps=len(values), step=step)
+                        steps=int(steps), step=step)
             with self.writer.as_default():
                 write_scalar(f"worker_step_time_s/{worker}", mean, step)
 

@@ -103,7 +103,8 @@ def validate_job(cfg: ExperimentConfig) -> None:
     _positive("job.train_steps", j.train_steps)
     _positive("job.batch_size", j.batch_size)
     _positive("job.keep_checkpoints", j.keep_checkpoints)
-    for key in ("checkpoint_frequency", "eval_frequency", "warmup_steps", "weight_decay"):
+    for key in ("checkpoint_frequency", "eval_frequency", "warmup_steps", "weight_decay",
+                "steps_per_closure"):
         _positive(f"job.{key}", getattr(j, key), minimum=0)
     if j.learning_rate <= 0:
         raise ConfigError("job.learning_rate", f"must be > 0 (got {j.learning_rate:g})")

@@ -65,7 +65,8 @@ def write_control(path: Path, **fields: object) -> None:
 
 
 def test_asp_reaches_accuracy(cluster: LocalCluster, tmp_path: Path) -> None:
-    """Also: per-worker step times, with an injected straggler on worker 1 for a while."""
+    """Also: per-worker step times, with an injected straggler on worker 1 for a while, and
+    the automatic steps per closure (1 while the straggler's 0.15 s steps are measured)."""
     spec, _ = spec_for(cluster, tmp_path / "asp", [PhaseSpec("asp", 800)], eval_frequency=400)
     spec.stragglers = [StragglerSpec(workers=[1], delay_s=0.15, start_step=0, end_step=250)]
     path = spec.to_json(tmp_path / "asp" / "trainer_spec.json")
@@ -79,7 +80,9 @@ def test_asp_reaches_accuracy(cluster: LocalCluster, tmp_path: Path) -> None:
     assert statistics.median(during[1]) > 0.15, during  # the injected delay, on the worker
     assert statistics.median(during[1]) > 3 * statistics.median(during[0]), during
     assert statistics.median(after[1]) < 0.1, after  # the episode ended at step 250
-    kinds = [e["kind"] for e in chief.events]
+    chosen = chief.of_kind("steps_per_closure")
+    assert len(chosen) == 1 and chosen[0]["auto"] and chosen[0]["steps"] >= 1, chosen
+    kinds = [e["kind"] for e in chief.events if e["kind"] != "steps_per_closure"]
     assert kinds[0] == "train_start" and kinds[-1] == "train_end"
     assert chief.of_kind("train_start")[0]["workers"] == WORKERS
     assert {"step", "checkpoint", "phase_start", "phase_end"} <= set(kinds)
@@ -100,6 +103,26 @@ def test_bsp_aggregates_one_gradient_per_worker(cluster: LocalCluster, tmp_path:
     done = json.loads((tmp_path / "bsp" / "checkpoints" / "DONE").read_text())
     assert done["step"] == 400 and done["bsp_updates"] == 400
     assert done["bsp_gradients"] == WORKERS * done["bsp_updates"]  # exactly W per step
+    assert final_eval(evaluator)["accuracy"] >= 0.9
+
+
+def test_steps_per_closure_keeps_budgets_and_bsp_exact(cluster: LocalCluster,
+                                                        tmp_path: Path) -> None:
+    """8 ASP steps per closure: the phase boundaries still fall on their exact steps (odd
+    targets force a short last closure), BSP between them still applies one update per step
+    from one gradient per worker, and per-worker step times are still reported."""
+    phases = [PhaseSpec("asp", 203), PhaseSpec("bsp", 260), PhaseSpec("asp", 421)]
+    _, path = spec_for(cluster, tmp_path / "spc", phases, steps_per_closure=8)
+    chief, evaluator = cluster.train(spec_path=path, timeout=150)
+    chosen = chief.of_kind("steps_per_closure")
+    assert [(c["steps"], c["auto"]) for c in chosen] == [(8, False)], chosen
+    ends = chief.of_kind("phase_end")
+    assert [e["step"] for e in ends] == [203, 260, 421], ends  # exact, no overshoot
+    done = json.loads((tmp_path / "spc" / "checkpoints" / "DONE").read_text())
+    assert done["bsp_updates"] == 57 and done["bsp_gradients"] == WORKERS * 57
+    timings = chief.of_kind("worker_steps")
+    assert {t["worker"] for t in timings} == {0, 1} and all(
+        0 < t["step_time_s"] < 1 for t in timings), timings
     assert final_eval(evaluator)["accuracy"] >= 0.9
 
 
