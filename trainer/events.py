@@ -28,6 +28,11 @@ def set_identity(role: str, index: int) -> None:
     _identity["index"] = int(index)
 
 
+def role() -> str:
+    """The role set by `set_identity` (for log prefixes)."""
+    return str(_identity["role"])
+
+
 def emit(kind: str, **fields: Any) -> dict[str, Any]:
     """Print one event line and return the record (handy for tests).
 

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from trainer_harness import LocalCluster, Role, make_spec
 
+from trainer.checkpoints import checkpoint_paths
 from trainer.spec import PhaseSpec, StragglerSpec, TrainerSpec
 
 pytestmark = pytest.mark.slow
@@ -183,10 +184,17 @@ def test_resume_continues_from_checkpoint(cluster: LocalCluster, tmp_path: Path)
     chief, _ = cluster.train(spec_path=first, evaluator=False, timeout=120)
     reached = chief.of_kind("train_end")[0]["step"]
     assert reached >= 200
+    # the final checkpoint is damaged (a host lost mid-write): the next run skips it
+    newest, older = checkpoint_paths(run_dir / "checkpoints")[:2]
+    assert newest.endswith(f"ckpt-{reached}")
+    for shard in (run_dir / "checkpoints").glob(f"ckpt-{reached}.data-*"):
+        shard.write_bytes(shard.read_bytes()[:100])
     _, longer = spec_for(cluster, run_dir, [PhaseSpec("asp", 400)], checkpoint_frequency=100)
     chief, _ = cluster.train(spec_path=longer, evaluator=False, timeout=120)
+    skipped = chief.of_kind("checkpoint_skipped")
+    assert [(s["path"], s["used"]) for s in skipped] == [(newest, older)], chief.tail()
     start = chief.of_kind("train_start")[0]
-    assert start["step"] == reached and start["resumed_from"].endswith(f"ckpt-{reached}")
+    assert start["resumed_from"] == older and start["step"] == int(older.rsplit("-", 1)[1])
     assert chief.of_kind("train_end")[0]["step"] >= 400
     assert "resumed from" in chief.tail(200)
 
