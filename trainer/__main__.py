@@ -15,14 +15,21 @@ trainer/control.py): restart the cluster, the new chief resumes from the latest 
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import os
 import signal
 import sys
 import traceback
 from types import FrameType
 
+# Pings only while a call is in flight (permit_without_calls=0): a hung or vanished worker
+# always holds a closure's call, so it is still declared lost ~10 s after it stops answering.
+# TF's gRPC servers take no channel arguments, so they keep gRPC's server defaults (a ping
+# on a connection without calls counts as abuse; three draw `GOAWAY too_many_pings`, and
+# each GOAWAY doubles the client's keepalive time: detection drifted to ~80 s). Pinging
+# idle connections was what broke that agreement.
 GRPC_KEEPALIVE = ("grpc.keepalive_time_ms=5000,grpc.keepalive_timeout_ms=5000,"
-                  "grpc.keepalive_permit_without_calls=1,grpc.http2.max_pings_without_data=0")
+                  "grpc.keepalive_permit_without_calls=0,grpc.http2.max_pings_without_data=0")
 ROLES = ("ps", "worker", "chief", "evaluator")
 EXIT_SIGTERM = 143  # 128 + SIGTERM, what a shell reports for a process ended by TERM
 # The evaluator is a side-car: on a shared host its TensorFlow import and evaluations must
@@ -65,6 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TF_GRPC_DEFAULT_OPTIONS", GRPC_KEEPALIVE)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     signal.signal(signal.SIGTERM, _on_sigterm)
+    faulthandler.register(signal.SIGUSR1)  # `kill -USR1 PID`: every thread's stack to stderr
 
     from trainer import events
     from trainer.control import watch_preemption_notice

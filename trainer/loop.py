@@ -19,8 +19,8 @@ step = 1/N for the N workers of the spec; `control.Budget`). A phase ends when i
 used up, so without overrides the global-step targets in `spec.phases` are hit exactly. The
 units used are checkpointed, so a resumed run continues the same accounting.
 
-Events (besides step/worker_steps/worker_failure/worker_rejoined, trainer/meter.py, and
-`startup`, trainer/startup.py):
+Events (besides step/worker_steps/worker_failure/worker_rejoined, trainer/meter.py,
+`startup`, trainer/startup.py, and `worker_unresponsive`, trainer/heartbeat.py):
 - `train_start` `{"step", "workers", "resumed_from"}`: the step resumed from (0 when fresh)
   and the checkpoint path (null when fresh): the newest that restores; each newer damaged
   one is reported first as `checkpoint_skipped` (trainer/checkpoints.py).
@@ -49,6 +49,7 @@ from typing import Any
 
 from trainer import control, events
 from trainer.checkpoints import checkpoint_paths, restore_newest
+from trainer.heartbeat import start_heartbeats
 from trainer.meter import Meter, WorkerFailureEvents, watch_rejoins
 from trainer.models import build_model
 from trainer.optim import PSOptimizer, lr_at
@@ -98,6 +99,7 @@ def train(spec: TrainerSpec) -> None:
     coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
     logging.getLogger("tensorflow").addHandler(WorkerFailureEvents())
     watch_rejoins(coordinator)
+    start_heartbeats(tf, workers)
     try:
         _train(spec, tf, strategy, coordinator, notice, arrays)
     except Exception as exc:

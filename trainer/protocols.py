@@ -35,6 +35,7 @@ from trainer.spec import StragglerSpec
 
 CLOSURES_PER_CHUNK_PER_WORKER = 8  # ASP closures scheduled between two host syncs
 MIN_CLOSURES_PER_CHUNK_PER_WORKER = 2  # with several steps per closure: keep double-buffering
+CHUNK_POLL_S = 0.005  # how often the chief re-counts a chunk's unfinished closures
 UNKNOWN_WORKER = -1
 # Automatic steps per closure: a closure should last about this long on its worker, so the
 # chief's per-closure cost (a few ms of Python and RPC) stays a small share of it, while a
@@ -264,6 +265,8 @@ def asp_runner(coordinator: Any, asp_step: Callable, args: tuple, workers: int,
         if on_choice is not None:
             on_choice(state["k"], step_time)
 
+    lagging: list[Any] = []  # closures of earlier chunks not finished when those were
+
     def run(n: int) -> tuple[int, list[Any]]:
         k = state["k"] or 1
         per_worker = max(MIN_CLOSURES_PER_CHUNK_PER_WORKER, CLOSURES_PER_CHUNK_PER_WORKER // k)
@@ -274,21 +277,53 @@ def asp_runner(coordinator: Any, asp_step: Callable, args: tuple, workers: int,
             scheduled += size
         done: list[Any] = []
         if previous:
-            done = previous.pop()
-            fetch_or_none(done[-1])  # waits for the previous chunk; a tiny scalar transfer
+            done, late = wait_for_chunk(previous.pop() + lagging, workers)
+            lagging[:] = late
         previous.append(current)
         if scheduled == n:  # end of a stretch: drain so that the global step is exact
             done += drain()
         if not state["k"] and done:
-            choose(done)
+            state["chunks"] = state.get("chunks", 0) + 1
+            if state["chunks"] > 1:  # the first chunk's steps include the workers' warm-up
+                choose(done)
         return scheduled, done
 
     def drain() -> list[Any]:
         coordinator.join()
-        return previous.pop() if previous else []
+        done = (previous.pop() if previous else []) + lagging
+        lagging.clear()
+        return done
 
     run.drain = drain  # type: ignore[attr-defined]
     return run
+
+
+def finished(remote: Any) -> bool:
+    """Whether a closure's RemoteValue has its result (or its error) without waiting.
+    Private TF state; where it moved, everything counts as finished once waited for."""
+    event = getattr(remote, "_status_available_event", None)
+    return True if event is None else event.is_set()
+
+
+def wait_for_chunk(chunk: list[Any], workers: int) -> tuple[list[Any], list[Any]]:
+    """Wait until the closures of `chunk` are finished except at most one per other worker
+    (`workers - 1`); returns (finished, still running).
+
+    A worker that hangs without dying (SIGSTOP, a frozen host) holds its closure until gRPC
+    keepalive declares it lost (~10 s); waiting for every closure would stall the chief and
+    so every other worker for that long. The ones left behind are carried to the next
+    chunk, so at most `workers - 1` are ever outstanding beyond the double buffer.
+    """
+    if getattr(chunk[-1], "_status_available_event", None) is None:
+        fetch_or_none(chunk[-1])  # TF internals moved: wait for the chunk's last closure
+        return chunk, []
+    allowed = workers - 1
+    while True:
+        running = [r for r in chunk if not finished(r)]
+        if len(running) <= allowed:
+            late = {id(r) for r in running}
+            return [r for r in chunk if id(r) not in late], running
+        running[0]._status_available_event.wait(CHUNK_POLL_S)
 
 
 def bsp_runner(coordinator: Any, accumulate: Callable, apply: Callable, args: tuple,
