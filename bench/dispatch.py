@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -33,29 +32,20 @@ MEASURE_S = 3.0  # seconds per measurement
 STEP_TIMES_MS = (5, 20, 50, 200)  # step times at which the reading is given
 
 
-def _free_ports(n: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(n)]
-    for s in sockets:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in sockets]
-    for s in sockets:
-        s.close()
-    return ports
-
-
 def measure(workers: int) -> dict[str, Any]:
     """In this process: a 1-PS cluster of `workers` in-process workers; steps/s for one and
     MANY steps per closure, REPEATS times each."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     import tensorflow as tf
 
+    from provisioning.local import reserve_port
     from trainer.protocols import asp_runner
 
     # in-process servers share this process's inter-op pool; a worker's function blocks a
     # thread on its PS RPC, so a pool as small as the core count deadlocks them
     threads = 4 * workers + 8
     tf.config.threading.set_inter_op_parallelism_threads(threads)
-    ports = [f"127.0.0.1:{p}" for p in _free_ports(workers + 2)]
+    ports = [f"127.0.0.1:{reserve_port()}" for _ in range(workers + 2)]
     cluster = tf.train.ClusterSpec({"ps": ports[:1], "worker": ports[1:workers + 1],
                                     "chief": ports[workers + 1:]})
     config = tf.compat.v1.ConfigProto(inter_op_parallelism_threads=threads)
