@@ -1,63 +1,54 @@
-"""The chief's heartbeat to every worker: keeps gRPC keepalive honest, names a hung worker.
+"""The chief's heartbeat to every worker: names a worker that hangs without dying.
 
-Two problems, one cure:
+A worker that stops answering (SIGSTOP, a frozen host) keeps its TCP connections open, so
+nothing fails fast; the coordinator only learns of it through gRPC keepalive, which TF's
+servers undermine (they take no channel arguments, keep gRPC's server ping policy and answer
+frequent pings with `GOAWAY too_many_pings`, which doubles the client's keepalive time).
+Every HEARTBEAT_S the chief calls the worker's cheapest RPC (`WorkerService/GetStatus`) on
+its own gRPC channel, with a deadline of UNRESPONSIVE_S; when the deadline passes,
+`worker_unresponsive` `{"worker", "silent_s"}` names the worker (once per episode). A worker
+that refuses connections is lost, not hung: the coordinator reports that
+(`worker_failure`).
 
-- TF's gRPC servers take no channel arguments, so they keep gRPC's server ping policy: a
-  keepalive ping on a connection over which the server has sent nothing since the last one
-  is a strike, and the third draws `GOAWAY too_many_pings`, after which the client doubles
-  its keepalive time. The chief's stream to a worker stays open while the worker idles
-  (start-up, checkpoints, evaluations, BSP barriers), so detection of a hung worker drifted
-  from ~10 s to a minute or more. A tiny op on each worker every HEARTBEAT_S makes the
-  server send data, which clears the strikes: the 5 s keepalive keeps its meaning.
-- A worker that hangs without dying (SIGSTOP, a frozen host) answers nothing. When a beat
-  has waited UNRESPONSIVE_S, `worker_unresponsive` `{"worker", "silent_s"}` names it, well
-  before the coordinator's own `worker_failure` (keepalive: ping 5 s + timeout 5 s).
-
-Each worker has its own daemon thread (a beat to a hung worker blocks its thread only).
+Its own channel, not TensorFlow's: a remote eager op issued from a second thread of the
+chief corrupted the coordinator's requests ("Unable to parse request").
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from typing import Any
 
 from trainer import events
 
 HEARTBEAT_S = 1.0
 UNRESPONSIVE_S = 4.0
+STATUS_RPC = "/tensorflow.WorkerService/GetStatus"  # empty request = valid GetStatusRequest
 
 
-def start_heartbeats(tf: Any, workers: int, period_s: float = HEARTBEAT_S,
+def start_heartbeats(addresses: list[str], period_s: float = HEARTBEAT_S,
                      unresponsive_s: float = UNRESPONSIVE_S) -> None:
-    """Start one beat thread per worker and one watcher (all daemons)."""
-    sent_at: list[float | None] = [None] * workers  # a beat in flight since then
-    reported = [False] * workers
+    """One daemon thread per worker address (index = position in the cluster spec)."""
+    import grpc
 
-    def beat(index: int) -> None:
-        device = f"/job:worker/replica:0/task:{index}/device:CPU:0"
+    def beat(index: int, address: str) -> None:
+        status = grpc.insecure_channel(address).unary_unary(STATUS_RPC)
+        silent_since: float | None = None
         while True:
-            sent_at[index] = time.time()
+            started = time.time()
             try:
-                with tf.device(device):
-                    tf.identity(tf.constant(index)).numpy()  # one round trip to the worker
-            except Exception:  # lost or restarting: the coordinator reports that
-                time.sleep(period_s)
-            sent_at[index] = None
-            reported[index] = False
-            time.sleep(period_s)
+                status(b"", timeout=unresponsive_s)
+                silent_since = None
+            except grpc.RpcError as exc:
+                if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+                    if silent_since is None:
+                        silent_since = started
+                        events.emit("worker_unresponsive", worker=index,
+                                    silent_s=round(time.time() - started, 1))
+                else:
+                    silent_since = None  # refused or restarting: lost, not hung
+            time.sleep(max(0.0, period_s - (time.time() - started)))
 
-    def watch() -> None:
-        while True:
-            time.sleep(period_s / 2)
-            now = time.time()
-            for index, since in enumerate(sent_at):
-                if since is not None and now - since > unresponsive_s and not reported[index]:
-                    reported[index] = True
-                    events.emit("worker_unresponsive", worker=index,
-                                silent_s=round(now - since, 1))
-
-    for index in range(workers):
-        threading.Thread(target=beat, args=(index,), name=f"heartbeat-{index}",
+    for index, address in enumerate(addresses):
+        threading.Thread(target=beat, args=(index, address), name=f"heartbeat-{index}",
                          daemon=True).start()
-    threading.Thread(target=watch, name="heartbeat-watch", daemon=True).start()

@@ -99,7 +99,7 @@ def train(spec: TrainerSpec) -> None:
     coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
     logging.getLogger("tensorflow").addHandler(WorkerFailureEvents())
     watch_rejoins(coordinator)
-    start_heartbeats(tf, workers)
+    start_heartbeats(spec.cluster["worker"])
     try:
         _train(spec, tf, strategy, coordinator, notice, arrays)
     except Exception as exc:
