@@ -7,20 +7,27 @@ next to a baseline taken in the same run where one exists:
   plain single-process TensorFlow loop of the same model and batch;
 * time from the orchestrator command's start to the first training step;
 * dry-run time of every committed experiment;
+* where the start-up goes: each role's `startup` event (trainer/startup.py), median per phase;
 * transient servers: time from a worker kill to throughput back at ≥ 80 % (``replace``), time
-  from a parameter-server kill to training resumed from a checkpoint, and the in-place
-  BSP→ASP switch overhead, each next to the papers' figures.
+  from a parameter-server kill to training resumed from a checkpoint (min / median / max over
+  RECOVERY_REPEATS runs), and the in-place BSP→ASP switch overhead, each next to the papers'
+  figures;
+* the sections of the modules in EXTRA_SECTIONS (each `section() -> list[str]`, measuring when
+  called), appended in order; a missing module or a failing section leaves a note instead.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")  # before the baseline imports TensorFlow
 ROOT = Path(__file__).resolve().parent.parent
@@ -29,6 +36,8 @@ DOC = ROOT / "docs" / "benchmarks.md"
 BENCH_STEPS = 1500  # global steps per throughput run: long enough to amortise start-up
 BASELINE_STEPS = 1500
 ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONUNBUFFERED": "1"}
+RECOVERY_REPEATS = int(os.environ.get("BENCH_RECOVERY_REPEATS", "3"))  # chaos runs (~1 min each)
+EXTRA_SECTIONS = ("bench.dispatch", "bench.ssh", "bench.sim", "bench.gce")
 
 
 def run_orchestrator(tag: str, overrides: list[str]) -> tuple[float, Path]:
@@ -107,18 +116,26 @@ def recovery_times(run_dir: Path) -> dict[str, float | None]:
     return out
 
 
-def measure_transient() -> dict[str, float | None]:
-    """One chaos run (worker kill, then PS kill) and one in-place switch run."""
-    print("transient run: worker and PS kills ...", flush=True)
-    _, run_dir = run_orchestrator("recovery", [
-        "cluster.workers=2", "sync=asp", "job.train_steps=4000",
-        "job.checkpoint_frequency=500", "job.eval_frequency=0", "cluster.ps_transient=true",
-        "revocation=schedule", "revocation.events=[{target: worker-1, at_s: 10.0},"
-        " {target: ps-0, at_s: 30.0}]", "cluster.recovery.on_revocation=replace",
-        "cluster.recovery.replacement_delay_s=0.0", "report_every_s=0.5"])
-    out = recovery_times(run_dir)
-    summary = json.loads((run_dir / "summary.json").read_text())
-    out["lost_steps"] = summary.get("lost_steps")
+def measure_transient() -> dict[str, Any]:
+    """RECOVERY_REPEATS chaos runs (worker kill, then PS kill) and one in-place switch run;
+    each recovery figure is the list over the repeats."""
+    out: dict[str, Any] = {"worker_recovery_s": [], "ps_resume_s": [], "ps_first_step_s": [],
+                           "lost_steps": []}
+    for attempt in range(RECOVERY_REPEATS):
+        print(f"transient run {attempt + 1}/{RECOVERY_REPEATS}: worker and PS kills ...",
+              flush=True)
+        _, run_dir = run_orchestrator(f"recovery{attempt}", [
+            "cluster.workers=2", "sync=asp", "job.train_steps=4000",
+            "job.checkpoint_frequency=500", "job.eval_frequency=0",
+            "cluster.ps_transient=true", "revocation=schedule",
+            "revocation.events=[{target: worker-1, at_s: 10.0}, {target: ps-0, at_s: 30.0}]",
+            "cluster.recovery.on_revocation=replace",
+            "cluster.recovery.replacement_delay_s=0.0", "report_every_s=0.5"])
+        for key, value in recovery_times(run_dir).items():
+            if value is not None:
+                out[key].append(value)
+        out["lost_steps"].append(json.loads((run_dir / "summary.json").read_text()).get(
+            "lost_steps"))
     print("switch run: BSP then ASP in place ...", flush=True)
     _, run_dir = run_orchestrator("switch", [
         "cluster.workers=2", "sync=switch", "job.train_steps=600",
@@ -128,12 +145,48 @@ def measure_transient() -> dict[str, float | None]:
     return out
 
 
+def startup_phases(run_dirs: list[Path]) -> dict[str, dict[str, float]]:
+    """Median seconds per start-up phase per role over the runs' `startup` events."""
+    seen: dict[str, dict[str, list[float]]] = {}
+    for run_dir in run_dirs:
+        for event in events_of(run_dir):
+            if event["kind"] != "startup":
+                continue
+            role = seen.setdefault(event["role"], {})
+            for phase, secs in {**event["phases"], "total": event["total_s"]}.items():
+                role.setdefault(phase, []).append(secs)
+    return {role: {phase: statistics.median(v) for phase, v in phases.items()}
+            for role, phases in seen.items()}
+
+
+def extra_sections() -> list[str]:
+    """The sections of EXTRA_SECTIONS' modules; a note for each missing or failing one."""
+    lines: list[str] = []
+    for name in EXTRA_SECTIONS:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name != name:
+                lines += [f"_Section `{name}` could not be imported: {exc}._", ""]
+            else:
+                print(f"{name}: not present, skipped", flush=True)
+            continue
+        print(f"section {name} ...", flush=True)
+        try:
+            lines += list(module.section())
+        except Exception as exc:  # one broken section must not cost the others
+            lines += [f"_Section `{name}` failed: {type(exc).__name__}: "
+                      f"{str(exc).splitlines()[0] if str(exc) else ''}_", ""]
+    return lines
+
+
 def main() -> int:
     OUT_DIR.mkdir(exist_ok=True)
     print("baseline: single-process TensorFlow loop ...", flush=True)
     baseline = measure_baseline()
     rows = []
     delays = []
+    run_dirs = []
     for protocol in ("asp", "bsp"):
         for workers in (1, 2):
             tag = f"{protocol}_{workers}w"
@@ -144,12 +197,14 @@ def main() -> int:
                 "job.checkpoint_frequency=0"])
             summary = json.loads((run_dir / "summary.json").read_text())
             delays.append(first_step_delay(run_dir))
+            run_dirs.append(run_dir)
             rows.append((protocol, workers, summary["steps_per_sec"], wall,
                          summary["final_accuracy"]))
     print("dry runs ...", flush=True)
     dry = measure_dry_runs()
     transient = measure_transient()
-    write_doc(baseline, rows, delays, dry, transient)
+    extra = extra_sections()
+    write_doc(baseline, rows, delays, dry, transient, startup_phases(run_dirs), extra)
     print(f"wrote {DOC.relative_to(ROOT)}")
     return 0
 
@@ -158,8 +213,17 @@ def _secs(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.1f} s"
 
 
+def _spread(values: list[float]) -> str:
+    """median (min–max, n) of a figure measured several times; n/a if never."""
+    if not values:
+        return "n/a"
+    return (f"{statistics.median(values):.1f} s (min {min(values):.1f}, max {max(values):.1f},"
+            f" n={len(values)})")
+
+
 def write_doc(baseline: float, rows: list[tuple], delays: list[float],
-              dry: dict[str, float], transient: dict[str, float | None]) -> None:
+              dry: dict[str, float], transient: dict[str, Any],
+              startup: dict[str, dict[str, float]], extra: list[str]) -> None:
     lines = [
         "# Benchmarks",
         "",
@@ -190,6 +254,18 @@ def write_doc(baseline: float, rows: list[tuple], delays: list[float],
         "the model. The papers measured 55 s cold / 12 s warm for TF process start alone "
         "(CM-DARE, 2019 stack).",
         "",
+        "Where it goes, per role (median seconds per phase of the `startup` events of the runs "
+        "above, from the OS starting the process; the roles start in parallel, the chief's "
+        "total ends at its first applied step):",
+        "",
+        "| role | total | phases |",
+        "|---|---|---|",
+    ]
+    for role, phases in sorted(startup.items()):
+        parts = ", ".join(f"{k} {v:.2f}" for k, v in phases.items() if k != "total")
+        lines.append(f"| {role} | {phases.get('total', 0):.2f} | {parts} |")
+    lines += [
+        "",
         "## Dry run of every committed experiment",
         "",
         "| experiment | seconds |",
@@ -201,16 +277,17 @@ def write_doc(baseline: float, rows: list[tuple], delays: list[float],
     lines += [
         "## Transient servers: recovery and switching",
         "",
-        "One local run (2 workers, ASP, checkpoint every 500 steps) whose worker-1 is SIGKILLed "
-        "at 10 s and replaced at once (`replace`, no provisioning delay), and whose parameter "
-        "server is SIGKILLed at 30 s (restart from the latest checkpoint); one BSP→ASP run.",
+        f"{RECOVERY_REPEATS} local runs (2 workers, ASP, checkpoint every 500 steps) whose "
+        "worker-1 is SIGKILLed at 10 s and replaced at once (`replace`, no provisioning delay), "
+        "and whose parameter server is SIGKILLed at 30 s (restart from the latest checkpoint); "
+        "one BSP→ASP run.",
         "",
         "| figure | ours (local) | the papers (GCE) |",
         "|---|---|---|",
-        f"| worker kill → throughput back at ≥ 80 % | {_secs(transient['worker_recovery_s'])} "
+        f"| worker kill → throughput back at ≥ 80 % | {_spread(transient['worker_recovery_s'])} "
         "| replacement VM ready 66–78 s + TF warm start 12 s (CM-DARE) |",
-        f"| PS kill → training resumed from checkpoint | {_secs(transient['ps_resume_s'])} "
-        f"(first step at {_secs(transient['ps_first_step_s'])}; "
+        f"| PS kill → training resumed from checkpoint | {_spread(transient['ps_resume_s'])} "
+        f"(first step at {_spread(transient['ps_first_step_s'])}; "
         f"{transient.get('lost_steps')} steps redone) | chief restart overhead 19–254 s "
         "(CM-DARE); ICAC'19 aborted the run |",
         f"| BSP→ASP switch overhead | {_secs(switch) if switch is None else f'{switch:.3f} s'} "
@@ -221,6 +298,7 @@ def write_doc(baseline: float, rows: list[tuple], delays: list[float],
         "lowers the cluster's throughput (the survivors get its CPU), so the first figure "
         "mostly measures how fast the coordinator reschedules the lost worker's closures.",
         "",
+        *extra,
     ]
     DOC.write_text("\n".join(lines))
 

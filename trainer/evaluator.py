@@ -13,9 +13,11 @@ from pathlib import Path
 from typing import Any
 
 from trainer import events, layout
+from trainer.checkpoints import checkpoint_paths, restore_newest
 from trainer.models import build_model
 from trainer.problems import eval_dataset, get_problem
 from trainer.spec import TrainerSpec
+from trainer.startup import STARTUP
 from trainer.summaries import write_scalar
 
 POLL_INTERVAL_S = 0.5
@@ -31,6 +33,7 @@ def run_evaluator(spec: TrainerSpec, max_wait_s: float | None = None) -> dict[st
     """
     import tensorflow as tf
 
+    STARTUP.mark("import_tf")
     job = spec.job
     ckpt_dir = Path(spec.layout.checkpoints)
     arrays = get_problem(job.problem).load(job.data_dir, job.seed)
@@ -38,6 +41,7 @@ def run_evaluator(spec: TrainerSpec, max_wait_s: float | None = None) -> dict[st
     dataset = eval_dataset(arrays)
     writer = tf.summary.create_file_writer(spec.layout.tensorboard("eval"))
     events.emit("ready", address=None)
+    STARTUP.done("model")
 
     @tf.function
     def batch_metrics(images: Any, labels: Any) -> tuple[Any, Any]:
@@ -65,6 +69,15 @@ def run_evaluator(spec: TrainerSpec, max_wait_s: float | None = None) -> dict[st
         return events.emit("eval", step=step, accuracy=round(accuracy, 5),
                            loss=round(mean_loss, 5), final=final, checkpoint=path)
 
+    def evaluate_newest(candidates: list[str], final: bool) -> dict[str, Any] | None:
+        """Evaluate the newest candidate that restores (damaged ones are skipped)."""
+        result: dict[str, Any] = {}
+
+        def run(path: str) -> None:
+            result.update(evaluate(path, _step_of(path), final))
+
+        return result if restore_newest(run, candidates) else None
+
     started, last_path, last_event = time.time(), None, None
     while True:
         done = _read_done(ckpt_dir)
@@ -73,15 +86,18 @@ def run_evaluator(spec: TrainerSpec, max_wait_s: float | None = None) -> dict[st
                 fields = {k: v for k, v in last_event.items()
                           if k not in ("kind", "time", "role", "index", "final")}
                 return events.emit("eval", **fields, final=True)
-            return evaluate(done["checkpoint"], int(done["step"]), final=True)
+            final = done["checkpoint"]
+            older = [p for p in checkpoint_paths(ckpt_dir) if _step_of(p) < _step_of(final)]
+            result = evaluate_newest([final, *older], final=True)
+            if result is None:
+                raise RuntimeError(f"no checkpoint in {ckpt_dir} restores (see the "
+                                   "checkpoint_skipped events)")
+            return result
         latest = tf.train.latest_checkpoint(str(ckpt_dir))
         if latest and latest != last_path:
-            try:
-                last_event = evaluate(latest, _step_of(latest), final=False)
-            except (tf.errors.NotFoundError, tf.errors.DataLossError) as exc:
-                # rotated away (keep_checkpoints) or still being written: try the next one
-                print(f"[evaluator] skipped {latest}: {type(exc).__name__}", flush=True)
-                last_event = None
+            # a damaged one is skipped (event); one rotated away (keep_checkpoints) or still
+            # being written is tried again at the next new checkpoint
+            last_event = evaluate_newest([latest], final=False)
             last_path = latest
         if max_wait_s is not None and time.time() - started > max_wait_s:
             raise TimeoutError(f"no {DONE_MARKER} in {ckpt_dir} after {max_wait_s:.0f} s")

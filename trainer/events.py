@@ -15,6 +15,8 @@ KINDS = frozenset({
     "worker_failure", "failure", "train_end",
     # transient servers (issue 4): see trainer/loop.py and trainer/control.py for the fields
     "worker_steps", "worker_rejoined", "protocol_switch", "preemption_notice",
+    # performance and recovery (issues 11, 12): trainer/loop.py, trainer/startup.py
+    "steps_per_closure", "startup", "checkpoint_skipped", "worker_unresponsive",
 })
 
 _identity: dict[str, Any] = {"role": "unknown", "index": 0}
@@ -25,6 +27,11 @@ def set_identity(role: str, index: int) -> None:
     """Record who this process is; every later event carries `role` and `index`."""
     _identity["role"] = role
     _identity["index"] = int(index)
+
+
+def role() -> str:
+    """The role set by `set_identity` (for log prefixes)."""
+    return str(_identity["role"])
 
 
 def emit(kind: str, **fields: Any) -> dict[str, Any]:

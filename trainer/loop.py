@@ -19,13 +19,18 @@ step = 1/N for the N workers of the spec; `control.Budget`). A phase ends when i
 used up, so without overrides the global-step targets in `spec.phases` are hit exactly. The
 units used are checkpointed, so a resumed run continues the same accounting.
 
-Events (besides step/worker_steps/worker_failure/worker_rejoined, trainer/meter.py):
+Events (besides step/worker_steps/worker_failure/worker_rejoined, trainer/meter.py,
+`startup`, trainer/startup.py, and `worker_unresponsive`, trainer/heartbeat.py):
 - `train_start` `{"step", "workers", "resumed_from"}`: the step resumed from (0 when fresh)
-  and the checkpoint path (null when fresh).
+  and the checkpoint path (null when fresh): the newest that restores; each newer damaged
+  one is reported first as `checkpoint_skipped` (trainer/checkpoints.py).
 - `phase_start` `{"protocol", "scheduled", "step", "phase", "hparams"}` (`protocol` is the one
   in force, `scheduled` the phase's own); `phase_end` `{"protocol", "step", "phase",
   "wall_s", "switch_s"}`.
 - `protocol_switch` `{"from", "to", "step", "switch_s", "detect_s", "reason": "control"}`.
+- `steps_per_closure` `{"steps", "auto", "step_time_s"}`: ASP steps per worker closure,
+  fixed by the job (`auto` false) or chosen after the first chunk from its median on-worker
+  step time (trainer/protocols.py).
 - `checkpoint` `{"step", "path", "duration_s", "reason"}`, reason one of "schedule" (the
   job's checkpoint/eval frequency), "control", "notice" (this host's preemption notice),
   "final".
@@ -43,12 +48,15 @@ from pathlib import Path
 from typing import Any
 
 from trainer import control, events, layout
+from trainer.checkpoints import checkpoint_paths, restore_newest
+from trainer.heartbeat import start_heartbeats
 from trainer.meter import Meter, WorkerFailureEvents, watch_rejoins
 from trainer.models import build_model
 from trainer.optim import PSOptimizer, lr_at
 from trainer.problems import get_problem, train_dataset
 from trainer.protocols import asp_runner, bsp_runner, build_steps, per_worker_ids
 from trainer.spec import PhaseSpec, TrainerSpec
+from trainer.startup import STARTUP
 
 SERVER_WAIT_S = 120.0  # how long to wait for ps/worker ports before giving up
 DONE_MARKER = layout.DONE_MARKER
@@ -65,6 +73,7 @@ def train(spec: TrainerSpec) -> None:
     """
     import tensorflow as tf
 
+    STARTUP.mark("import_tf")
     job, workers = spec.job, spec.num_workers
     print(f"[chief] run {spec.run_id}: {workers} workers x batch {job.batch_size} = "
           f"{workers * job.batch_size} samples per BSP step; phases "
@@ -73,8 +82,16 @@ def train(spec: TrainerSpec) -> None:
           flush=True)
     notice = control.watch_preemption_notice()
 
+    # Work that needs no server first: the servers are still importing TensorFlow, so this
+    # overlaps their start instead of following it (start-up, trainer/startup.py).
+    import keras  # noqa: F401  (imported lazily by TF; seconds of CPU)
+
+    arrays = get_problem(job.problem).load(job.data_dir, job.seed)
+    STARTUP.mark("data")
+
     # cluster: connect to the parameter servers and workers
     wait_for_servers(spec)
+    STARTUP.mark("wait_servers")
     control.start_ps_watchdog(spec.cluster["ps"])
     resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
         tf.train.ClusterSpec(spec.cluster), task_type="chief", task_id=0, rpc_layer="grpc")
@@ -82,8 +99,9 @@ def train(spec: TrainerSpec) -> None:
     coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
     logging.getLogger("tensorflow").addHandler(WorkerFailureEvents())
     watch_rejoins(coordinator)
+    start_heartbeats(spec.cluster["worker"])
     try:
-        _train(spec, tf, strategy, coordinator, notice)
+        _train(spec, tf, strategy, coordinator, notice, arrays)
     except Exception as exc:
         if "job:ps" in str(exc) or "PSUnavailable" in type(exc).__name__ or (
                 control.unreachable(spec.cluster["ps"])):
@@ -92,15 +110,15 @@ def train(spec: TrainerSpec) -> None:
 
 
 def _train(spec: TrainerSpec, tf: Any, strategy: Any, coordinator: Any,
-           notice: control.NoticeWatcher) -> None:
+           notice: control.NoticeWatcher, arrays: Any) -> None:
     job, workers = spec.job, spec.num_workers
     ckpt_dir = Path(spec.layout.checkpoints)  # the checkpoint store the spec names
     save_every = [f for f in (job.checkpoint_frequency, job.eval_frequency) if f > 0]
     budget = control.Budget(spec.phases, workers)
     channel = control.ControlChannel(spec.control_path)
 
-    # data: arrays are loaded here and shipped inside the per-worker dataset function
-    arrays = get_problem(job.problem).load(job.data_dir, job.seed)
+    # data: the arrays (loaded in `train`) are shipped inside the per-worker dataset function
+    STARTUP.mark("connect")
     iterator = iter(coordinator.create_per_worker_dataset(
         lambda: train_dataset(arrays, job.batch_size)))
     worker_ids = per_worker_ids(coordinator, workers)
@@ -134,9 +152,10 @@ def _train(spec: TrainerSpec, tf: Any, strategy: Any, coordinator: Any,
         **optimizer.checkpoint_items())
     manager = tf.train.CheckpointManager(checkpoint, str(ckpt_dir),
                                          max_to_keep=job.keep_checkpoints)
-    resumed_from = manager.latest_checkpoint
+    resumed_from = restore_newest(
+        lambda path: checkpoint.restore(path).assert_existing_objects_matched(),
+        checkpoint_paths(ckpt_dir))
     if resumed_from:
-        checkpoint.restore(resumed_from).assert_existing_objects_matched()
         print(f"[chief] resumed from {resumed_from}", flush=True)
     (ckpt_dir / DONE_MARKER).unlink(missing_ok=True)  # a longer run resumed from a done one
     ckpt_dir.mkdir(parents=True, exist_ok=True)
@@ -144,7 +163,15 @@ def _train(spec: TrainerSpec, tf: Any, strategy: Any, coordinator: Any,
 
     asp_step, bsp_accumulate, bsp_apply = build_steps(strategy, model, optimizer, job, v,
                                                       spec.stragglers)
-    runners = {"asp": asp_runner(coordinator, asp_step, (iterator, worker_ids), workers),
+    def chosen(steps: int, step_time_s: float) -> None:
+        events.emit("steps_per_closure", steps=steps, auto=True,
+                    step_time_s=round(step_time_s, 5))
+
+    if job.steps_per_closure:
+        events.emit("steps_per_closure", steps=job.steps_per_closure, auto=False,
+                    step_time_s=None)
+    runners = {"asp": asp_runner(coordinator, asp_step, (iterator, worker_ids), workers,
+                                 job.steps_per_closure, chosen),
                "bsp": bsp_runner(coordinator, bsp_accumulate, bsp_apply,
                                  (iterator, worker_ids), workers)}
     writer = tf.summary.create_file_writer(spec.layout.tensorboard("train"))
@@ -197,6 +224,8 @@ def _train(spec: TrainerSpec, tf: Any, strategy: Any, coordinator: Any,
         account(results)
         return time.time()
 
+    runners["asp"].warm()  # type: ignore[attr-defined]  # the trace, before the clock starts
+    STARTUP.mark("model")
     train_started = time.time()
     v.train_epoch.assign(train_started)
     start_step = P.step
@@ -216,6 +245,7 @@ def _train(spec: TrainerSpec, tf: Any, strategy: Any, coordinator: Any,
         v.phase_index.assign(index)
         phase_started, phase_start_step = time.time(), P.step
         switched = switch_to(channel.state.protocol or scheduled)
+        STARTUP.done("first_step")
         if previous_phase:
             events.emit("phase_end", **previous_phase,
                         switch_s=round(switched - switch_started, 3))

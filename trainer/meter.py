@@ -2,9 +2,10 @@
 
 - `step` `{"step", "loss", "steps_per_sec", "lr"}` at most every `report_every_s`.
 - `worker_steps` `{"worker", "step_time_s", "steps"}` at the same time, one per worker seen in
-  the sample: the mean on-worker step time (trainer/protocols.py) over the last
-  SAMPLE_CLOSURES finished closures since the previous report. Closure results are already
-  copied to the chief by the coordinator, so reading them costs no RPC.
+  the sample: the mean on-worker step time (trainer/protocols.py) over the steps of the last
+  SAMPLE_CLOSURES finished closures since the previous report; `steps` counts those steps.
+  Emitted by a fetcher thread, so it may trail its `step` event: a closure's result stays on
+  its worker until fetched (see `Meter.observe`).
 - `worker_failure` `{"worker", "error"}` when the coordinator logs a worker's failure, and
   `worker_rejoined` `{"worker"}` when it has re-created that worker's resources after the
   worker came back (same address, new process).
@@ -12,8 +13,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import queue
 import re
+import threading
 import time
 from collections import deque
 from collections.abc import Callable
@@ -41,50 +45,81 @@ class Meter:
         self.last_time, self.last_step = time.time(), step
         self.sample: deque[Any] = deque(maxlen=max(SAMPLE_CLOSURES, 8 * spec.num_workers))
         self.last: Any = None
+        self.loss: float | None = None  # the newest loss fetched
+        self._jobs: queue.Queue[tuple[int, list[Any], Any]] = queue.Queue(maxsize=1)
+        threading.Thread(target=self._fetcher, name="meter-fetch", daemon=True).start()
 
     def restart(self, step: int) -> None:
         self.last_time, self.last_step = time.time(), step
         self.sample.clear()
 
     def add(self, results: list[Any]) -> None:
-        """Remember finished closures' RemoteValues `[loss, worker_id, step_time_s]`."""
+        """Remember finished closures' RemoteValues `[loss, worker_id, step_time_s, steps]`."""
         if results:
             self.sample.extend(results)
             self.last = results[-1]
 
     def observe(self, read_step: Callable[[], int], results: list[Any],
                 force: bool = False) -> None:
+        """Emit `step` now (rate from the PS step counter) and hand the closure results to
+        the fetcher thread, which emits `worker_steps`.
+
+        A closure's result stays on its worker until fetched: a worker that hangs without
+        dying (SIGSTOP) blocks a fetch until keepalive declares it lost. Fetching on the
+        main thread stalled the whole run for that long; the fetcher only delays reports.
+        `loss` is the newest fetched (the first report, and `force`, fetch here).
+        """
         self.add(results)
         now = time.time()
         if not force and now - self.last_time < self.every_s:
             return
         step = read_step()
         rate = (step - self.last_step) / max(now - self.last_time, 1e-9)
-        fetched = fetch_or_none(self.last) if self.last is not None else None
-        value = float(fetched[0]) if fetched is not None else None
+        job = (step, list(self.sample), self.last)
+        self.sample.clear()
+        if force or self.loss is None:
+            self._jobs.join()  # the fetcher is idle: no report is emitted twice or late
+            self._fetch(*job)
+        else:
+            with contextlib.suppress(queue.Full):  # busy on a hung worker: skip this sample
+                self._jobs.put_nowait(job)
         lr = float(f"{self.lr_of(step):.6g}")  # the PS holds float32; drop its noise digits
-        events.emit("step", step=step, loss=value, steps_per_sec=round(rate, 2), lr=lr)
-        self._worker_steps(step)
+        events.emit("step", step=step, loss=self.loss, steps_per_sec=round(rate, 2), lr=lr)
         with self.writer.as_default():
-            if value is not None:
-                write_scalar("loss", value, step)
             write_scalar("steps_per_sec", rate, step)
             write_scalar("learning_rate", lr, step)
         self.last_time, self.last_step = now, step
 
-    def _worker_steps(self, step: int) -> None:
-        times: dict[int, list[float]] = {}
-        for remote in self.sample:
+    def _fetcher(self) -> None:
+        while True:
+            job = self._jobs.get()
+            try:
+                self._fetch(*job)
+            finally:
+                self._jobs.task_done()
+
+    def _fetch(self, step: int, sample: list[Any], last: Any) -> None:
+        fetched = fetch_or_none(last) if last is not None else None
+        if fetched is not None:
+            self.loss = float(fetched[0])
+            with self.writer.as_default():
+                write_scalar("loss", self.loss, step)
+        self._worker_steps(step, sample)
+
+    def _worker_steps(self, step: int, sample: list[Any]) -> None:
+        times: dict[int, list[float]] = {}  # worker -> [seconds, steps]
+        for remote in sample:
             fetched = fetch_or_none(remote)  # None: computed on a worker that is gone now
             if fetched is None:
                 continue
-            _, worker, seconds = fetched
-            times.setdefault(int(worker), []).append(float(seconds))
-        self.sample.clear()
-        for worker, values in sorted(times.items()):
-            mean = sum(values) / len(values)
+            _, worker, seconds, steps = fetched
+            total = times.setdefault(int(worker), [0.0, 0.0])
+            total[0] += float(seconds) * float(steps)
+            total[1] += float(steps)
+        for worker, (seconds, steps) in sorted(times.items()):
+            mean = seconds / max(steps, 1.0)
             events.emit("worker_steps", worker=worker, step_time_s=round(mean, 5),
-                        steps=len(values), step=step)
+                        steps=int(steps), step=step)
             with self.writer.as_default():
                 write_scalar(f"worker_step_time_s/{worker}", mean, step)
 

@@ -7,13 +7,23 @@
   on a survivor by the coordinator, so the barrier never waits on a dead worker; dividing
   by the count (not by the worker count) keeps the average right if that closure ran twice.
 
-Every worker closure returns the float64 vector `[loss, worker_id, step_time_s]`: `worker_id` is the index of
-the worker that ran it (a per-worker resource, re-created by the coordinator when a worker
-comes back) and `step_time_s` is measured with `tf.timestamp()` on the worker, from before
-the batch is read to when the loss (so the gradient) is computed; the update RPCs to the PS
-that follow are not included. It includes an
-injected straggler delay (`spec.stragglers`), which sleeps inside the step on the worker
-(a tf.data sleep: no CPU is burnt; tf.py_function would not run on a remote worker).
+Steps per closure (ASP): one closure may run several steps in a loop on its worker, each
+with its own batch, gradient and update, exactly as if they had been scheduled one by one:
+the chief's cost per closure (Python dispatch, one RPC round) is then paid once per K steps.
+`job.steps_per_closure` fixes K; 0 picks it from the measured on-worker step time so that a
+closure lasts about TARGET_CLOSURE_S (`auto_steps_per_closure`). The count is a tensor
+argument, so a short last closure keeps budgets exact without a retrace. BSP keeps one step
+per closure: its barrier (one gradient from every worker before one update) sits between
+two steps, and only the chief can hold it without an in-graph cross-worker lock.
+
+Every worker closure returns the float64 vector `[loss, worker_id, step_time_s, steps]`:
+`loss` of its last step, `worker_id` the index of the worker that ran it (a per-worker
+resource, re-created by the coordinator when a worker comes back), `step_time_s` the mean
+time of its `steps` steps, each measured with `tf.timestamp()` on the worker from before the
+batch is read to when the loss (so the gradient) is computed; the update RPCs to the PS that
+follow are not included. It includes an injected straggler delay (`spec.stragglers`), which
+sleeps inside the step on the worker (a tf.data sleep: no CPU is burnt; tf.py_function
+would not run on a remote worker).
 """
 
 from __future__ import annotations
@@ -24,7 +34,14 @@ from typing import Any
 from trainer.spec import StragglerSpec
 
 CLOSURES_PER_CHUNK_PER_WORKER = 8  # ASP closures scheduled between two host syncs
+MIN_CLOSURES_PER_CHUNK_PER_WORKER = 2  # with several steps per closure: keep double-buffering
+CHUNK_POLL_S = 0.005  # how often the chief re-counts a chunk's unfinished closures
 UNKNOWN_WORKER = -1
+# Automatic steps per closure: a closure should last about this long on its worker, so the
+# chief's per-closure cost (a few ms of Python and RPC) stays a small share of it, while a
+# control request or a phase boundary still waits at most this long for a closure to end.
+TARGET_CLOSURE_S = 0.05
+MAX_AUTO_STEPS_PER_CLOSURE = 32
 
 
 def fetch_or_none(remote: Any) -> Any:
@@ -149,10 +166,13 @@ def build_steps(strategy: Any, model: Any, optimizer: Any, job: Any, v: Any,
         loss = strategy.run(body, args=(batch,))
         with tf.control_dependencies([loss]):
             ended = tf.timestamp()
-        # one float64 vector, not three tensors: the coordinator copies every closure output
+        return tf.cast(loss, tf.float64), ended - started
+
+    def result(loss: Any, worker_id: Any, seconds: Any, steps: Any) -> Any:
+        # one float64 vector, not four tensors: the coordinator copies every closure output
         # to the chief, one RPC per tensor
-        return tf.stack([tf.cast(loss, tf.float64), tf.cast(worker_id, tf.float64),
-                         ended - started])
+        return tf.stack([loss, tf.cast(worker_id, tf.float64), seconds,
+                         tf.cast(steps, tf.float64)])
 
     # The updates are not chained to the returned loss: forcing that order serialises the
     # PS round trips and cost ~15 % of ASP throughput. The function still ends only after
@@ -171,12 +191,18 @@ def build_steps(strategy: Any, model: Any, optimizer: Any, job: Any, v: Any,
         return loss
 
     @tf.function
-    def asp_step(iterator: Any, worker_id: Any) -> Any:
-        return timed(iterator, worker_id, asp_body)
+    def asp_step(iterator: Any, worker_id: Any, steps: Any) -> Any:
+        # `steps` is an int64 tensor: one trace serves every closure length
+        loss, total = tf.constant(0.0, tf.float64), tf.constant(0.0, tf.float64)
+        for _ in tf.range(steps):
+            loss, seconds = timed(iterator, worker_id, asp_body)
+            total += seconds
+        return result(loss, worker_id, total / tf.cast(tf.maximum(steps, 1), tf.float64), steps)
 
     @tf.function
     def bsp_accumulate(iterator: Any, worker_id: Any) -> Any:
-        return timed(iterator, worker_id, accumulate_body)
+        loss, seconds = timed(iterator, worker_id, accumulate_body)
+        return result(loss, worker_id, seconds, 1)
 
     @tf.function
     def bsp_apply() -> None:
@@ -198,36 +224,113 @@ def build_steps(strategy: Any, model: Any, optimizer: Any, job: Any, v: Any,
     return asp_step, bsp_accumulate, bsp_apply
 
 
-def asp_runner(coordinator: Any, asp_step: Callable, args: tuple,
-               workers: int) -> Callable[[int], tuple[int, list[Any]]]:
-    """run(n): schedule up to `n` ASP closures (one chunk); returns (scheduled, results),
+def auto_steps_per_closure(step_time_s: float) -> int:
+    """K such that K steps of `step_time_s` last about TARGET_CLOSURE_S (1..MAX)."""
+    if step_time_s <= 0:
+        return MAX_AUTO_STEPS_PER_CLOSURE
+    return max(1, min(MAX_AUTO_STEPS_PER_CLOSURE, round(TARGET_CLOSURE_S / step_time_s)))
+
+
+def asp_runner(coordinator: Any, asp_step: Callable, args: tuple, workers: int,
+               steps_per_closure: int = 1,
+               on_choice: Callable[[int, float], None] | None = None,
+               ) -> Callable[[int], tuple[int, list[Any]]]:
+    """run(n): schedule up to `n` ASP steps (one chunk of closures of `steps_per_closure`
+    steps each, the last one shorter if `n` says so); returns (steps scheduled, results),
     results being RemoteValues of closures that have (almost all) finished.
 
     Chunks are double-buffered: after scheduling chunk k we wait for the end of chunk k-1,
     so workers never idle while the queue (and so the step overshoot) stays bounded.
     `drain()` waits for everything scheduled (before a protocol switch or a checkpoint).
+    `steps_per_closure` 0 = automatic: the first chunk runs one step per closure, then K is
+    chosen from its measured step times and reported through `on_choice(K, step_time_s)`.
     """
-    chunk = CLOSURES_PER_CHUNK_PER_WORKER * workers
+    import tensorflow as tf
+
     previous: list[list[Any]] = []
+    state = {"k": steps_per_closure}
+    counts: dict[int, Any] = {}
+
+    def count_tensor(k: int) -> Any:
+        if k not in counts:
+            counts[k] = tf.constant(k, tf.int64)
+        return counts[k]
+
+    def choose(done: list[Any]) -> None:
+        times = [float(r[2]) for r in map(fetch_or_none, done) if r is not None]
+        if not times:
+            return  # every sample was lost with a worker: try again with the next chunk
+        step_time = sorted(times)[len(times) // 2]
+        state["k"] = auto_steps_per_closure(step_time)
+        if on_choice is not None:
+            on_choice(state["k"], step_time)
+
+    lagging: list[Any] = []  # closures of earlier chunks not finished when those were
 
     def run(n: int) -> tuple[int, list[Any]]:
-        count = min(n, chunk)
-        current = [coordinator.schedule(asp_step, args=args) for _ in range(count)]
+        k = state["k"] or 1
+        per_worker = max(MIN_CLOSURES_PER_CHUNK_PER_WORKER, CLOSURES_PER_CHUNK_PER_WORKER // k)
+        scheduled, current = 0, []
+        while scheduled < n and len(current) < per_worker * workers:
+            size = min(k, n - scheduled)
+            current.append(coordinator.schedule(asp_step, args=(*args, count_tensor(size))))
+            scheduled += size
         done: list[Any] = []
         if previous:
-            done = previous.pop()
-            fetch_or_none(done[-1])  # waits for the previous chunk; a tiny scalar transfer
+            done, late = wait_for_chunk(previous.pop() + lagging, workers)
+            lagging[:] = late
         previous.append(current)
-        if count == n:  # end of a stretch: drain so that the global step is exact
+        if scheduled == n:  # end of a stretch: drain so that the global step is exact
             done += drain()
-        return count, done
+        if not state["k"] and done:
+            state["chunks"] = state.get("chunks", 0) + 1
+            if state["chunks"] > 1:  # the first chunk's steps include the workers' warm-up
+                choose(done)
+        return scheduled, done
 
     def drain() -> list[Any]:
         coordinator.join()
-        return previous.pop() if previous else []
+        done = (previous.pop() if previous else []) + lagging
+        lagging.clear()
+        return done
+
+    def warm() -> None:
+        """Trace and instantiate the step now with a closure of zero steps (no batch read, no
+        update), so that a later switch to ASP does not pay for it."""
+        coordinator.schedule(asp_step, args=(*args, count_tensor(0)))
+        coordinator.join()
 
     run.drain = drain  # type: ignore[attr-defined]
+    run.warm = warm  # type: ignore[attr-defined]
     return run
+
+
+def finished(remote: Any) -> bool:
+    """Whether a closure's RemoteValue has its result (or its error) without waiting.
+    Private TF state; where it moved, everything counts as finished once waited for."""
+    event = getattr(remote, "_status_available_event", None)
+    return True if event is None else event.is_set()
+
+
+def wait_for_chunk(chunk: list[Any], workers: int) -> tuple[list[Any], list[Any]]:
+    """Wait until the closures of `chunk` are finished except at most one per other worker
+    (`workers - 1`); returns (finished, still running).
+
+    A worker that hangs without dying (SIGSTOP, a frozen host) holds its closure until gRPC
+    keepalive declares it lost (~10 s); waiting for every closure would stall the chief and
+    so every other worker for that long. The ones left behind are carried to the next
+    chunk, so at most `workers - 1` are ever outstanding beyond the double buffer.
+    """
+    if getattr(chunk[-1], "_status_available_event", None) is None:
+        fetch_or_none(chunk[-1])  # TF internals moved: wait for the chunk's last closure
+        return chunk, []
+    allowed = workers - 1
+    while True:
+        running = [r for r in chunk if not finished(r)]
+        if len(running) <= allowed:
+            late = {id(r) for r in running}
+            return [r for r in chunk if id(r) not in late], running
+        running[0]._status_available_event.wait(CHUNK_POLL_S)
 
 
 def bsp_runner(coordinator: Any, accumulate: Callable, apply: Callable, args: tuple,

@@ -42,6 +42,7 @@ class JobSpec:
     keep_checkpoints: int = 3
     eval_frequency: int = 0  # steps; 0 = only at the end
     seed: int = 0
+    steps_per_closure: int = 0  # ASP steps per worker closure; 0 = from the step time
 
     def validate(self) -> None:
         """Raise AssertionError naming the field and the allowed values."""
@@ -64,6 +65,8 @@ class JobSpec:
             f"job.checkpoint_frequency: must be >= 0 (got {self.checkpoint_frequency})")
         assert self.eval_frequency >= 0, (
             f"job.eval_frequency: must be >= 0 (got {self.eval_frequency})")
+        assert self.steps_per_closure >= 0, (
+            f"job.steps_per_closure: must be >= 0, 0 = automatic (got {self.steps_per_closure})")
         assert self.keep_checkpoints >= 1, (
             f"job.keep_checkpoints: must be >= 1 (got {self.keep_checkpoints})")
 

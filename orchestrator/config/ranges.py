@@ -69,6 +69,7 @@ RANGES: dict[str, Range] = {
     "job.checkpoint_frequency": NON_NEGATIVE,
     "job.keep_checkpoints": AT_LEAST_ONE,
     "job.eval_frequency": NON_NEGATIVE,
+    "job.steps_per_closure": NON_NEGATIVE,
     "job.seed": SEED,
     "sync.phases.*.fraction": FRACTION,
     "sync.phases.*.hparams.learning_rate": POSITIVE,

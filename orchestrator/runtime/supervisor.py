@@ -23,7 +23,7 @@ become the summary.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from orchestrator import results
@@ -188,7 +188,17 @@ class Supervisor:
                 s.train_t0 = at
             self.progress.status("training")
             if self.awaiting_restart is not None:
-                self.record(self.planner.end(self.awaiting_restart, self.now_s()))
+                decision = self.awaiting_restart
+                # the new chief skipped a damaged checkpoint (checkpoint_skipped): the steps
+                # after the one it used are lost too
+                resumed = int(f.get("step") or 0)
+                if decision.resume_step is not None and resumed < decision.resume_step:
+                    extra = decision.resume_step - resumed
+                    decision = replace(decision, resume_step=resumed,
+                                                   lost_steps=decision.lost_steps + extra)
+                    self.planner.tally.lost_steps += extra
+                    s.last_checkpoint_step = resumed
+                self.record(self.planner.end(decision, self.now_s()))
                 self.awaiting_restart = None
         elif kind == "step":
             s.last_loss, s.last_sps = _num(f.get("loss")), _num(f.get("steps_per_sec"))

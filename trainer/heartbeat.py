@@ -1,0 +1,54 @@
+"""The chief's heartbeat to every worker: names a worker that hangs without dying.
+
+A worker that stops answering (SIGSTOP, a frozen host) keeps its TCP connections open, so
+nothing fails fast; the coordinator only learns of it through gRPC keepalive, which TF's
+servers undermine (they take no channel arguments, keep gRPC's server ping policy and answer
+frequent pings with `GOAWAY too_many_pings`, which doubles the client's keepalive time).
+Every HEARTBEAT_S the chief calls the worker's cheapest RPC (`WorkerService/GetStatus`) on
+its own gRPC channel, with a deadline of UNRESPONSIVE_S; when the deadline passes,
+`worker_unresponsive` `{"worker", "silent_s"}` names the worker (once per episode). A worker
+that refuses connections is lost, not hung: the coordinator reports that
+(`worker_failure`).
+
+Its own channel, not TensorFlow's: a remote eager op issued from a second thread of the
+chief corrupted the coordinator's requests ("Unable to parse request").
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from trainer import events
+
+HEARTBEAT_S = 1.0
+UNRESPONSIVE_S = 4.0
+STATUS_RPC = "/tensorflow.WorkerService/GetStatus"  # empty request = valid GetStatusRequest
+
+
+def start_heartbeats(addresses: list[str], period_s: float = HEARTBEAT_S,
+                     unresponsive_s: float = UNRESPONSIVE_S) -> None:
+    """One daemon thread per worker address (index = position in the cluster spec)."""
+    import grpc
+
+    def beat(index: int, address: str) -> None:
+        status = grpc.insecure_channel(address).unary_unary(STATUS_RPC)
+        silent_since: float | None = None
+        while True:
+            started = time.time()
+            try:
+                status(b"", timeout=unresponsive_s)
+                silent_since = None
+            except grpc.RpcError as exc:
+                if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+                    if silent_since is None:
+                        silent_since = started
+                        events.emit("worker_unresponsive", worker=index,
+                                    silent_s=round(time.time() - started, 1))
+                else:
+                    silent_since = None  # refused or restarting: lost, not hung
+            time.sleep(max(0.0, period_s - (time.time() - started)))
+
+    for index, address in enumerate(addresses):
+        threading.Thread(target=beat, args=(index, address), name=f"heartbeat-{index}",
+                         daemon=True).start()
