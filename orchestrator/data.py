@@ -13,7 +13,7 @@ from pathlib import Path
 
 from orchestrator.config.errors import ConfigError
 from orchestrator.config.schema import ExperimentConfig
-from provisioning.base import Cluster, Provider, Role
+from provisioning.base import Cluster, Host, HostRunner, Provider, Role
 
 STAGED_DATA_DIR = "data"  # on a remote host, relative to its work dir
 # The roles that read the files: they load the arrays and ship them into each worker's dataset
@@ -95,16 +95,31 @@ def prepare(cfg: ExperimentConfig, console=None) -> Path | None:
     return folder
 
 
-def stage_dataset(provider: Provider, cluster: Cluster, local_dir: Path) -> str:
-    """Copy ``local_dir`` onto every host that reads it; the path to put in the spec.
+def reads_data(cluster: Cluster, host: Host) -> bool:
+    """Whether a role on `host`'s machine reads the dataset (colocated roles share a copy)."""
+    return any(h.machine == host.machine and h.role in READING_ROLES for h in cluster.hosts)
 
-    The path is relative to each host's work dir (the trainer's cwd there), so one spec serves
-    every host. Not called by ``run.py`` yet: the local provider's hosts share this machine's
-    files. A remote backend (SSH, GCE) calls it after ``acquire`` and after a ``replace`` that
-    swapped a chief or evaluator host, and writes the result into ``job.data_dir``.
-    """
-    remote = Path(STAGED_DATA_DIR) / local_dir.name
-    for role in READING_ROLES:
-        for host in cluster.hosts_for(role):
-            provider.runner(host).copy(local_dir, remote)
-    return str(remote)
+
+def staged_path(local_dir: Path) -> str:
+    """Where a staged dataset lies on a host: relative to its work dir (the trainer's cwd
+    there), so one spec serves every host."""
+    return str(Path(STAGED_DATA_DIR) / local_dir.name)
+
+
+def stage_to(runner: HostRunner, local_dir: Path) -> str:
+    """Copy ``local_dir`` to the runner's machine; returns :func:`staged_path`."""
+    runner.copy(local_dir, Path(staged_path(local_dir)))
+    return staged_path(local_dir)
+
+
+def stage_dataset(provider: Provider, cluster: Cluster, local_dir: Path) -> str:
+    """Copy ``local_dir`` onto every machine that reads it; the path to put in the spec.
+
+    The deployer does this per machine when its hosts do not share this machine's files
+    (:class:`orchestrator.runtime.deploy.Deployment`), also for replacement machines."""
+    staged: set[str] = set()
+    for host in cluster.hosts:
+        if reads_data(cluster, host) and host.machine not in staged:
+            staged.add(host.machine)
+            stage_to(provider.runner(host), local_dir)
+    return staged_path(local_dir)

@@ -30,6 +30,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from orchestrator import data
 from provisioning.base import (
     STOP_GRACE_S,
     Cluster,
@@ -131,8 +132,10 @@ class Deployment:
         env: Mapping[str, str] | None = None,
         ready_timeout_s: float = READY_TIMEOUT_S,
         stop_grace_s: float = STOP_GRACE_S,
+        data_dir: Path | None = None,
     ) -> None:
         self.provider = provider
+        self.data_dir = data_dir  # the dataset folder here, staged to hosts that don't share it
         self.cluster = cluster
         self.run_dir = Path(run_dir)
         self.spec_text = spec_text
@@ -222,6 +225,9 @@ class Deployment:
                 return
         runner.setup()
         runner.write_text(Path(layout.SPEC_FILE), self.spec_text)
+        if (self.data_dir is not None and not runner.shares_orchestrator_fs
+                and data.reads_data(self.cluster, host)):
+            data.stage_to(runner, self.data_dir)  # the spec names it relative to the work dir
         with self._lock:
             self._prepared.add(host.machine)
 

@@ -14,6 +14,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from orchestrator import data
 from orchestrator.results import RunRecorder
 from orchestrator.runtime.checkpoints import CheckpointStore
 from orchestrator.runtime.control import ControlChannel
@@ -75,12 +76,17 @@ class Fleet:
         spec = dataclasses.replace(
             self.spec, cluster={job: self.cluster.endpoints(job) for job in layout.CLUSTER_JOBS},
             checkpoint_dir=self.store.location(chief))
+        data_dir = None  # the dataset here; hosts that don't share this machine's files get a copy
+        if spec.job.data_dir and not chief.shares_orchestrator_fs:
+            data_dir = Path(spec.job.data_dir)
+            spec = dataclasses.replace(spec, job=dataclasses.replace(
+                spec.job, data_dir=data.staged_path(data_dir)))
         spec_text = spec.to_json(self.run_dir / layout.SPEC_FILE).read_text()
         self.store.before_start(chief)
         deployment = Deployment(self.provider, self.cluster, self.run_dir, spec_text,
                                 command=self.command, env=self.env,
                                 ready_timeout_s=self.ready_timeout_s,
-                                stop_grace_s=self.stop_grace_s)
+                                stop_grace_s=self.stop_grace_s, data_dir=data_dir)
         self.deployments.append(deployment)
         self.control.attach(chief)
         if self.rec is not None:

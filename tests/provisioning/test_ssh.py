@@ -259,3 +259,34 @@ def test_wrong_key_path_in_an_experiment_is_one_config_error_line(tmp_path, repo
     lines = (proc.stdout + proc.stderr).strip().splitlines()
     assert lines[-1].startswith("config error: provider.hosts.0.key_path: no such key file")
     assert "Traceback" not in proc.stderr
+
+
+# --- data staged to the machines that read it ---------------------------------------------------
+
+
+@pytest.mark.slow
+def test_dataset_is_staged_only_to_the_machines_that_read_it(ssh_testbed: SshTestBed,
+                                                            tmp_path) -> None:
+    """The chief and evaluator read the dataset (they ship arrays to the workers): their
+    machine gets a copy under its work dir, a worker-only machine none."""
+    from orchestrator import data
+    from orchestrator.runtime.deploy import Deployment
+
+    dataset = tmp_path / "cifar10"
+    (dataset / "cifar-10-batches-bin").mkdir(parents=True)
+    (dataset / "cifar-10-batches-bin" / "data_batch_1.bin").write_bytes(os.urandom(4096))
+    provider = get_provider("ssh", provider_options(ssh_testbed, ssh_testbed.hosts[:2]))
+    request = ClusterRequest(run_id="stage", workdir=tmp_path / "run", hosts=[
+        HostSpec("ps-0", "ps"), HostSpec("worker-0", "worker"),
+        HostSpec("chief-0", "chief", colocate_with="ps-0"),
+        HostSpec("evaluator-0", "evaluator", colocate_with="ps-0")])
+    cluster = provider.acquire(request)
+    try:
+        Deployment(provider, cluster, tmp_path / "run", "{}", data_dir=dataset).prepare_all()
+        ps, worker = cluster.hosts_for("ps")[0], cluster.hosts_for("worker")[0]
+        staged = Path(ps.workdir) / data.staged_path(dataset) / "cifar-10-batches-bin"
+        assert (staged / "data_batch_1.bin").read_bytes() == (
+            dataset / "cifar-10-batches-bin" / "data_batch_1.bin").read_bytes()
+        assert not (Path(worker.workdir) / data.staged_path(dataset)).exists()
+    finally:
+        provider.release(cluster)
