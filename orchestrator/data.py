@@ -4,7 +4,8 @@
 reads its dataset from the per-user cache (``data_cache``, ``$TRANSIENT_DATA_CACHE``, or
 ``~/.cache/transient-orchestrator/datasets``), downloaded into it first when missing
 (``trainer/data.py``); the run's trainer spec then names that folder. Remote hosts get the
-folder from :func:`stage_dataset`, which copies it through the launch contract.
+folder from the deployer (:func:`stage_to` per machine that reads it), through the launch
+contract's ``copy``.
 """
 
 from __future__ import annotations
