@@ -50,6 +50,7 @@ def _run_one(cfg: DictConfig) -> dict[str, Any] | None:
     from orchestrator.display import render_plan
     from orchestrator.plan import make_plan
     from orchestrator.run import execute_run
+    from orchestrator.simulate.band import predict_band
 
     try:
         exp = to_experiment(cfg)
@@ -57,6 +58,7 @@ def _run_one(cfg: DictConfig) -> dict[str, Any] | None:
         raise from_omegaconf(ex) from ex
     validate(exp)
     plan = make_plan(exp)
+    plan.prediction = predict_band(exp, plan)  # None when no fitted model covers this setup
     hc = HydraConfig.get()
     overrides = list(hc.overrides.task)
     multirun = hc.mode is not None and hc.mode.name == "MULTIRUN"
@@ -70,7 +72,8 @@ def _run_one(cfg: DictConfig) -> dict[str, Any] | None:
                                  "the run checks it when it starts")
         render_plan(plan, Console(), title=f"Plan: {title} (dry run: nothing provisioned)")
         return None
-    validate_data_dir(exp)
+    if exp.provider.name != "sim":  # a simulated run reads no data
+        validate_data_dir(exp)
     run_dir = Path(hc.runtime.output_dir)
     resolved = OmegaConf.to_container(cfg, resolve=True)
     assert isinstance(resolved, dict)

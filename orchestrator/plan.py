@@ -64,6 +64,7 @@ class RunPlan:
     planned_revocations: list[dict[str, Any]] = field(default_factory=list)  # within the horizon
     risks: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    prediction: dict[str, Any] | None = None  # simulated band (orchestrator.simulate.band)
 
     @property
     def total_steps(self) -> int:

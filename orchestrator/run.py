@@ -18,6 +18,7 @@ from typing import Any
 from orchestrator import results
 from orchestrator.config.schema import ExperimentConfig
 from orchestrator.plan import RunPlan
+from orchestrator.preflight import LOCAL_PROVIDERS, run_preflight
 from orchestrator.runtime.control import CONTROL_FILE, ControlChannel
 from orchestrator.runtime.deploy import Deployment
 from orchestrator.runtime.progress import RunProgress
@@ -78,6 +79,10 @@ def execute_run(cfg: ExperimentConfig, plan: RunPlan, run_dir: Path,
     Never raises for a failed training run: the status says so. KeyboardInterrupt (Ctrl-C,
     SIGTERM via the entry point) is recorded as ``interrupted`` and re-raised after clean-up.
     """
+    if cfg.provider.name == "sim":  # simulated: nothing is provisioned (orchestrator/simulate)
+        from orchestrator.simulate.run import execute_sim
+
+        return execute_sim(cfg, plan, run_dir, resolved_config)
     run_dir.mkdir(parents=True, exist_ok=True)
     rec = results.RunRecorder(run_dir)
     run_id = make_run_id(cfg.name)
@@ -115,6 +120,8 @@ def execute_run(cfg: ExperimentConfig, plan: RunPlan, run_dir: Path,
             progress.status("provisioning")
             rec.event("provision", hosts=len(plan.hosts), provider=provider.name,
                       planned_revocations=[e.to_record() for e in revocations.pending])
+            if cfg.preflight and provider.name not in LOCAL_PROVIDERS:
+                run_preflight(cfg)  # one local training step before paying for servers
             cluster = provider.acquire(cluster_request(plan, run_id, run_dir))
             rec.event("provisioned", hosts=[f"{h.spec.name}={h.endpoint}" for h in cluster.hosts])
             # deploy: servers first, then evaluator and chief
@@ -194,4 +201,5 @@ def make_summary(cfg: ExperimentConfig, plan: RunPlan, run_id: str, status: str,
         "cost_usd": round(plan.hourly_usd * wall / 3600.0, 6),
         "error": error,
         **extras,
+        "predicted": plan.prediction,  # the plan's simulated band, beside the measurement
     }
