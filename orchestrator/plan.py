@@ -197,3 +197,9 @@ def make_plan(cfg: ExperimentConfig) -> RunPlan:
         planned_revocations=planned,
         risks=risks,
     )
+
+
+if __name__ == "__main__":  # python -m orchestrator.plan: the planner (orchestrator/simulate/)
+    from orchestrator.simulate.planner import main
+
+    main()

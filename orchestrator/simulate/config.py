@@ -73,7 +73,7 @@ class PlannerConfig:
 class QueueConfig:
     """Runs of a sweep sharing a GPU quota (simulated sweeps today; see README)."""
 
-    policy: QueuePolicy = QueuePolicy.las  # fifo | spf | las (best average completion time)
+    policy: QueuePolicy = QueuePolicy.spf  # fifo | spf | las; spf was best (docs/simulation.md)
     quota_gpus: int | None = None  # GPUs the project may hold at once; null = no quota
     las_threshold_gpu_h: float = 1.0  # 2D-LAS: GPU-hours after which a run drops a queue
     compare: bool = True  # also report every other policy on the same sweep
