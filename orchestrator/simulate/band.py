@@ -62,14 +62,14 @@ def simulate_many(cfg: ExperimentConfig, plan: RunPlan, repeats: int,
 
 
 def predict_band(cfg: ExperimentConfig, plan: RunPlan) -> dict[str, Any] | None:
-    """The band for the plan, or None when no fitted model covers it (e.g. CPU workers) or
-    when the run itself is a simulation (it is its own prediction)."""
+    """The band for the plan; ``{"unavailable": reason}`` when no fitted model covers it (e.g.
+    CPU workers); None when the run itself is a simulation (it is its own prediction)."""
     if cfg.provider.name == "sim" and not cfg.dry_run:
         return None
     try:
         band = summarize_runs(simulate_many(cfg, plan, max(1, cfg.sim.repeats)))
-    except NoModelError:
-        return None
+    except NoModelError as ex:
+        return {"unavailable": str(ex)}
     band["source"] = (f"{cfg.sim.repeats} simulations (provider=sim models, "
                       f"lifetimes {cfg.sim.lifetimes}, {cfg.sim.market})")
     return band

@@ -71,6 +71,16 @@ def cases() -> list[Case]:
         out.append(Case("ICAC'19", str(r.config), (*common, f"cluster.workers={r.workers}",
                                                    f"cluster.worker_groups.0.transient={r.transient}"),
                         float(r.time_s), float(r.cost_usd), int(r.workers)))
+    from analysis.reference import load_icac19_experiment
+
+    for experiment, gpu, workers in (("p100", "p100", 1), ("4p100", "p100", 4),
+                                     ("v100", "v100", 1), ("4v100", "v100", 4)):
+        runs = load_icac19_experiment("p100_v100_spot", experiment)
+        out.append(Case("ICAC'19", f"{workers} transient {gpu.upper()}",
+                        (*common, f"cluster.workers={workers}", f"cluster.worker_groups.0.gpu={gpu}",
+                         "cluster.worker_groups.0.zone=null", "cluster.ps_zone=null",
+                         "cluster.worker_groups.0.transient=True"),
+                        float(runs["duration_s"].mean()), float(runs["cost_usd"].mean()), workers))
     k80 = PRICE_PER_H[("K80", "on-demand")]
     base = ("+experiment=syncswitch_cifar10_res32", "provider=sim",
             "cluster.worker_groups.0.transient=false")
