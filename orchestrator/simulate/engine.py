@@ -58,6 +58,7 @@ from provisioning.base import ClusterRequest, HostSpec, Role
 from provisioning.sim import SimProvider
 
 _EPS = 1e-9
+COLOCATED = "on ps-0"  # HostPlan.machine_type of a role sharing the first PS's VM (plan.py)
 
 
 def stream(seed: int, *parts: object) -> random.Random:
@@ -163,9 +164,11 @@ class Simulation:
         cloud = CloudLifetimes(dataclasses.replace(rev, seed=self.seed),
                                self.models.lifetime_models(str(self.cfg.sim.lifetimes)),
                                self.cfg.sim.market, self.cfg.sim.lifetime_region)
-        # the cloud revokes transient hosts only (include_ps/include_chief inject, not model)
+        # the cloud revokes transient VMs only (include_ps/include_chief inject, not model);
+        # roles sharing ps-0's VM go with it (see revoke)
         cloud.cfg = dataclasses.replace(cloud.cfg, include_ps=False, include_chief=False)
-        return RevocationSchedule(cloud, self.plan.hosts)
+        return RevocationSchedule(cloud, [h for h in self.plan.hosts
+                                          if h.machine_type != COLOCATED])
 
     def now_s(self) -> float:
         """Run seconds (since train_start), the clock of revocations, injections and policies."""
@@ -234,7 +237,7 @@ class Simulation:
         ready = 0.0
         for h in self.plan.hosts:
             self.bill_start(h.name)
-            if h.machine_type != "on ps-0":  # a colocated role starts with ps-0's VM
+            if h.machine_type != COLOCATED:  # a colocated role starts with ps-0's VM
                 ready = max(ready, self.models.vm_startup_s(h.transient, rng))
         yield self.env.timeout(ready)
         self.alive = {h.name for h in self.plan.hosts}
@@ -351,7 +354,7 @@ class Simulation:
             nxt = self.revocations.next_at_s()
             waits = [self.sched_wake]
             if nxt is not None:
-                waits.append(self.env.timeout(max(0.0, nxt - self.now_s())))
+                waits.append(self.env.timeout(max(1e-6, nxt - self.now_s())))  # progress
             yield self.env.any_of(waits)
             if self.sched_wake.triggered:
                 self.sched_wake = self.env.event()
@@ -364,7 +367,7 @@ class Simulation:
 
     def fire_due(self) -> None:
         self.advance()
-        for event in self.revocations.due(self.now_s(), int(self.step + _EPS), self.alive):
+        for event in self.revocations.due(self.now_s() + 1e-6, int(self.step + _EPS), self.alive):
             self.env.process(self.revoke(event))
 
     def revoke(self, event: RevocationEvent) -> Any:
@@ -380,16 +383,21 @@ class Simulation:
         if name not in self.alive or self.done.triggered:
             return
         self.advance()
-        self.alive.discard(name)
-        self.bill_stop(name)
-        chost = next(h for h in self.cluster.hosts if h.spec.name == name)
-        self.provider.revoke(chost)
-        loss = HostLoss(chost.id, name, Role(host.role), round(self.now_s(), 3))
+        names = [name] + ([h.name for h in self.plan.hosts if h.machine_type == COLOCATED
+                           and h.name in self.alive] if name == "ps-0" else [])
+        losses = []
+        for lost in names:
+            self.alive.discard(lost)
+            self.bill_stop(lost)
+            chost = next(h for h in self.cluster.hosts if h.spec.name == lost)
+            self.provider.revoke(chost)
+            losses.append(HostLoss(chost.id, lost, Role(self.by_name[lost].role),
+                                   round(self.now_s(), 3)))
         self.rcfg.replacement_delay_s = self.provision_delay(host)
         workers_alive = sum(1 for h in self.plan.hosts
                             if h.role == "worker" and h.name in self.alive)
         progress = TrainingProgress(int(self.step + _EPS), self.last_ckpt, workers_alive)
-        for decision in self.planner.decide([loss], progress, self.now_s()):
+        for decision in self.planner.decide(losses, progress, self.now_s()):
             self.record_all(decision.events)
             if host.role == "worker":
                 self.record_all([self.detector.forget(host.index, self.now_s())])

@@ -184,9 +184,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=None,
                         help="sweep directory (default multirun/<name>/<time>-sim)")
     args = parser.parse_args(argv)
-    base = [o for o in args.overrides if _is_group(o)
-            and "," not in o.split("=", 1)[1]] + ["provider=sim"]
-    swept = [o for o in args.overrides if o not in base]
+    base = [o for o in args.overrides if _is_group(o) and "," not in o.split("=", 1)[1]
+            and not o.startswith("provider=")] + ["provider=sim"]
+    swept = [o for o in args.overrides if o not in base and not o.startswith("provider=")]
     name = base_config(tuple(b for b in base if _is_group(b))).name
     out = args.out or Path("multirun") / name / time.strftime("%Y-%m-%d_%H-%M-%S-sim")
     started = time.perf_counter()
