@@ -34,17 +34,19 @@ def percentiles(values: Sequence[float], points: Sequence[int] = BAND) -> dict[s
 
 def summarize_runs(summaries: list[dict[str, Any]], deadline_s: float | None = None
                    ) -> dict[str, Any]:
-    """Distribution of simulated runs: bands of wall time, cost, revocations; P(completed) and,
-    with a deadline, P(completed within it)."""
+    """Distribution of simulated runs: bands of wall time and cost (over the runs that
+    completed: a failed run gives no result), revocations (over all); P(completed) and, with a
+    deadline, P(completed within it)."""
     done = [s for s in summaries if s["status"] == "completed"]
+    basis = done or summaries
     out: dict[str, Any] = {
         "runs": len(summaries),
         "p_complete": round(len(done) / len(summaries), 4),
-        "wall_time_s": percentiles([s["wall_time_s"] for s in summaries]),
-        "cost_usd": percentiles([s["cost_usd"] for s in summaries]),
+        "wall_time_s": percentiles([s["wall_time_s"] for s in basis]),
+        "cost_usd": percentiles([s["cost_usd"] for s in basis]),
         "revocations": percentiles([s["revocations"] for s in summaries]),
-        "mean_wall_time_s": round(statistics.fmean(s["wall_time_s"] for s in summaries), 3),
-        "mean_cost_usd": round(statistics.fmean(s["cost_usd"] for s in summaries), 6),
+        "mean_wall_time_s": round(statistics.fmean(s["wall_time_s"] for s in basis), 3),
+        "mean_cost_usd": round(statistics.fmean(s["cost_usd"] for s in basis), 6),
         "mean_revocations": round(statistics.fmean(s["revocations"] for s in summaries), 4),
         "final_accuracy": next((s["final_accuracy"] for s in done), None),
     }

@@ -175,7 +175,7 @@ def print_table(ranked: list[dict[str, Any]], cfg: ExperimentConfig, total: int)
 
 
 def pareto_plot(rows: list[dict[str, Any]], cfg: ExperimentConfig, path: Path) -> Path:
-    """Mean time vs mean cost, p10–p90 error bars, Pareto-optimal candidates labelled."""
+    """Median time vs median cost, p10–p90 error bars, Pareto-optimal candidates labelled."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -184,15 +184,17 @@ def pareto_plot(rows: list[dict[str, Any]], cfg: ExperimentConfig, path: Path) -
 
     from analysis.cost import pareto_mask
 
-    t = [r["mean_wall_time_s"] / 3600 for r in rows]
-    c = [r["mean_cost_usd"] for r in rows]
+    t = [r["wall_time_s"]["p50"] / 3600 for r in rows]
+    c = [r["cost_usd"]["p50"] for r in rows]
     best = pareto_mask(t, c)
     fig, ax = plt.subplots(figsize=(9, 6))
     for r, ti, ci, on in zip(rows, t, c, best, strict=True):
         w, cost = r["wall_time_s"], r["cost_usd"]
         color = "tab:orange" if r["transient"] else "tab:blue"
-        ax.errorbar(ti, ci, xerr=[[ti - w["p10"] / 3600], [w["p90"] / 3600 - ti]],
-                    yerr=[[ci - cost["p10"]], [cost["p90"] - ci]], fmt="o", color=color,
+        ax.errorbar(ti, ci, xerr=[[max(0.0, ti - w["p10"] / 3600)],
+                                  [max(0.0, w["p90"] / 3600 - ti)]],
+                    yerr=[[max(0.0, ci - cost["p10"])], [max(0.0, cost["p90"] - ci)]], fmt="o",
+                    color=color,
                     alpha=0.9 if on else 0.25, ms=6 if on else 3, capsize=2, lw=0.8)
         if on:
             ax.annotate(f"{r['candidate'].label}\n{r['candidate'].zone}", (ti, ci), fontsize=7,
@@ -208,8 +210,8 @@ def pareto_plot(rows: list[dict[str, Any]], cfg: ExperimentConfig, path: Path) -
     for axis in (ax.xaxis, ax.yaxis):
         axis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
         axis.set_minor_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
-    ax.set_xlabel("time to result, hours (mean; bars: 10th–90th percentile)")
-    ax.set_ylabel("cost, USD (mean; bars: 10th–90th percentile)")
+    ax.set_xlabel("time to result, hours (median; bars: 10th–90th percentile)")
+    ax.set_ylabel("cost, USD (median; bars: 10th–90th percentile)")
     ax.set_title(f"{cfg.name}: simulated time vs cost ({cfg.sim.repeats} runs per cluster, "
                  f"prices {cfg.pricing.name}); labelled: Pareto-optimal", fontsize=9)
     ax.legend(fontsize=8)
