@@ -34,7 +34,7 @@ import simpy
 
 from orchestrator import results
 from orchestrator.config.schema import ExperimentConfig, Protocol
-from orchestrator.config.transient import RevocationModel
+from orchestrator.config.transient import GCE_NOTICE_S, RevocationModel
 from orchestrator.plan import HostPlan, RunPlan
 from orchestrator.simulate.config import Market
 from orchestrator.simulate.models import SimModels
@@ -161,7 +161,8 @@ class Simulation:
         rev = self.cfg.revocation
         if rev.model != RevocationModel.none:
             return RevocationSchedule.from_config(rev, self.plan.hosts)
-        cloud = CloudLifetimes(dataclasses.replace(rev, seed=self.seed),
+        notice = rev.notice_s or GCE_NOTICE_S  # the cloud's notice unless one is configured
+        cloud = CloudLifetimes(dataclasses.replace(rev, seed=self.seed, notice_s=notice),
                                self.models.lifetime_models(str(self.cfg.sim.lifetimes)),
                                self.cfg.sim.market, self.cfg.sim.lifetime_region)
         # the cloud revokes transient VMs only (include_ps/include_chief inject, not model);
@@ -376,8 +377,10 @@ class Simulation:
         host = self.by_name[name]
         if event.notice_s > 0:
             self.record("revocation_notice", host=name, role=host.role, notice_s=event.notice_s)
-            if event.notice_s >= self.ckpt_s:
-                self.ckpt_request = True  # the chief checkpoints on a notice
+            chief_vm = host.role == "chief" or (name == "ps-0" and any(
+                h.role == "chief" and h.machine_type == COLOCATED for h in self.plan.hosts))
+            if chief_vm and event.notice_s >= self.ckpt_s:
+                self.ckpt_request = True  # the chief checkpoints on its own host's notice
                 self.kick()
             yield self.env.timeout(event.notice_s)
         if name not in self.alive or self.done.triggered:
