@@ -6,11 +6,12 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
+LOGDIR ?= outputs
 
-.PHONY: setup run test test-fast validate bench lint clean help
+.PHONY: setup run test test-fast validate bench lint tensorboard clean help
 
 help:
-	@echo "make setup | run | test | test-fast | validate | bench | lint | clean"
+	@echo "make setup | run | test | test-fast | validate | bench | lint | tensorboard | clean"
 
 setup: $(STAMP)
 
@@ -18,7 +19,9 @@ $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python >= 3.11 required"'
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[cpu,dev]'
+	@# PYTHONWARNINGS: setuptools announces every editable install of a flat layout with a
+	@# warning that says nothing is wrong ("Editable installation ..."); other warnings still show
+	PYTHONWARNINGS="ignore:Editable installation" $(PY) -m pip install --quiet -e '.[cpu,dev]'
 	@touch $(STAMP)
 
 run: setup
@@ -38,6 +41,10 @@ bench: setup
 
 lint: setup
 	$(PY) -m ruff check .
+
+# The runs' training curves at http://localhost:6006 (sweeps: make tensorboard LOGDIR=multirun)
+tensorboard: setup
+	TF_CPP_MIN_LOG_LEVEL=2 $(VENV)/bin/tensorboard --logdir $(LOGDIR)
 
 clean:
 	rm -rf outputs multirun .pytest_cache .ruff_cache

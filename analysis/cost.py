@@ -153,8 +153,10 @@ def own_runs_table(runs: pd.DataFrame) -> pd.DataFrame:
     transient_col = next((c for c in df.columns if c.split(".")[-1] == "transient"), None)
     df["transient"] = df[transient_col].astype(str).str.lower().eq("true") if transient_col else False
     grouped = df.groupby([*keys, "transient"], dropna=False, sort=True)
+    # keyed by workers (a single run, or repeats of one size): it is a group key already
+    by_workers = {} if "workers" in keys else {"workers": ("workers", "first")}
     table = grouped.agg(
-        workers=("workers", "first"),
+        **by_workers,
         runs=("wall_time_s", "size"),
         time_s=("wall_time_s", "mean"),
         time_std_s=("wall_time_s", "std"),

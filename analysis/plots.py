@@ -39,33 +39,58 @@ def _save(fig: plt.Figure, path: Path) -> Path:
     return path
 
 
-def plot_speed_vs_workers(speeds: pd.DataFrame, path: Path, title: str) -> Path:
+def count_ticks(ax: plt.Axes, values: pd.Series) -> None:
+    """Integer x ticks for a count (workers): every measured value when there are few of them,
+    else whole numbers only, never fractions of a worker."""
+    distinct = sorted({int(v) for v in values.dropna()})
+    if len(distinct) <= 12:
+        ax.set_xticks(distinct)
+        ax.set_xlim(distinct[0] - 0.5, distinct[-1] + 0.5)
+    else:
+        ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+
+
+def plot_speed_vs_workers(speeds: pd.DataFrame, path: Path, title: str,
+                          flag_label: str = "PS bottleneck") -> Path:
+    """Write ``speed_vs_workers_figure`` to ``path``."""
+    return _save(speed_vs_workers_figure(speeds, title, flag_label), path)
+
+
+def speed_vs_workers_figure(speeds: pd.DataFrame, title: str,
+                            flag_label: str = "PS bottleneck") -> plt.Figure:
     """Cluster speed vs workers, one panel per setting (``panel`` column), one line per
-    ``series``; points flagged in ``bottleneck`` get a red ring (adding workers stopped paying)."""
+    ``series``; points flagged in ``bottleneck`` get a red ring (adding workers stopped paying),
+    described in the legend by ``flag_label`` when at least one is drawn."""
     panels = list(dict.fromkeys(speeds["panel"]))
     fig, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels), 4), sharey=True,
                              squeeze=False)
+    std = speeds["speed_std"] if "speed_std" in speeds else pd.Series(0.0, index=speeds.index)
+    flagged_any = False
     for ax, panel in zip(axes[0], panels, strict=True):
         sub = speeds[speeds["panel"] == panel]
         for i, (series, grp) in enumerate(sub.groupby("series", sort=True)):
             grp = grp.sort_values("workers")
-            ax.errorbar(grp["workers"], grp["speed"], yerr=grp.get("speed_std"), marker="o",
+            spread = std.loc[grp.index]
+            ax.errorbar(grp["workers"], grp["speed"],
+                        yerr=spread if spread.notna().any() else None, marker="o",
                         ms=4, capsize=2, color=_PALETTE[i % len(_PALETTE)], label=str(series))
             flagged = grp[grp["bottleneck"].fillna(False).astype(bool)]
+            flagged_any |= len(flagged) > 0
             ax.scatter(flagged["workers"], flagged["speed"], s=110, facecolors="none",
                        edgecolors="red", linewidths=1.5, zorder=3)
         ax.set_title(str(panel))
         ax.set_xlabel("workers")
-        ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+        count_ticks(ax, sub["workers"])
         ax.grid(alpha=0.3)
     # shared y: set the range once, from all panels, so no panel's points are clipped
-    top = (speeds["speed"] + speeds.get("speed_std", 0).fillna(0)).max()
-    axes[0][0].set_ylim(0, top * 1.05)
+    top = (speeds["speed"] + std.fillna(0)).max()
+    axes[0][0].set_ylim(0, top * 1.08)
     axes[0][0].set_ylabel("cluster speed (global steps/s)")
-    axes[0][0].scatter([], [], s=110, facecolors="none", edgecolors="red", label="PS bottleneck")
+    if flagged_any:
+        axes[0][0].scatter([], [], s=110, facecolors="none", edgecolors="red", label=flag_label)
     axes[0][0].legend(fontsize=8, loc="upper left")
     fig.suptitle(title)
-    return _save(fig, path)
+    return fig
 
 
 def plot_lifetime_curves(
@@ -112,14 +137,24 @@ def plot_hazard(hazards: Mapping[str, pd.DataFrame], path: Path, title: str) -> 
     return _save(fig, path)
 
 
-def plot_cost_pareto(table: pd.DataFrame, path: Path, title: str) -> Path:
-    """Mean training time vs mean cost per configuration; the Pareto frontier (no configuration
-    is both faster and cheaper) is connected. Transient clusters are filled, on-demand hollow."""
+def plot_cost_pareto(table: pd.DataFrame, path: Path, title: str,
+                     time_label: str = "training time") -> Path:
+    """Write ``cost_pareto_figure`` to ``path``."""
+    return _save(cost_pareto_figure(table, title, time_label), path)
+
+
+def cost_pareto_figure(table: pd.DataFrame, title: str,
+                       time_label: str = "training time") -> plt.Figure:
+    """Mean time vs mean cost per configuration; the Pareto frontier (no configuration is both
+    faster and cheaper) is connected. Transient clusters are filled, on-demand hollow; the
+    legend names only the kinds present."""
     fig, ax = plt.subplots(figsize=(7.5, 4.8))
     div, unit = time_unit(float(table["time_s"].max()))
     t = table["time_s"] / div
     for transient, marker, label in ((False, "s", "on-demand"), (True, "o", "transient")):
         sel = table["transient"] == transient
+        if not sel.any():
+            continue
         ax.scatter(t[sel], table.loc[sel, "cost_usd"], marker=marker, s=60, label=label,
                    facecolors="tab:blue" if transient else "none", edgecolors="tab:blue")
     for x, c, name, transient in zip(t, table["cost_usd"], table["config"], table["transient"],
@@ -139,13 +174,15 @@ def plot_cost_pareto(table: pd.DataFrame, path: Path, title: str) -> Path:
         ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
         ax.set_xlim(lo, hi)
         unit += ", log scale"
-    ax.set_xlabel(f"training time ({unit})")
+    else:
+        ax.margins(x=0.12)  # room for the outermost points' labels
+    ax.set_xlabel(f"{time_label} ({unit})")
     ax.set_ylabel("cost per training run (USD)")
     ax.set_title(title)
     ax.set_ylim(0, table["cost_usd"].max() * 1.2)
     ax.grid(alpha=0.3)
     ax.legend(loc="lower right")
-    return _save(fig, path)
+    return fig
 
 
 def _protocol_color(protocol: str, order: list[str]) -> str:
@@ -174,30 +211,60 @@ def plot_accuracy_curves(
     ax.set_xlim(left=0)
     ax.set_xlabel(f"{time_label} ({unit})")
     ax.set_ylabel("test accuracy (top-1, fraction)")
-    ax.set_ylim(bottom=max(0.0, min(c["accuracy"].quantile(0.2) for c in curves.values()) - 0.05))
+    # from a little below the lowest curve's 20 % quantile (early, near-chance points would
+    # squash the converged part that is compared) to a little above the best point
+    low = min(float(c["accuracy"].quantile(0.2)) for c in curves.values())
+    best = max(float(c["accuracy"].max()) for c in curves.values())
+    bottom = max(0.0, low - max(0.25 * (best - low), 0.01))
+    ax.set_ylim(bottom, min(1.0, best + 0.08 * (best - bottom)) + 0.002)  # best point not on the frame
     ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend(loc="lower right")
     return _save(fig, path)
 
 
+def _label_points(ax: plt.Axes, points: list[tuple[float, float, str]], fontsize: int = 8) -> None:
+    """Annotate each (x, y, text) beside its point, choosing for each label the first side
+    (right, left, above, below) where it overlaps neither another point nor a label already
+    placed, so labels of nearby points stay readable."""
+    ax.get_xlim(), ax.get_ylim()  # settle autoscaling before converting to screen units
+    to_pt = 72.0 / ax.figure.dpi
+    centres = [tuple(ax.transData.transform((x, y)) * to_pt) for x, y, _ in points]
+    taken = [(cx - 4, cy - 4, cx + 4, cy + 4) for cx, cy in centres]  # the markers themselves
+
+    def overlap(a: tuple[float, ...], b: tuple[float, ...]) -> float:
+        return max(0.0, min(a[2], b[2]) - max(a[0], b[0])) * max(0.0, min(a[3], b[3]) - max(a[1], b[1]))
+
+    for (x, y, text), (cx, cy) in zip(points, centres, strict=True):
+        w, h = 0.6 * fontsize * len(text), fontsize
+        sides = [(6, -h / 2), (-6 - w, -h / 2), (-w / 2, 6), (-w / 2, -6 - h),
+                 (6, 4), (6, -4 - h), (-6 - w, 4), (-6 - w, -4 - h)]
+        boxes = [(cx + dx, cy + dy, cx + dx + w, cy + dy + h) for dx, dy in sides]
+        costs = [sum(overlap(box, t) for t in taken) for box in boxes]
+        best = costs.index(min(costs))
+        taken.append(boxes[best])
+        ax.annotate(text, (x, y), textcoords="offset points", xytext=sides[best],
+                    ha="left", va="bottom", fontsize=fontsize)
+
+
 def plot_switch_tradeoff(table: pd.DataFrame, path: Path, title: str) -> Path:
     """Converged accuracy vs training time per protocol / switch point (mean ± std)."""
     fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    labels = []
     for asp_first, marker, label in ((False, "o", "BSP first"), (True, "^", "ASP first")):
         sub = table[table["asp_first"] == asp_first]
         if sub.empty:
             continue
         ax.errorbar(sub["time_s"] / 3600, sub["accuracy"], xerr=sub["time_std_s"] / 3600,
                     yerr=sub["accuracy_std"], fmt=marker, capsize=2, label=label)
-        for k, (_, row) in enumerate(sub.iterrows()):
+        for _, row in sub.iterrows():
             f = row["bsp_fraction"]
             short = row["protocol"] if f in (0.0, 1.0) else f"{100 * f:g}%"
-            ax.annotate(short, (row["time_s"] / 3600, row["accuracy"]), textcoords="offset points",
-                        xytext=(6, 4 if k % 2 else -9), fontsize=8)
+            labels.append((row["time_s"] / 3600, row["accuracy"], short))
     ax.set_xlabel("training time (h, switch pauses removed); labels: share of the BSP budget")
     ax.set_ylabel("converged test accuracy (fraction)")
     ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend(loc="lower right")
+    _label_points(ax, labels)
     return _save(fig, path)

@@ -14,14 +14,21 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pandas as pd
 
 from analysis import cost, lifetimes, plots, syncswitch
 from analysis.reference import reference_path
 
+if TYPE_CHECKING:
+    from analysis.runs import Run
+
 SPEED_SATURATION_GAIN = 0.5  # a worker adding < half a single worker's speed = PS bottleneck
 REFERENCE_CURVE_PROTOCOLS = ("BSP", "ASP", "BSP 5% → ASP", "BSP 25% → ASP")
+# what a report of one configuration says instead of a plot with a single point
+SWEEP_HINT = ("a sweep compares configurations, e.g. <code>python -m orchestrator "
+              "+experiment=NAME -m cluster.workers=1,2,4</code>")
 
 
 @dataclass
@@ -36,11 +43,13 @@ class Section:
 
 # --------------------------------------------------------------------------- speed vs workers
 def flag_saturation(speeds: pd.DataFrame) -> pd.Series:
-    """True where one more worker added < SPEED_SATURATION_GAIN × the one-worker speed."""
+    """True where each worker added since the previous measured size brought less than
+    SPEED_SATURATION_GAIN × the per-worker speed of the smallest measured cluster."""
     ordered = speeds.sort_values(["panel", "series", "workers"])
-    groups = ordered.groupby(["panel", "series"], sort=False)["speed"]
-    gain = groups.diff()
-    flagged = gain < SPEED_SATURATION_GAIN * groups.transform("first")
+    groups = ordered.groupby(["panel", "series"], sort=False)
+    per_added = groups["speed"].diff() / groups["workers"].diff()
+    per_worker = groups["speed"].transform("first") / groups["workers"].transform("first")
+    flagged = per_added < SPEED_SATURATION_GAIN * per_worker
     return flagged.reindex(speeds.index).astype(bool)
 
 
@@ -69,17 +78,21 @@ def _reference_speeds() -> tuple[pd.DataFrame, pd.DataFrame | None, str]:
 
 
 def _speed_summary(speeds: pd.DataFrame) -> pd.DataFrame:
+    """Per setting and series: speed at the fewest and the most workers measured, the best
+    speed, and how much of linear scaling from the fewest to the most was kept."""
     rows = []
     for (panel, series), g in speeds.groupby(["panel", "series"], sort=True):
         g = g.sort_values("workers")
-        one, last = g.iloc[0], g.iloc[-1]
+        first, last = g.iloc[0], g.iloc[-1]
         flagged = g[g["bottleneck"]]
+        linear = last["workers"] / first["workers"] * first["speed"]
         rows.append({
             "setting": panel, "model/series": series,
-            "speed at 1 worker (steps/s)": round(one["speed"], 2),
-            f"speed at {int(last['workers'])} workers (steps/s)": round(last["speed"], 2),
+            "workers": f"{int(first['workers'])}–{int(last['workers'])}",
+            "speed at fewest (steps/s)": round(first["speed"], 2),
+            "speed at most (steps/s)": round(last["speed"], 2),
             "best speed (steps/s)": round(g["speed"].max(), 2),
-            "scaling efficiency at max": round(last["speed"] / (last["workers"] * one["speed"]), 2),
+            "share of linear scaling at most": round(last["speed"] / linear, 2),
             "saturates from (workers)": int(flagged["workers"].min()) if len(flagged) else "—",
         })
     return pd.DataFrame(rows)
@@ -114,22 +127,34 @@ def _lifetime_section(out: Path) -> Section:
 
 def _cost_section(out: Path, source: str | Path) -> Section:
     table = cost.cost_table(source)
-    title = ("ICAC'19: ResNet-32 / CIFAR-10, 64k steps on K80 (2019 prices)"
-             if source == "reference" else "Our runs: time vs cost per configuration")
-    plots.plot_cost_pareto(table, out / "cost_pareto.png", title)
+    reference = source == "reference"
     cols = ["config", "runs", "time_s", "cost_usd", "accuracy", "speedup_vs_1_on_demand",
             "savings_vs_1_on_demand_pct", "savings_vs_n_on_demand_pct", "pareto"]
+    numbers = ("Per configuration (means over runs)", table[[c for c in cols if c in table]].round(4))
+    priced = ("" if reference else " Our costs are the plan's hourly price × wall time at the "
+              "run's price catalog: for <code>provider=local</code>, what the same cluster would "
+              "cost in the cloud, not money spent.")
+    if len(table) < 2:
+        row = table.iloc[0]
+        return Section("Cost and speed",
+                       f"One configuration ({html.escape(str(row['config']))}): "
+                       f"{row['time_s']:.1f} s wall time, ${row['cost_usd']:.4f}, accuracy "
+                       f"{row['accuracy']:.4f}; nothing to compare it with; {SWEEP_HINT}.{priced}",
+                       tables=[(numbers[0], numbers[1][cols[:5]])])
+    title = ("ICAC'19: ResNet-32 / CIFAR-10, 64k steps on K80 (2019 prices)"
+             if reference else "Our runs: wall time vs cost per configuration")
+    plots.plot_cost_pareto(table, out / "cost_pareto.png", title,
+                           "training time" if reference else "wall time per run")
     intro = ("Time, cost and accuracy of each cluster configuration, and which configurations are "
-             "Pareto-optimal (nothing else is both faster and cheaper).")
-    if source == "reference":
+             "Pareto-optimal (nothing else is both faster and cheaper)." + priced)
+    if reference:
         h = cost.icac19_headline()
         intro += (f" <b>Headline:</b> 8 transient K80 workers take {h.transient_time_s:,.1f} s vs "
                   f"{h.on_demand_1_time_s:,.1f} s on one on-demand K80 ({h.speedup:.2f}× faster) "
                   f"and cost ${h.transient_cost_usd:.4f} vs ${h.on_demand_n_cost_usd:.4f} on 8 "
                   f"on-demand K80 ({h.savings_vs_n_on_demand_pct:.1f} % cheaper; paper: 7.7×, "
                   f"62.9 %), at {h.transient_accuracy:.4f} vs {h.on_demand_1_accuracy:.4f} accuracy.")
-    return Section("Cost and speed", intro, [("cost_pareto.png", title)],
-                   [("Per configuration (means over runs)", table[[c for c in cols if c in table]].round(4))])
+    return Section("Cost and speed", intro, [("cost_pareto.png", title)], [numbers])
 
 
 def _syncswitch_reference_section(out: Path) -> Section:
@@ -160,6 +185,63 @@ def _syncswitch_reference_section(out: Path) -> Section:
     )
 
 
+def _own_speed_section(ok: pd.DataFrame, out: Path) -> Section:
+    """Speed vs workers, drawn only when the runs span at least two cluster sizes."""
+    proto = next((c for c in ("protocol", "sync.protocol") if c in ok), None)
+    series = ok[proto].fillna("?").astype(str).str.upper() if proto else "all runs"
+    panel = ok["experiment"].fillna("our runs").astype(str) if "experiment" in ok else "our runs"
+    speeds = pd.DataFrame({"panel": panel, "series": series, "workers": ok["workers"],
+                           "speed": ok["steps_per_sec"]})
+    speeds = speeds.groupby(["panel", "series", "workers"], as_index=False)["speed"].agg(
+        speed="mean", speed_std="std", runs="size")
+    if speeds["workers"].nunique() < 2:
+        numbers = speeds.rename(columns={"panel": "experiment", "series": "protocol",
+                                         "speed": "speed (global steps/s)",
+                                         "speed_std": "std over runs"}).round(2)
+        sizes = ", ".join(str(int(w)) for w in sorted(speeds["workers"].unique()))
+        return Section("Speed vs workers",
+                       f"Every run used the same cluster size ({sizes} workers), so there is no "
+                       f"speed-vs-workers curve to draw; {SWEEP_HINT}.",
+                       tables=[("Measured speed", numbers)])
+    speeds["bottleneck"] = flag_saturation(speeds)
+    plots.plot_speed_vs_workers(speeds, out / "speed_vs_workers.png", "Training speed vs workers",
+                                flag_label="added < ½ a worker's speed")
+    return Section(
+        "Speed vs workers",
+        "Global steps/s per cluster size (mean ± std over runs). A red ring marks a size where each "
+        "added worker brought less than half the per-worker speed of the smallest cluster; on "
+        "<code>provider=local</code> every role shares this machine's cores, so a ring there "
+        "measures the machine, not a parameter-server bottleneck.",
+        [("speed_vs_workers.png", "Speed vs workers")], [("Scaling", _speed_summary(speeds))])
+
+
+def _own_accuracy_section(runs: list[Run], sw: list[syncswitch.SwitchRun],
+                          out: Path) -> Section | None:
+    """Accuracy during training: one line per run when there are runs to compare, else the
+    single run's evaluations as numbers."""
+    curves = {r.name: r.metrics.dropna(subset=["eval_accuracy"]).rename(
+        columns={"wall_time_s": "time_s", "eval_accuracy": "accuracy"}) for r in runs}
+    curves = {k: v for k, v in curves.items() if len(v)}
+    if not curves:
+        return None
+    if len(curves) == 1:
+        (name, curve), = curves.items()
+        evals = curve[["time_s", "global_step", "accuracy"]].rename(
+            columns={"time_s": "wall time since start (s)", "global_step": "global step",
+                     "accuracy": "test accuracy"}).round(4)
+        return Section("Accuracy", f"One run ({html.escape(name)}), so nothing to compare: its "
+                       "evaluations are below. TensorBoard shows its curves "
+                       "(<code>make tensorboard</code>).",
+                       tables=[("Evaluations", evals)])
+    protocols = {r.name: f"{r.protocol} ({r.dataset.removeprefix('own, ')})" for r in sw}
+    plots.plot_accuracy_curves(curves, protocols, out / "accuracy_curves.png",
+                               "Test accuracy during training, one line per run",
+                               "wall time since start")
+    return Section("Accuracy per protocol", "Evaluation accuracy during training.",
+                   [("accuracy_curves.png", "Accuracy vs wall time")],
+                   [("Per protocol", syncswitch.summarize(sw).round(4))])
+
+
 def _own_sections(source: Path, out: Path) -> list[Section]:
     from analysis.runs import load_runs, load_runs_table
 
@@ -173,33 +255,14 @@ def _own_sections(source: Path, out: Path) -> list[Section]:
                             tables=[("All runs", table[overview])]))
     ok = table.dropna(subset=["workers", "steps_per_sec"])
     if len(ok):
-        proto = next((c for c in ("protocol", "sync.protocol") if c in ok), None)
-        series = ok[proto].fillna("?").astype(str).str.upper() if proto else "all runs"
-        speeds = pd.DataFrame({"panel": "our cluster", "series": series,
-                               "workers": ok["workers"], "speed": ok["steps_per_sec"]})
-        speeds = speeds.groupby(["panel", "series", "workers"], as_index=False)["speed"].agg(
-            speed="mean", speed_std="std")
-        speeds["bottleneck"] = flag_saturation(speeds)
-        plots.plot_speed_vs_workers(speeds, out / "speed_vs_workers.png", "Training speed vs workers")
-        sections.append(Section("Speed vs workers", "Global steps/s per cluster size; a red ring "
-                                "marks a worker that added less than half a single worker's speed.",
-                                [("speed_vs_workers.png", "Speed vs workers")],
-                                [("Scaling", _speed_summary(speeds))]))
+        sections.append(_own_speed_section(ok, out))
     try:
         sections.append(_cost_section(out, source))
     except (ValueError, KeyError) as exc:
         sections.append(Section("Cost and speed", f"Not available: {html.escape(str(exc))}."))
-    sw = syncswitch.own_runs(source)
-    curves = {r.name: r.metrics.dropna(subset=["eval_accuracy"]).rename(
-        columns={"wall_time_s": "time_s", "eval_accuracy": "accuracy"}) for r in runs}
-    curves = {k: v for k, v in curves.items() if len(v)}
-    if curves:
-        protocols = {r.name: f"{r.protocol} ({r.dataset.removeprefix('own, ')})" for r in sw}
-        plots.plot_accuracy_curves(curves, protocols, out / "accuracy_curves.png",
-                                   "Accuracy per protocol", "wall time since start")
-        sections.append(Section("Accuracy per protocol", "Evaluation accuracy during training.",
-                                [("accuracy_curves.png", "Accuracy vs wall time")],
-                                [("Per protocol", syncswitch.summarize(sw).round(4))]))
+    accuracy = _own_accuracy_section(runs, syncswitch.own_runs(source), out)
+    if accuracy is not None:
+        sections.append(accuracy)
     return sections
 
 

@@ -227,7 +227,7 @@ def own_runs(source: str | Path) -> list[SwitchRun]:
             # a schedule such as "bsp>asp" without phases has no known BSP share: NaN
             fraction = {"bsp": 1.0, "asp": 0.0}.get((s.protocol or "").lower(), math.nan)
             asp_first, time_s = False, s.train_time_s or s.wall_time_s
-        out.append(SwitchRun(f"own, {workers} workers", run.name, round(fraction, 4), asp_first, 1, time_s,
+        out.append(SwitchRun(f"own, {workers} worker{'s' * (workers != 1)}", run.name, round(fraction, 4), asp_first, 1, time_s,
                              s.final_accuracy, s.status in (None, "completed"), s.status or ""))
     return out
 

@@ -43,11 +43,11 @@ def _run_one(cfg: DictConfig) -> dict[str, Any] | None:
     from omegaconf.errors import OmegaConfBaseException
     from rich.console import Console
 
-    from orchestrator import sweep
+    from orchestrator import data, sweep
     from orchestrator.config.errors import from_omegaconf
     from orchestrator.config.schema import to_experiment
-    from orchestrator.config.validation import validate, validate_data_dir
-    from orchestrator.display import render_plan
+    from orchestrator.config.validation import validate
+    from orchestrator.display import cost_text, render_plan, say_provider_note
     from orchestrator.plan import make_plan
     from orchestrator.run import execute_run
     from orchestrator.simulate.band import predict_band
@@ -67,36 +67,25 @@ def _run_one(cfg: DictConfig) -> dict[str, Any] | None:
         total = sweep.sweep_size or "?"
         title = f"run {hc.job.num + 1}/{total} {exp.name} " + " ".join(overrides)
     if exp.dry_run:
-        if _needs_data_warning(exp):
-            plan.warnings.append(f"job.data_dir '{exp.job.data_dir}' does not exist here; "
-                                 "the run checks it when it starts")
-        render_plan(plan, Console(), title=f"Plan: {title} (dry run: nothing provisioned)")
+        render_plan(plan, Console(), title=f"Plan: {title} (dry run: nothing provisioned)",
+                    data=data.describe(exp))
         return None
     if exp.provider.name != "sim":  # a simulated run reads no data
-        validate_data_dir(exp)
+        data.prepare(exp)  # a bad job.data_dir or a failed download stops here, before provisioning
+    say_provider_note(plan, Console(), once=True)
     run_dir = Path(hc.runtime.output_dir)
     resolved = OmegaConf.to_container(cfg, resolve=True)
     assert isinstance(resolved, dict)
     summary = execute_run(exp, plan, run_dir, resolved, title)
     csv_dir = Path(hc.sweep.dir) if multirun else run_dir
     sweep.append_run_row(csv_dir / sweep.RUNS_CSV, overrides, run_dir, summary)
-    _report(summary, run_dir)
+    _report(summary, run_dir, cost_text(summary["cost_usd"], plan))
     if summary["status"] != "completed":
         _failed_runs.append(str(run_dir))
     return summary
 
 
-def _needs_data_warning(exp: Any) -> bool:
-    try:
-        from orchestrator.config.validation import validate_data_dir
-
-        validate_data_dir(exp)
-    except ConfigError:
-        return True
-    return False
-
-
-def _report(summary: dict[str, Any], run_dir: Path) -> None:
+def _report(summary: dict[str, Any], run_dir: Path, cost: str) -> None:
     from rich.console import Console
 
     acc = summary["final_accuracy"]
@@ -105,7 +94,7 @@ def _report(summary: dict[str, Any], run_dir: Path) -> None:
     Console().print(
         f"[bold]{summary['status']}[/bold] {summary['run_id']}: {summary['global_steps']} steps"
         f" in {summary['wall_time_s']:.1f} s ({sps or 0:.1f} steps/s), accuracy {acc_text}, "
-        f"${summary['cost_usd']:.4f} on GCE; results in {run_dir}"
+        f"{cost}; results in {run_dir}"
         + (f"\n[red]error:[/red] {summary['error']}" if summary["error"] else ""),
         highlight=False,
     )

@@ -6,6 +6,7 @@ from rich.console import Console
 from rich.table import Table
 
 from orchestrator.plan import RunPlan
+from provisioning.registry import provider_class
 
 
 def _duration(seconds: float | None) -> str:
@@ -16,8 +17,41 @@ def _duration(seconds: float | None) -> str:
     return f"{h}h {m:02d}m {s:02d}s" if h else f"{m}m {s:02d}s"
 
 
-def render_plan(plan: RunPlan, console: Console | None = None, title: str | None = None) -> None:
-    """Print the plan: hosts with placement and price, phases, estimates, risks."""
+def provider_note(plan: RunPlan) -> str | None:
+    """One line on what the provider does not do as the plan says (GPU types, zones, machine
+    types) and, for a provider that bills nothing, what the prices then mean; None when the
+    plan is provisioned and billed as written."""
+    backend = provider_class(plan.provider)
+    parts = [note for note in (backend.plan_note(plan.host_specs()),) if note]
+    if not backend.billed:
+        parts.append(f"prices (catalog {plan.catalog}) are what this cluster would cost in "
+                     "the cloud, nothing is billed")
+    return f"{plan.provider}: " + "; ".join(parts) if parts else None
+
+
+_notes_said: set[str] = set()
+
+
+def say_provider_note(plan: RunPlan, console: Console, once: bool = False) -> None:
+    """Print `provider_note` if there is one; with `once`, not again in this process (the
+    points of a sweep share it)."""
+    note = provider_note(plan)
+    if note and not (once and note in _notes_said):
+        _notes_said.add(note)
+        console.print(f"[cyan]note:[/cyan] {note}", highlight=False)
+
+
+def cost_text(cost_usd: float, plan: RunPlan) -> str:
+    """A run's cost as the closing line says it: what was billed, or what it would have cost."""
+    if provider_class(plan.provider).billed:
+        return f"${cost_usd:.4f} (catalog {plan.catalog})"
+    return (f"${cost_usd:.4f} if run in the cloud (catalog {plan.catalog}; {plan.provider}: "
+            "nothing billed)")
+
+
+def render_plan(plan: RunPlan, console: Console | None = None, title: str | None = None,
+                data: str | None = None) -> None:
+    """Print the plan: hosts with placement and price, phases, estimates, the data, risks."""
     console = console or Console()
     if not console.is_terminal:  # logs and pipes: wide enough that nothing is truncated
         console.width = max(console.width, 120)
@@ -55,6 +89,9 @@ def render_plan(plan: RunPlan, console: Console | None = None, title: str | None
                       f" – {_duration(b['wall_time_s']['p90'])}   cost ${b['cost_usd']['p10']:.2f}"
                       f" – ${b['cost_usd']['p90']:.2f}   revocations {b['revocations']['p10']:g}"
                       f" – {b['revocations']['p90']:g}   P(completes) {b['p_complete']:.0%}")
+    if data:
+        console.print(f"data: {data}", highlight=False)
+    say_provider_note(plan, console)
     if plan.revocation_model != "none":
         revs = plan.planned_revocations
         timed = sorted(r["at_s"] for r in revs if r.get("at_s") is not None)

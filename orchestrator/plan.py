@@ -11,6 +11,7 @@ from typing import Any
 
 from orchestrator.config.schema import ExperimentConfig, Protocol, schedule_phases
 from orchestrator.transient.revocation import RevocationSchedule
+from provisioning.base import HostSpec
 
 # Measured single-worker speed (steps/s, batch 128) of the papers' workloads (research.md).
 REFERENCE_STEPS_PER_SEC: dict[tuple[str, str], float] = {
@@ -72,6 +73,11 @@ class RunPlan:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    def host_specs(self) -> list[HostSpec]:
+        """The hosts as the provider is asked for them."""
+        return [HostSpec(name=h.name, role=h.role, machine_type=h.machine_type, gpu=h.gpu,
+                         zone=h.zone, transient=h.transient) for h in self.hosts]
 
 
 def plan_hosts(cfg: ExperimentConfig) -> list[HostPlan]:

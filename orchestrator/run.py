@@ -25,7 +25,7 @@ from orchestrator.runtime.progress import RunProgress
 from orchestrator.runtime.supervisor import RunState, Supervisor
 from orchestrator.transient.revocation import RevocationSchedule
 from orchestrator.transient.stragglers import InjectionSchedule
-from provisioning.base import Cluster, ClusterRequest, HostSpec
+from provisioning.base import Cluster, ClusterRequest
 from provisioning.journal import JOURNAL_FILE, Journal
 from provisioning.registry import get_provider
 from trainer.spec import JobSpec, PhaseSpec, StragglerSpec, TrainerSpec
@@ -67,9 +67,8 @@ def straggler_specs(cfg: ExperimentConfig) -> list[StragglerSpec]:
 
 
 def cluster_request(plan: RunPlan, run_id: str, run_dir: Path) -> ClusterRequest:
-    hosts = [HostSpec(name=h.name, role=h.role, machine_type=h.machine_type, gpu=h.gpu,
-                      zone=h.zone, transient=h.transient) for h in plan.hosts]
-    return ClusterRequest(run_id=run_id, hosts=hosts, workdir=run_dir)  # hosts/<id>/ below
+    # each host's work dir is hosts/<id>/ below run_dir
+    return ClusterRequest(run_id=run_id, hosts=plan.host_specs(), workdir=run_dir)
 
 
 def execute_run(cfg: ExperimentConfig, plan: RunPlan, run_dir: Path,

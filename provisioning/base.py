@@ -273,6 +273,15 @@ class Provider(abc.ABC):
     """Acquires hosts for roles, watches them, replaces lost ones and releases them."""
 
     name: str
+    #: False for a stand-in whose hosts cost nothing (local processes): a run's price is then
+    #: what the planned cluster would cost, not money spent.
+    billed: bool = True
+
+    @classmethod
+    def plan_note(cls, hosts: Sequence[HostSpec]) -> str | None:
+        """One plain sentence on what of `hosts` this backend does not provide as asked (GPU
+        types, zones, machine types), said once by the dry run and the run; None: nothing."""
+        return None
 
     @abc.abstractmethod
     def acquire(self, request: ClusterRequest) -> Cluster:

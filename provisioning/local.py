@@ -262,6 +262,18 @@ class LocalProvider(Provider):
     """
 
     name = "local"
+    billed = False
+
+    @classmethod
+    def plan_note(cls, hosts: Sequence[HostSpec]) -> str:
+        gpus = sorted({h.gpu for h in hosts if h.gpu})
+        hosts_are = (f"GPUs ({', '.join(gpus)}) are simulated as CPU processes on this machine "
+                     "(estimates assume real GPUs)"
+                     if gpus else "every host is a process on this machine")
+        unused = [what for what, asked in
+                  (("machine types", any(h.machine_type != "local" for h in hosts)),
+                   ("zones", any(h.zone for h in hosts))) if asked]
+        return hosts_are + (f"; {' and '.join(unused)} are not used" if unused else "")
 
     def __init__(
         self,

@@ -40,6 +40,21 @@ def get_provider(name: str = DEFAULT_PROVIDER, **options: object) -> Provider:
 
     Raises BadRequestError naming the valid backends for an unknown name, or the bad option
     when the backend does not accept one."""
+    factory = _factory(name)
+    try:
+        return factory(**options)
+    except TypeError as error:
+        raise BadRequestError(f"provider.{name}: bad option: {error}") from error
+
+
+def provider_class(name: str) -> type[Provider]:
+    """The class of backend `name`, to read what it can do (`billed`, `plan_note`) without
+    building one: the dry run asks too. A factory that is not a class answers as `Provider`."""
+    factory = _factory(name)
+    return factory if isinstance(factory, type) and issubclass(factory, Provider) else Provider
+
+
+def _factory(name: str) -> Callable[..., Provider]:
     if (
         name not in _factories
         and name in _BACKEND_MODULES
@@ -50,10 +65,7 @@ def get_provider(name: str = DEFAULT_PROVIDER, **options: object) -> Provider:
     if factory is None:
         valid = ", ".join(provider_names())
         raise BadRequestError(f"provider: unknown provider {name!r} ({valid})")
-    try:
-        return factory(**options)
-    except TypeError as error:
-        raise BadRequestError(f"provider.{name}: bad option: {error}") from error
+    return factory
 
 
 def _module_exists(module: str) -> bool:

@@ -31,6 +31,7 @@ class SimProvider(Provider):
     """In-memory hosts; ``runner`` refuses, because a simulated host runs no process."""
 
     name = "sim"
+    billed = False  # simulated: the cost is what the cluster would cost, nothing is billed
 
     def __init__(self) -> None:
         self._ids = itertools.count()

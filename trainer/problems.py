@@ -2,7 +2,8 @@
 
 Every problem loads numpy arrays on the host that builds the pipeline (the chief for
 training, the evaluator for evaluation) and ships them into the per-worker dataset function,
-so workers need no data files. No problem downloads anything.
+so workers need no data files. No problem downloads anything: trainer/data.py fetches the
+files into a cache beforehand (the orchestrator's data step, or `python -m trainer.data fetch`).
 """
 
 from __future__ import annotations

@@ -143,6 +143,7 @@ class ExperimentConfig:
     dry_run: bool = False  # validate and print the plan, provision nothing
     progress: bool = True  # rich progress bars (only when stdout is a terminal)
     report_every_s: float = 1.0  # chief's progress-report interval
+    data_cache: str | None = None  # downloaded datasets; None = $TRANSIENT_DATA_CACHE or XDG cache
     cluster: ClusterConfig = MISSING
     job: JobConfig = MISSING
     sync: SyncConfig = MISSING

@@ -172,13 +172,26 @@ def validate(cfg: ExperimentConfig) -> None:
 
 
 def validate_data_dir(cfg: ExperimentConfig) -> None:
-    """At run start: file-backed problems need job.data_dir to exist where the run reads it."""
+    """At run start: a given job.data_dir must hold the problem's files; unset, the problem
+    needs a dataset the run can fetch into the cache (orchestrator/data.py)."""
+    from trainer import data
+
     _, _, file_backed = _registries()
-    if cfg.job.problem not in file_backed:
+    problem, given = cfg.job.problem, cfg.job.data_dir
+    if problem not in file_backed:
         return
-    if not cfg.job.data_dir:
-        raise ConfigError("job.data_dir", f"problem '{cfg.job.problem}' reads files",
-                          "set job.data_dir to the folder with its files")
-    if not Path(cfg.job.data_dir).expanduser().is_dir():
-        raise ConfigError("job.data_dir", f"folder '{cfg.job.data_dir}' does not exist",
-                          f"put the {cfg.job.problem} files there or set job.data_dir")
+    if not given:
+        if data.dataset_for_problem(problem) is None:
+            raise ConfigError("job.data_dir", f"problem '{problem}' reads files and has no "
+                              "download", "set job.data_dir to the folder with its files")
+        return
+    unset = f"or leave job.data_dir unset to download them into {data.cache_root(cfg.data_cache)}"
+    if given.startswith("gs://"):
+        raise ConfigError("job.data_dir", "gs:// buckets are not read yet",
+                          f"use a folder on this machine, {unset}")
+    if not Path(given).expanduser().is_dir():
+        raise ConfigError("job.data_dir", f"folder '{given}' does not exist",
+                          f"put the {problem} files there, {unset}")
+    if not data.holds_files(problem, given):
+        raise ConfigError("job.data_dir", f"folder '{given}' does not hold the {problem} files",
+                          f"see python -m trainer.data list, {unset}")

@@ -1,0 +1,110 @@
+"""The data step of a run: the problem's files are here before anything is provisioned.
+
+``job.data_dir`` wins when given (it must hold the files). Left unset, a file-backed problem
+reads its dataset from the per-user cache (``data_cache``, ``$TRANSIENT_DATA_CACHE``, or
+``~/.cache/transient-orchestrator/datasets``), downloaded into it first when missing
+(``trainer/data.py``); the run's trainer spec then names that folder. Remote hosts get the
+folder from :func:`stage_dataset`, which copies it through the launch contract.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from orchestrator.config.errors import ConfigError
+from orchestrator.config.schema import ExperimentConfig
+from provisioning.base import Cluster, Provider, Role
+
+STAGED_DATA_DIR = "data"  # on a remote host, relative to its work dir
+# The roles that read the files: they load the arrays and ship them into each worker's dataset
+# function (trainer/problems.py), so parameter servers and workers need no copy.
+READING_ROLES = (Role.CHIEF, Role.EVALUATOR)
+
+
+class DataError(ConfigError):
+    """The dataset could not be obtained: one line and exit 2 like a config error, since
+    nothing was started and the user must act (go online, or place the files by hand)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__("job.data_dir", message)
+
+    def line(self) -> str:
+        return f"data error: {self.problem}"
+
+
+def _dataset(cfg: ExperimentConfig):  # -> trainer.data.Dataset | None
+    """The downloadable dataset the run would read from the cache, None when it reads none."""
+    from trainer import data
+    from trainer.problems import get_problem
+
+    if cfg.job.data_dir or not get_problem(cfg.job.problem).requires_data_dir:
+        return None
+    return data.dataset_for_problem(cfg.job.problem)
+
+
+def describe(cfg: ExperimentConfig) -> str | None:
+    """The dry run's data line: where the files are and how big, or what will be fetched."""
+    from rich.markup import escape
+
+    from orchestrator.config.validation import validate_data_dir
+    from trainer import data
+
+    try:
+        validate_data_dir(cfg)
+    except ConfigError as err:
+        return f"[yellow]{escape(err.line())}[/yellow] (the run stops there)"
+    if cfg.job.data_dir:
+        folder = Path(cfg.job.data_dir).expanduser()
+        return f"{cfg.job.problem} from job.data_dir {folder} " \
+               f"({data.human_bytes(data.folder_bytes(folder))})"
+    ds = _dataset(cfg)
+    if ds is None:
+        return None
+    root = data.cache_root(cfg.data_cache)
+    folder = data.cached_folder(ds, root)
+    if data.holds_files(ds.problem, folder):
+        return f"{ds.problem} cached in {folder} ({data.human_bytes(data.folder_bytes(folder))})"
+    archive = ds.archive()
+    return (f"{ds.problem} not cached: the run first downloads {archive.filename} "
+            f"({data.human_bytes(archive.size)}) from {archive.source_url()} into {folder}")
+
+
+def prepare(cfg: ExperimentConfig, console=None) -> Path | None:
+    """Make the files available and point ``cfg.job.data_dir`` at them; fetch when missing.
+
+    Raises ConfigError for a bad ``job.data_dir``, DataError when the download fails. Returns
+    the folder the run reads (None for problems without files).
+    """
+    from orchestrator.config.validation import validate_data_dir
+    from trainer import data
+
+    validate_data_dir(cfg)
+    if cfg.job.data_dir:  # absolute: the roles run in their hosts' work dirs
+        given = Path(cfg.job.data_dir).expanduser().resolve()
+        cfg.job.data_dir = str(given)
+        return given
+    ds = _dataset(cfg)
+    if ds is None:
+        return None
+    try:
+        folder = data.fetch(ds, data.cache_root(cfg.data_cache), console=console,
+                            progress=cfg.progress)
+    except data.FetchError as err:
+        raise DataError(str(err)) from None
+    cfg.job.data_dir = str(folder)
+    return folder
+
+
+def stage_dataset(provider: Provider, cluster: Cluster, local_dir: Path) -> str:
+    """Copy ``local_dir`` onto every host that reads it; the path to put in the spec.
+
+    The path is relative to each host's work dir (the trainer's cwd there), so one spec serves
+    every host. Not called by ``run.py`` yet: the local provider's hosts share this machine's
+    files. A remote backend (SSH, GCE) calls it after ``acquire`` and after a ``replace`` that
+    swapped a chief or evaluator host, and writes the result into ``job.data_dir``.
+    """
+    remote = Path(STAGED_DATA_DIR) / local_dir.name
+    for role in READING_ROLES:
+        for host in cluster.hosts_for(role):
+            provider.runner(host).copy(local_dir, remote)
+    return str(remote)

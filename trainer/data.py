@@ -1,0 +1,420 @@
+"""Datasets the file-backed problems read: where they come from, where they are cached, fetching.
+
+``python -m trainer.data fetch cifar10`` downloads ahead of time, ``python -m trainer.data list``
+shows the cache. The orchestrator calls :func:`fetch` before anything is provisioned when a
+problem's files are missing and ``job.data_dir`` is unset (``orchestrator/data.py``).
+
+Why not ``keras.utils.get_file`` (installed with TensorFlow) or tensorflow-datasets: get_file
+writes the download under its final name (a killed process leaves a truncated archive there),
+keeps a file whose checksum failed, re-extracts into the final folder on every call (a
+half-extracted folder looks like data), cannot resume, draws Keras' own progress bar and costs
+a TensorFlow import (seconds) in the orchestrator. tensorflow-datasets is not installed, pulls
+many packages and converts CIFAR into its own TFRecord cache that our readers do not read. So
+this module does the small part itself with the standard library, and rich's progress columns:
+an HTTP ``Range`` resume of ``<archive>.part``, the published MD5, ``tarfile``'s ``data``
+extraction filter into a temporary folder that is renamed into place (atomic on one
+filesystem), and a lock so two runs sharing a cache do not fetch at once.
+
+Cache layout (``cache_root()``): ``<root>/<dataset>/<archive folder>/`` (what the readers read,
+present only when complete), ``<root>/<archive>.part`` while downloading, and an archive the
+user placed by hand at ``<root>/<archive>`` is verified and extracted instead of downloading.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+CACHE_ENV = "TRANSIENT_DATA_CACHE"  # overrides the per-user cache folder
+MIRROR_ENV = "TRANSIENT_DATA_MIRROR"  # base URL serving the archives under their file names
+APP_DIR = "transient-orchestrator"
+FETCH_ERROR_EXIT_CODE = 2  # as a config error: nothing was started, the user must act
+INTERRUPTED_EXIT_CODE = 130
+CHUNK_BYTES = 1 << 20
+TIMEOUT_S = 60.0  # per socket operation, not for the whole download
+MAX_ATTEMPTS = 5  # a dropped connection is resumed while each attempt makes progress
+RETRY_PAUSE_S = 1.0  # times the attempt number, before resuming a dropped download
+
+
+@dataclass(frozen=True)
+class Archive:
+    """One published archive: URL, the published MD5 and size, the folder it unpacks to."""
+
+    url: str
+    md5: str
+    size: int  # bytes, as published; for the progress bar and the dry run
+    folder: str  # its single top-level folder, one of the problem's CIFAR_LAYOUTS
+
+    @property
+    def filename(self) -> str:
+        return self.url.rsplit("/", 1)[-1]
+
+    def source_url(self) -> str:
+        """The URL to fetch: the canonical one, or ``$TRANSIENT_DATA_MIRROR/<file name>``."""
+        mirror = os.environ.get(MIRROR_ENV)
+        return f"{mirror.rstrip('/')}/{self.filename}" if mirror else self.url
+
+
+@dataclass(frozen=True)
+class Dataset:
+    """A problem's downloadable data; the first archive is the one fetched by default."""
+
+    name: str  # the cache sub-folder and the CLI's name
+    problem: str  # the trainer.problems name whose reader reads it
+    archives: tuple[Archive, ...]
+
+    def archive(self, fmt: str | None = None) -> Archive:
+        """The archive of format ``bin`` or ``py`` (None: the default, the first)."""
+        if fmt is None:
+            return self.archives[0]
+        for a in self.archives:
+            if a.folder.endswith(("-bin", "-binary") if fmt == "bin" else ("-py", "-python")):
+                return a
+        raise ValueError(f"{self.name}: no {fmt!r} archive (formats: bin, py)")
+
+
+# The published checksums and sizes (https://www.cs.toronto.edu/~kriz/cifar.html). The binary
+# versions come first: read with np.fromfile, no unpickling of downloaded data.
+_TORONTO = "https://www.cs.toronto.edu/~kriz"
+DATASETS: dict[str, Dataset] = {
+    "cifar10": Dataset("cifar10", "image_cifar10", (
+        Archive(f"{_TORONTO}/cifar-10-binary.tar.gz", "c32a1d4ab5d03f1284b67883e8d87530",
+                170_052_171, "cifar-10-batches-bin"),
+        Archive(f"{_TORONTO}/cifar-10-python.tar.gz", "c58f30108f718f92721af3b95e74349a",
+                170_498_071, "cifar-10-batches-py"),
+    )),
+    "cifar100": Dataset("cifar100", "image_cifar100", (
+        Archive(f"{_TORONTO}/cifar-100-binary.tar.gz", "03b5dce01913d631647c71ecec9e9cb8",
+                168_513_733, "cifar-100-binary"),
+        Archive(f"{_TORONTO}/cifar-100-python.tar.gz", "eb9058c3a382ffc7106e4002c42a8d85",
+                169_001_437, "cifar-100-python"),
+    )),
+}
+
+
+class FetchError(Exception):
+    """A dataset could not be obtained; ``str()`` is one line naming the URL, the cache folder
+    and how to place the files by hand."""
+
+
+def dataset_for(name: str) -> Dataset:
+    """The dataset by its name (``cifar10``) or its problem's name (``image_cifar10``)."""
+    for ds in DATASETS.values():
+        if name in (ds.name, ds.problem):
+            return ds
+    valid = ", ".join(sorted(DATASETS))
+    raise KeyError(f"unknown dataset {name!r} (valid: {valid})")
+
+
+def dataset_for_problem(problem: str) -> Dataset | None:
+    return next((ds for ds in DATASETS.values() if ds.problem == problem), None)
+
+
+def cache_root(configured: str | None = None) -> Path:
+    """The per-user cache: the configured folder, else $TRANSIENT_DATA_CACHE, else
+    ``$XDG_CACHE_HOME/transient-orchestrator/datasets`` (default ``~/.cache/...``)."""
+    chosen = configured or os.environ.get(CACHE_ENV)
+    if chosen:
+        return Path(chosen).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME") or "~/.cache"
+    return Path(xdg).expanduser() / APP_DIR / "datasets"
+
+
+def holds_files(problem: str, folder: Path | str) -> bool:
+    """True when ``folder`` (or its archive sub-folder) holds every file the reader needs."""
+    from trainer.problems import find_cifar_files
+
+    try:
+        find_cifar_files(problem, str(folder))
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def cached_folder(ds: Dataset, root: Path) -> Path:
+    """Where ``ds`` lives in the cache (whether or not it is there yet)."""
+    return root / ds.name
+
+
+def folder_bytes(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+
+
+def manual_hint(ds: Dataset, root: Path, archive: Archive | None = None) -> str:
+    """How to place the files by hand, for error lines."""
+    a = archive or ds.archive()
+    return (f"download it elsewhere and put {a.filename} (MD5 {a.md5}) in {root}, or its "
+            f"extracted {a.folder}/ in {cached_folder(ds, root)}, or set job.data_dir")
+
+
+def fetch(ds: Dataset, root: Path, fmt: str | None = None, console: Any = None,
+          progress: bool = True) -> Path:
+    """The cached folder of ``ds``, downloading, verifying and extracting it when missing.
+
+    Raises FetchError (one line) when it cannot be downloaded or does not verify; a bad
+    download is deleted, an interrupted one (``<archive>.part``) is resumed by the next call.
+    """
+    target = cached_folder(ds, root)
+    if holds_files(ds.problem, target):
+        return target
+    archive = ds.archive(fmt)
+    root.mkdir(parents=True, exist_ok=True)
+    with _locked(root / f".{ds.name}.lock"):
+        if holds_files(ds.problem, target):  # another process fetched it while we waited
+            return target
+        placed = root / archive.filename
+        if placed.is_file():
+            _verify(placed, archive, ds, root, delete=False)
+            _extract(placed, archive, ds, target)
+            return target
+        part = root / f"{archive.filename}.part"
+        _download(archive, part, ds, root, console, progress)
+        _verify(part, archive, ds, root, delete=True)
+        try:
+            _extract(part, archive, ds, target)
+        except _WrongContents:
+            part.unlink()  # verified, yet not what the reader needs: a wrong registry entry
+            raise
+        part.unlink()
+    return target
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    import fcntl
+
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _download(archive: Archive, part: Path, ds: Dataset, root: Path, console: Any,
+              show: bool) -> None:
+    """Fetch ``archive`` into ``part``, resuming what is there; retry while attempts progress."""
+    from rich.console import Console
+    from rich.progress import (
+        BarColumn,
+        DownloadColumn,
+        Progress,
+        TextColumn,
+        TimeRemainingColumn,
+        TransferSpeedColumn,
+    )
+
+    url = archive.source_url()
+    console = console or Console(stderr=True)
+    started, resumed_from = time.monotonic(), part.stat().st_size if part.exists() else 0
+    if resumed_from == archive.size:  # complete from an earlier call that stopped before verifying
+        return
+    # The bar appears with the first answer, so an offline run prints its one error line only.
+    bar = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(binary_units=True),
+                   TransferSpeedColumn(), TimeRemainingColumn(), console=console,
+                   disable=not show)
+    task = bar.add_task(f"{ds.name}: {archive.filename}", total=archive.size,
+                        completed=resumed_from)
+
+    def report(done: int, total: int | None) -> None:
+        if not bar.live.is_started:
+            bar.start()
+        bar.update(task, completed=done, total=total or archive.size)
+
+    try:
+        for attempt in range(1, MAX_ATTEMPTS + 1):
+            have = part.stat().st_size if part.exists() else 0
+            try:
+                if _download_once(url, part, have, report):
+                    break
+            except _NoProgress as err:
+                raise FetchError(f"could not download {url}: {err}; cache folder {root}: "
+                                 f"{manual_hint(ds, root, archive)}") from None
+            if attempt == MAX_ATTEMPTS:
+                raise FetchError(f"could not download {url}: the connection dropped "
+                                 f"{MAX_ATTEMPTS} times ({part} keeps what arrived; run again "
+                                 f"to resume); cache folder {root}: "
+                                 f"{manual_hint(ds, root, archive)}")
+            time.sleep(min(RETRY_PAUSE_S * attempt, 10.0))
+    finally:
+        bar.stop()
+    got = part.stat().st_size
+    console.print(f"{ds.name}: downloaded {got - resumed_from:,} bytes from {url} in "
+                  f"{time.monotonic() - started:.1f} s"
+                  + (f" (resumed at byte {resumed_from:,})" if resumed_from else ""),
+                  highlight=False)
+
+
+class _NoProgress(Exception):
+    """An attempt that received nothing (refused, HTTP error, DNS): retrying will not help."""
+
+
+def _download_once(url: str, part: Path, have: int, report: Any) -> bool:
+    """One request from byte ``have``; True when complete, False when it dropped after
+    receiving some bytes. Raises _NoProgress when nothing arrived."""
+    import http.client
+    import urllib.error
+    import urllib.request
+
+    headers = {"User-Agent": APP_DIR}
+    if have:
+        headers["Range"] = f"bytes={have}-"
+    received = 0
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers),
+                                    timeout=TIMEOUT_S) as resp:
+            if have and resp.status != 206:  # the server ignored the range: start again
+                have = 0
+            length = resp.headers.get("Content-Length")
+            total = have + int(length) if length is not None else None
+            report(have, total)
+            with open(part, "ab" if have else "wb") as out:
+                while chunk := resp.read1(CHUNK_BYTES):  # what has arrived, at most this
+                    out.write(chunk)
+                    received += len(chunk)
+                    report(have + received, total)
+            # http.client returns b"" at an early EOF instead of raising: compare the length
+            return total is None or have + received >= total
+    except urllib.error.HTTPError as err:
+        if err.code == 416 and have:  # asked past the end: the part file is stale
+            part.unlink()
+            return _download_once(url, part, 0, report)
+        raise _NoProgress(f"HTTP {err.code} {err.reason}") from None
+    except (urllib.error.URLError, OSError, http.client.HTTPException) as err:
+        if received:
+            return False
+        reason = getattr(err, "reason", err)
+        raise _NoProgress(getattr(reason, "strerror", None) or str(reason)) from None
+
+
+def md5_of(path: Path) -> str:
+    import hashlib
+
+    digest = hashlib.md5(usedforsecurity=False)
+    with open(path, "rb") as f:
+        while chunk := f.read(CHUNK_BYTES):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _verify(path: Path, archive: Archive, ds: Dataset, root: Path, delete: bool) -> None:
+    got = md5_of(path)
+    if got != archive.md5:
+        if delete:
+            path.unlink()
+        fate = "deleted it" if delete else f"left it at {path}; delete or replace it"
+        source = archive.source_url() if delete else "the cache folder"
+        raise FetchError(f"{archive.filename} from {source} has MD5 {got}, expected "
+                         f"{archive.md5} (corrupted or not the published archive; {fate}); "
+                         f"cache folder {root}: {manual_hint(ds, root, archive)}")
+
+
+class _WrongContents(FetchError):
+    """The archive verified but lacks the reader's files."""
+
+
+def _extract(path: Path, archive: Archive, ds: Dataset, target: Path) -> None:
+    """Unpack into a temporary folder beside ``target`` and rename the finished folder in."""
+    import tarfile
+
+    target.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".extract-{archive.folder}-", dir=target))
+    try:
+        with tarfile.open(path, "r:*") as tar:
+            tar.extractall(tmp, filter="data")  # no absolute paths, links or devices
+        if not holds_files(ds.problem, tmp / archive.folder):
+            raise _WrongContents(f"{path.name} does not hold {archive.folder}/ with the "
+                             f"{ds.problem} files; remove it and fetch again")
+        final = target / archive.folder
+        if final.exists():  # an incomplete folder placed by hand: replace it
+            final.rename(tmp / "incomplete")
+        os.replace(tmp / archive.folder, final)
+    except (tarfile.TarError, OSError) as err:
+        raise FetchError(f"could not extract {path} into {target}: {err}") from None
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def cache_entries(root: Path) -> list[dict[str, Any]]:
+    """What ``list`` shows: one row per dataset, plus partial downloads."""
+    rows = []
+    for ds in DATASETS.values():
+        folder = cached_folder(ds, root)
+        present = holds_files(ds.problem, folder)
+        partial = [root / f"{a.filename}.part" for a in ds.archives]
+        partial_bytes = sum(p.stat().st_size for p in partial if p.exists())
+        rows.append({"dataset": ds.name, "problem": ds.problem, "present": present,
+                     "folder": folder, "bytes": folder_bytes(folder) if folder.exists() else 0,
+                     "partial_bytes": partial_bytes, "download_bytes": ds.archive().size})
+    return rows
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m trainer.data {fetch NAME... | list}``; exit 2 with one line on failure."""
+    from rich.console import Console
+    from rich.table import Table
+
+    parser = argparse.ArgumentParser(prog="python -m trainer.data",
+                                     description="Fetch and list the cached datasets.")
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--cache-dir", help=f"cache folder (default: ${CACHE_ENV} or "
+                        f"$XDG_CACHE_HOME/{APP_DIR}/datasets)")
+    sub = parser.add_subparsers(dest="command", required=True)
+    get = sub.add_parser("fetch", parents=[common],
+                         help="download, verify and extract into the cache")
+    get.add_argument("names", nargs="+", help=f"dataset ({', '.join(DATASETS)}) or problem name")
+    get.add_argument("--format", choices=("bin", "py"), help="archive format (default: bin)")
+    sub.add_parser("list", parents=[common], help="what is cached, where, and how big")
+    args = parser.parse_args(argv)
+    root = cache_root(args.cache_dir)
+    console = Console()
+    if args.command == "list":
+        table = Table(title=f"datasets in {root}", title_justify="left")
+        for col in ("dataset", "problem", "status", "size", "folder"):
+            table.add_column(col)
+        for r in cache_entries(root):
+            status = "cached" if r["present"] else (
+                f"partial download {human_bytes(r['partial_bytes'])}" if r["partial_bytes"]
+                else f"not cached ({human_bytes(r['download_bytes'])} to download)")
+            table.add_row(r["dataset"], r["problem"], status,
+                          human_bytes(r["bytes"]) if r["present"] else "-", str(r["folder"]))
+        console.print(table)
+        return 0
+    try:
+        for name in args.names:
+            ds = dataset_for(name)
+            folder = fetch(ds, root, fmt=args.format, console=console)
+            console.print(f"{ds.name}: {folder} ({human_bytes(folder_bytes(folder))})",
+                          highlight=False)
+    except (KeyError, ValueError) as err:
+        print(f"data error: {err.args[0]}", file=sys.stderr)
+        return FETCH_ERROR_EXIT_CODE
+    except FetchError as err:
+        print(f"data error: {err}", file=sys.stderr)
+        return FETCH_ERROR_EXIT_CODE
+    except KeyboardInterrupt:
+        print(f"interrupted: the next fetch resumes the partial download in {root}",
+              file=sys.stderr)
+        return INTERRUPTED_EXIT_CODE
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
