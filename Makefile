@@ -1,6 +1,7 @@
 # One command sets up and runs the local default; one passes the tests (README "Quick start").
 #   make run    set up what is missing, then train the embedded default (digits_local)
-#   make test   set up what is missing, then run the whole test suite (what CI runs)
+#   make test   set up what is missing, then run the whole test suite
+#   make ci     what CI runs (.ci/run): dry-run every committed experiment, lint, test
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -8,10 +9,12 @@ STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 LOGDIR ?= outputs
 
-.PHONY: setup run test test-fast validate bench lint tensorboard clean help
+EXPERIMENTS := $(sort $(basename $(notdir $(wildcard experiments/*.yaml))))
+
+.PHONY: setup run test test-fast validate dry-run ci bench lint tensorboard clean help
 
 help:
-	@echo "make setup | run | test | test-fast | validate | bench | lint | tensorboard | clean"
+	@echo "make setup | run | test | test-fast | validate | dry-run | ci | bench | lint | tensorboard | clean"
 
 setup: $(STAMP)
 
@@ -35,6 +38,16 @@ test-fast: setup
 
 validate: setup
 	$(PY) -m orchestrator.validate
+
+# Every committed experiment through the real command in dry-run mode (plan only, nothing
+# provisioned); a bad one prints its one-line config error and fails the target.
+dry-run: setup
+	@failed=""; for e in $(EXPERIMENTS); do \
+	  if $(PY) -m orchestrator +experiment=$$e dry_run=true progress=false > /dev/null; \
+	  then echo "dry run ok   $$e"; else echo "dry run FAIL $$e"; failed="$$failed $$e"; fi; \
+	done; test -z "$$failed" || { echo "failed dry runs:$$failed"; exit 1; }
+
+ci: dry-run lint test
 
 bench: setup
 	$(PY) -m bench

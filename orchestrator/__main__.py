@@ -46,7 +46,7 @@ def _run_one(cfg: DictConfig) -> dict[str, Any] | None:
     from orchestrator import data, sweep
     from orchestrator.config.errors import from_omegaconf
     from orchestrator.config.schema import to_experiment
-    from orchestrator.config.validation import validate
+    from orchestrator.config.validation import validate, validate_run_start
     from orchestrator.display import cost_text, render_plan, say_provider_note
     from orchestrator.plan import make_plan
     from orchestrator.run import execute_run
@@ -70,10 +70,12 @@ def _run_one(cfg: DictConfig) -> dict[str, Any] | None:
         render_plan(plan, Console(), title=f"Plan: {title} (dry run: nothing provisioned)",
                     data=data.describe(exp))
         return None
-    if exp.provider.name != "sim":  # a simulated run reads no data
+    if exp.provider.name != "sim":  # a simulated run provisions nothing and reads no data
+        validate_run_start(exp)  # cloud credentials: before a download or anything provisioned
         data.prepare(exp)  # a bad job.data_dir or a failed download stops here, before provisioning
     say_provider_note(plan, Console(), once=True)
     run_dir = Path(hc.runtime.output_dir)
+    sweep.mark_killed_siblings(run_dir)  # earlier runs here whose orchestrator was killed
     resolved = OmegaConf.to_container(cfg, resolve=True)
     assert isinstance(resolved, dict)
     summary = execute_run(exp, plan, run_dir, resolved, title)
@@ -118,13 +120,23 @@ def _on_sigterm(signum: int, frame: object) -> None:
 
 def main() -> None:
     """Console entry point; also ``python -m orchestrator``."""
-    from orchestrator.config.hydra_errors import config_error_from_hydra
+    from orchestrator.config.hydra_errors import (
+        check_group_overrides,
+        config_error_from_hydra,
+        exact_item_error,
+        explain,
+    )
 
     register_configs()
     user_full_error = os.environ.get("HYDRA_FULL_ERROR") == "1"
     os.environ["HYDRA_FULL_ERROR"] = "1"  # let exceptions reach us so we can format them
     signal.signal(signal.SIGTERM, _on_sigterm)
     sys.argv = normalise_argv(sys.argv)
+    try:
+        check_group_overrides([a for a in sys.argv[1:] if not a.startswith("-")])
+    except ConfigError as err:
+        print(err.line(), file=sys.stderr)
+        sys.exit(CONFIG_ERROR_EXIT_CODE)
     app = hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")(run_one)
     try:
         app()
@@ -140,7 +152,8 @@ def main() -> None:
 
             traceback.print_exc()
             sys.exit(1)
-        print(err.line(), file=sys.stderr)
+        overrides = [a for a in sys.argv[1:] if not a.startswith("-")]
+        print(explain(exact_item_error(err, overrides)).line(), file=sys.stderr)
         sys.exit(CONFIG_ERROR_EXIT_CODE)
     if _failed_runs:
         print(f"{len(_failed_runs)} run(s) did not complete: " + ", ".join(_failed_runs),

@@ -61,12 +61,16 @@ def render_plan(plan: RunPlan, console: Console | None = None, title: str | None
                          ("machine", "left"), ("transient", "center"), ("$/h", "right")):
         hosts.add_column(col, justify=justify)  # type: ignore[arg-type]
     for h in plan.hosts:
-        hosts.add_row(h.name, h.role, h.gpu or "cpu", h.zone or "-", h.machine_type,
+        machine = f"on {h.colocate_with}" if h.colocate_with else h.machine_type
+        hosts.add_row(h.name, h.role, h.gpu or "cpu", h.zone or "-", machine,
                       "yes" if h.transient else "no", f"{h.hourly_usd:.4f}")
     hosts.add_section()
     hosts.add_row("total", f"{plan.workers} workers, {plan.parameter_servers} PS", "", "", "", "",
                   f"{plan.hourly_usd:.4f}")
     console.print(hosts)
+
+    if plan.provider == "gce":
+        render_gce_vms(plan, console)
 
     phases = Table(title="Phases (global-step targets)", title_justify="left")
     for col in ("#", "protocol", "start step", "end step", "BSP-equiv. steps", "hparams"):
@@ -103,3 +107,18 @@ def render_plan(plan: RunPlan, console: Console | None = None, title: str | None
         console.print(f"[yellow]risk:[/yellow] {risk}")
     for warning in plan.warnings:
         console.print(f"[yellow]warning:[/yellow] {warning}")
+
+
+def render_gce_vms(plan: RunPlan, console: Console) -> None:
+    """The VMs `provider=gce` would create, per zone (colocated roles share a VM)."""
+    from provisioning.gce.preview import preview_vms
+
+    vms = preview_vms(plan.hosts)
+    table = Table(title=f"GCE VMs to create ({len(vms)})", title_justify="left")
+    for col in ("zone", "VM", "machine", "GPU", "model", "roles on it"):
+        table.add_column(col)
+    for zone in dict.fromkeys(vm.zone for vm in vms):
+        for vm in (v for v in vms if v.zone == zone):
+            table.add_row(zone, vm.slot, vm.machine_type, vm.gpu,
+                          "Spot" if vm.spot else "on-demand", ", ".join(vm.hosts))
+    console.print(table)

@@ -36,7 +36,8 @@ class HostPlan:
     zone: str | None
     machine_type: str
     transient: bool
-    hourly_usd: float
+    hourly_usd: float  # 0 for a colocated role: its machine is priced once, on its owner
+    colocate_with: str | None = None  # the host whose machine it shares (chief_on_ps: ps-0)
 
 
 @dataclass
@@ -77,7 +78,8 @@ class RunPlan:
     def host_specs(self) -> list[HostSpec]:
         """The hosts as the provider is asked for them."""
         return [HostSpec(name=h.name, role=h.role, machine_type=h.machine_type, gpu=h.gpu,
-                         zone=h.zone, transient=h.transient) for h in self.hosts]
+                         zone=h.zone, transient=h.transient, colocate_with=h.colocate_with)
+                for h in self.hosts]
 
 
 def plan_hosts(cfg: ExperimentConfig) -> list[HostPlan]:
@@ -91,10 +93,12 @@ def plan_hosts(cfg: ExperimentConfig) -> list[HostPlan]:
 
     def add(role: str, index: int, gpu: str | None, zone: str | None, machine: str,
             transient: bool, colocated: bool = False) -> None:
-        # A colocated role shares the first PS's VM: it costs nothing extra.
-        price = 0.0 if colocated else catalog.hourly_price(machine, gpu, transient)
-        if colocated:
-            machine = "on ps-0"
+        if colocated:  # shares the first PS's machine (its own port): priced once, there
+            owner = hosts[0]
+            hosts.append(HostPlan(f"{role}-{index}", role, index, owner.gpu, owner.zone,
+                                  owner.machine_type, owner.transient, 0.0, owner.name))
+            return
+        price = catalog.hourly_price(machine, gpu, transient)
         hosts.append(HostPlan(f"{role}-{index}", role, index, gpu, zone, machine, transient,
                               round(price, 6)))
 

@@ -11,6 +11,7 @@ Run directory::
     metrics.csv        wall_time_s, global_step, steps_per_sec, loss, eval_accuracy
     summary.json       written atomically at the end (SUMMARY_FIELDS)
     error.txt          only on failure
+    run.lock           the owner (host, pid) of a run in progress; locked while it lives
     tensorboard/       TensorFlow event files (train/, eval/)
     checkpoints/       tf.train.CheckpointManager output
     logs/              one log per role process
@@ -19,8 +20,10 @@ Run directory::
 from __future__ import annotations
 
 import csv
+import fcntl
 import json
 import os
+import socket
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -28,24 +31,27 @@ from typing import Any
 
 import yaml
 
+# The run layout's names, re-exported: results and hosts use the same ones (trainer/layout.py).
+from trainer.layout import CHECKPOINT_DIR, LOGS_DIR, SPEC_FILE, TENSORBOARD_DIR  # noqa: F401
+
 SCHEMA_VERSION = 1
 _YAML_DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 
 CONFIG_FILE = "config.yaml"
 PLAN_FILE = "plan.json"
-SPEC_FILE = "trainer_spec.json"
 EVENTS_FILE = "events.jsonl"
 METRICS_FILE = "metrics.csv"
 SUMMARY_FILE = "summary.json"
 ERROR_FILE = "error.txt"
-TENSORBOARD_DIR = "tensorboard"
-CHECKPOINT_DIR = "checkpoints"
-LOGS_DIR = "logs"
+LOCK_FILE = "run.lock"
+#: How often (at most) events check that the whole-file results are still there.
+CHECK_FILES_EVERY_S = 2.0
 
 # Event fields filled by the framework (auto): time (unix s), kind, role; the rest is reported.
 EVENT_TIME = "time"  # auto, unix seconds
 EVENT_KIND = "kind"  # auto: provision, start, ready, train_start, phase_start, phase_end, step,
-#                      checkpoint, eval, failure, train_end, teardown
+#                      checkpoint, eval, failure, train_end, teardown, result_file_lost
+#                      (a result file was removed or truncated during the run and recreated)
 EVENT_ROLE = "role"  # auto: orchestrator | ps | worker | chief | evaluator
 
 METRICS_FIELDS = ("wall_time_s", "global_step", "steps_per_sec", "loss", "eval_accuracy")
@@ -53,11 +59,13 @@ METRICS_FIELDS = ("wall_time_s", "global_step", "steps_per_sec", "loss", "eval_a
 STATUS_COMPLETED = "completed"
 STATUS_FAILED = "failed"
 STATUS_INTERRUPTED = "interrupted"
+STATUS_KILLED = "killed"  # the orchestrator died without writing a summary (kill -9, power loss)
+STATUS_RUNNING = "running"  # no summary yet, and the owner holds the lock: not a summary status
 
 SUMMARY_FIELDS = (
     "schema_version",  # int
     "run_id",  # str
-    "status",  # completed | failed | interrupted
+    "status",  # completed | failed | interrupted | killed (written afterwards: mark_killed)
     "experiment",  # str, the experiment name
     "provider",  # str
     "protocol",  # bsp | asp | e.g. bsp>asp for a schedule
@@ -93,34 +101,171 @@ def write_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+class RunDirLock:
+    """A run owns its directory: an exclusive ``flock`` on ``run.lock`` held while it lives.
+
+    The kernel drops the lock when the owner exits, however it exits (``kill -9`` included), so
+    a lock left by a dead run is never in the way; the file records host and pid so the refusal
+    can say who owns the directory.
+    """
+
+    def __init__(self, run_dir: Path) -> None:
+        from orchestrator.config.errors import ConfigError
+
+        self.path = Path(run_dir) / LOCK_FILE
+        self._fh = open(self.path, "a+")  # noqa: SIM115 - held for the whole run
+        try:
+            fcntl.flock(self._fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            owner = read_lock(self.path)
+            self._fh.close()
+            raise ConfigError("hydra.run.dir", f"{run_dir} is in use by a live run ("
+                              f"pid {owner.get('pid', '?')} on {owner.get('host', '?')})",
+                              "wait for it to end or choose another directory") from None
+        self._fh.seek(0)
+        self._fh.truncate()
+        self._fh.write(json.dumps({"host": socket.gethostname(), "pid": os.getpid(),
+                                   "started": time.time()}) + "\n")
+        self._fh.flush()
+
+    def release(self) -> None:
+        if not self._fh.closed:
+            fcntl.flock(self._fh, fcntl.LOCK_UN)
+            self._fh.close()
+
+
+def read_lock(path: Path) -> dict[str, Any]:
+    """The owner recorded in a lock file ({} when unreadable)."""
+    try:
+        return json.loads(path.read_text() or "{}")
+    except (OSError, ValueError):
+        return {}
+
+
+def is_locked(run_dir: Path) -> bool:
+    """Whether a live process owns ``run_dir`` (holds its lock) right now."""
+    path = Path(run_dir) / LOCK_FILE
+    if not path.exists():
+        return False
+    with open(path) as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(fh, fcntl.LOCK_UN)
+    return False
+
+
+class _AppendFile:
+    """A line-buffered append-only result file that notices when it is removed or truncated.
+
+    Appending to a file that someone removed writes into a deleted inode: everything after is
+    silently lost. So before each write the file is compared with what was written (same inode,
+    at least as long); on a mismatch it is reopened (recreated, with ``header`` first) and
+    ``on_loss(name, reason, lost_bytes)`` records what happened.
+    """
+
+    def __init__(self, path: Path, header: str = "",
+                 on_loss: Any = None) -> None:
+        self.path, self.header, self.on_loss = path, header, on_loss
+        self._open()
+
+    def _open(self) -> None:
+        new = not self.path.exists() or self.path.stat().st_size == 0
+        self.fh = open(self.path, "a", newline="", buffering=1)  # noqa: SIM115
+        if new and self.header:
+            self.fh.write(self.header)
+        self.fh.flush()
+        self.size = os.fstat(self.fh.fileno()).st_size
+
+    @property
+    def closed(self) -> bool:
+        return self.fh.closed
+
+    def write(self, text: str) -> None:
+        if self.fh.closed:
+            return
+        reason = self._damage()
+        if reason is not None:
+            lost = self.size
+            self.fh.close()
+            self._open()
+            if self.on_loss is not None:
+                self.on_loss(self.path.name, reason, lost)
+        self.fh.write(text)
+        self.fh.flush()
+        self.size = os.fstat(self.fh.fileno()).st_size
+
+    def _damage(self) -> str | None:
+        try:
+            on_disk = os.stat(self.path)
+        except FileNotFoundError:
+            return "removed"
+        if on_disk.st_ino != os.fstat(self.fh.fileno()).st_ino:
+            return "replaced"
+        if on_disk.st_size < self.size:
+            return "truncated"
+        return None
+
+    def close(self) -> None:
+        self.fh.close()
+
+
 class RunRecorder:
-    """Writes one run directory. Every method is safe to call after a failure."""
+    """Writes one run directory, which it owns (:class:`RunDirLock`) until :meth:`close`.
+
+    Every method is safe to call after a failure. A result file removed or truncated during the
+    run is recreated (with everything this recorder still knows for the whole-file ones) and a
+    ``result_file_lost`` event says which file, how, and how many bytes were lost.
+    """
 
     def __init__(self, run_dir: Path, role: str = "orchestrator") -> None:
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.lock = RunDirLock(self.run_dir)
         self.role = role
-        self._events = open(self.run_dir / EVENTS_FILE, "a", buffering=1)  # noqa: SIM115
-        new_metrics = not (self.run_dir / METRICS_FILE).exists()
-        self._metrics_fh = open(self.run_dir / METRICS_FILE, "a", newline="", buffering=1)  # noqa: SIM115
+        self._whole: dict[str, str] = {}  # whole-file results written so far: name -> text
+        self._checked = time.monotonic()
+        self._events = _AppendFile(self.run_dir / EVENTS_FILE, on_loss=self._lost)
+        header = ",".join(METRICS_FIELDS) + "\r\n"  # csv's line ending, as the rows below
+        self._metrics_fh = _AppendFile(self.run_dir / METRICS_FILE, header, on_loss=self._lost)
         self._metrics = csv.DictWriter(self._metrics_fh, fieldnames=list(METRICS_FIELDS))
-        if new_metrics:  # no second header on resume
-            self._metrics.writeheader()
+
+    def _lost(self, name: str, reason: str, lost_bytes: int) -> None:
+        self.event("result_file_lost", file=name, reason=reason, lost_bytes=lost_bytes)
+
+    def _write_whole(self, name: str, text: str) -> None:
+        self._whole[name] = text
+        write_atomic(self.run_dir / name, text)
+
+    def check_files(self) -> None:
+        """Recreate whole-file results (config, plan, spec...) removed or truncated since."""
+        for name, text in self._whole.items():
+            path = self.run_dir / name
+            try:
+                size = path.stat().st_size
+            except FileNotFoundError:
+                size = None
+            if size != len(text.encode()):
+                write_atomic(path, text)
+                self._lost(name, "removed" if size is None else "truncated", size or 0)
 
     def write_config(self, resolved: Mapping[str, Any]) -> None:
-        write_atomic(self.run_dir / CONFIG_FILE,  # libyaml's dumper: 10× faster, same text
-                     yaml.dump(_plain(resolved), Dumper=_YAML_DUMPER, sort_keys=True,
-                               default_flow_style=False))
+        self._write_whole(CONFIG_FILE,  # libyaml's dumper: 10x faster, same text
+                          yaml.dump(_plain(resolved), Dumper=_YAML_DUMPER, sort_keys=True,
+                                    default_flow_style=False))
 
     def write_json(self, name: str, data: Mapping[str, Any]) -> None:
-        write_atomic(self.run_dir / name, json.dumps(_plain(data), indent=2, sort_keys=True) + "\n")
+        self._write_whole(name, json.dumps(_plain(data), indent=2, sort_keys=True) + "\n")
 
     def event(self, kind: str, role: str | None = None, time_s: float | None = None,
               **fields: Any) -> dict[str, Any]:
         record = {EVENT_TIME: time_s if time_s is not None else time.time(), EVENT_KIND: kind,
                   EVENT_ROLE: role or self.role, **fields}
-        if not self._events.closed:
-            self._events.write(json.dumps(_plain(record), sort_keys=False) + "\n")
+        self._events.write(json.dumps(_plain(record), sort_keys=False) + "\n")
+        if time.monotonic() - self._checked > CHECK_FILES_EVERY_S:
+            self._checked = time.monotonic()
+            self.check_files()
         return record
 
     def metric(self, wall_time_s: float, global_step: int, steps_per_sec: float | None = None,
@@ -137,14 +282,80 @@ class RunRecorder:
     def write_summary(self, summary: Mapping[str, Any]) -> None:
         missing = [k for k in SUMMARY_FIELDS if k not in summary]
         assert not missing, f"summary lacks {missing}"
+        self.check_files()
         self.write_json(SUMMARY_FILE, summary)
 
     def write_error(self, text: str) -> None:
-        write_atomic(self.run_dir / ERROR_FILE, text)
+        self._write_whole(ERROR_FILE, text)
 
     def close(self) -> None:
         self._events.close()
         self._metrics_fh.close()
+        self.lock.release()
+
+
+def killed_summary(run_dir: Path) -> dict[str, Any]:
+    """The summary of a run whose orchestrator died before writing one, from what is on disk:
+    plan.json, trainer_spec.json, the events' times and the last metrics row."""
+    run_dir = Path(run_dir)
+    plan = _read_json(run_dir / PLAN_FILE)
+    spec = _read_json(run_dir / SPEC_FILE)
+    times, step, accuracy = [], 0, None
+    for line in _read_lines(run_dir / EVENTS_FILE):
+        try:
+            times.append(float(json.loads(line)[EVENT_TIME]))
+        except (ValueError, KeyError, TypeError):
+            continue  # a torn last line: the writer was killed mid-line
+    for row in csv.DictReader(_read_lines(run_dir / METRICS_FILE)):
+        if (row.get("global_step") or "").isdigit():
+            step = max(step, int(row["global_step"]))
+        if row.get("eval_accuracy"):
+            accuracy = float(row["eval_accuracy"])
+    wall = (max(times) - min(times)) if times else 0.0
+    summary: dict[str, Any] = {
+        "schema_version": SCHEMA_VERSION,
+        "run_id": spec.get("run_id") or run_dir.name,
+        "status": STATUS_KILLED,
+        "experiment": plan.get("experiment"),
+        "provider": plan.get("provider"),
+        "protocol": ">".join(p.get("protocol", "?") for p in plan.get("phases", [])) or None,
+        "workers": plan.get("workers"),
+        "parameter_servers": plan.get("parameter_servers"),
+        "global_steps": step,
+        "wall_time_s": round(wall, 3),
+        "train_time_s": None,
+        "final_accuracy": accuracy,
+        "steps_per_sec": None,
+        "cost_usd": round(float(plan.get("hourly_usd") or 0.0) * wall / 3600.0, 6),
+        "error": "the orchestrator was killed before the run ended (no summary was written); "
+                 "times and steps are the last ones recorded",
+    }
+    summary.update({k: ([] if k == "phases" else 0) for k in TRANSIENT_SUMMARY_FIELDS})
+    return summary
+
+
+def run_status(run_dir: Path) -> str:
+    """completed | failed | interrupted | killed from summary.json; ``running`` while a live
+    process owns the directory; ``killed`` when the owner died without writing a summary."""
+    summary = _read_json(Path(run_dir) / SUMMARY_FILE)
+    if summary.get("status"):
+        return str(summary["status"])
+    return STATUS_RUNNING if is_locked(run_dir) else STATUS_KILLED
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _read_lines(path: Path) -> list[str]:
+    try:
+        return path.read_text().splitlines()
+    except OSError:
+        return []
 
 
 def _plain(value: Any) -> Any:

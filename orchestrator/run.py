@@ -19,8 +19,9 @@ from orchestrator import results
 from orchestrator.config.schema import ExperimentConfig
 from orchestrator.plan import RunPlan
 from orchestrator.preflight import LOCAL_PROVIDERS, run_preflight
-from orchestrator.runtime.control import CONTROL_FILE, ControlChannel
-from orchestrator.runtime.deploy import Deployment
+from orchestrator.runtime.control import ControlChannel
+from orchestrator.runtime.fleet import Fleet
+from orchestrator.runtime.gcs_store import checkpoint_store
 from orchestrator.runtime.progress import RunProgress
 from orchestrator.runtime.supervisor import RunState, Supervisor
 from orchestrator.transient.revocation import RevocationSchedule
@@ -28,6 +29,7 @@ from orchestrator.transient.stragglers import InjectionSchedule
 from provisioning.base import Cluster, ClusterRequest
 from provisioning.journal import JOURNAL_FILE, Journal
 from provisioning.registry import get_provider
+from trainer.layout import CHECKPOINT_DIR, CLUSTER_JOBS, CONTROL_FILE
 from trainer.spec import JobSpec, PhaseSpec, StragglerSpec, TrainerSpec
 
 
@@ -36,20 +38,26 @@ def make_run_id(name: str) -> str:
 
 
 def build_trainer_spec(cfg: ExperimentConfig, plan: RunPlan, cluster: Cluster, run_id: str,
-                       run_dir: Path, control_file: Path | None = None) -> TrainerSpec:
-    """The launch spec every role reads: addresses from the cluster, steps from the plan."""
+                       run_dir: str = ".", control_file: str | None = None,
+                       checkpoint_dir: str | None = None) -> TrainerSpec:
+    """The launch spec every role reads: addresses from the cluster, steps from the plan.
+
+    Paths are host paths: `run_dir` "." is each role's working directory (its host's work
+    dir), where the control file, TensorBoard and the spec itself live; `checkpoint_dir` is
+    where the chief writes checkpoints (the checkpoint store's location for this cluster)."""
     job = asdict(cfg.job)
     job = {k: (v.value if hasattr(v, "value") else v) for k, v in job.items()}
     job["train_steps"] = plan.total_steps
     return TrainerSpec(
         run_id=run_id,
-        cluster={role: cluster.endpoints(role) for role in ("ps", "worker", "chief")},
+        cluster={job: cluster.endpoints(job) for job in CLUSTER_JOBS},
         job=JobSpec(**job),
         phases=[PhaseSpec(p.protocol, p.end_step, dict(p.hparams)) for p in plan.phases],
-        run_dir=str(run_dir),
+        run_dir=run_dir,
         report_every_s=cfg.report_every_s,
         stragglers=straggler_specs(cfg),
-        control_file=None if control_file is None else str(control_file),
+        control_file=control_file,
+        checkpoint_dir=checkpoint_dir,
     )
 
 
@@ -90,29 +98,14 @@ def execute_run(cfg: ExperimentConfig, plan: RunPlan, run_dir: Path,
     error: str | None = None
     rec.write_config(resolved_config)
     rec.write_json(results.PLAN_FILE, plan.to_dict())
-    provider = get_provider(cfg.provider.name, journal=Journal(run_dir / JOURNAL_FILE))
+    provider = get_provider(cfg.provider.name, cfg.provider,
+                            journal=Journal(run_dir / JOURNAL_FILE))
     revocations = RevocationSchedule.from_config(cfg.revocation, plan.hosts)
     control = ControlChannel(run_dir / CONTROL_FILE)
-    cluster: Cluster | None = None
+    fleet: Fleet | None = None
     supervisor: Supervisor | None = None
-    deployments: list[Deployment] = []
     progress = RunProgress(title, plan.total_steps, enabled=cfg.progress)
     started = time.time()
-
-    def deploy(on: Cluster) -> Deployment:
-        """Write the spec for ``on`` and start every role (also after a restart)."""
-        spec_path = run_dir / results.SPEC_FILE
-        build_trainer_spec(cfg, plan, on, run_id, run_dir, control.path).to_json(spec_path)
-        deployment = Deployment(provider, on, run_dir, spec_path,
-                                python=cfg.provider.python or sys.executable,
-                                ready_timeout_s=cfg.provider.ready_timeout_s)
-        deployments.append(deployment)
-        rec.event("start", roles={r: len(on.hosts_for(r)) for r in
-                                  ("ps", "worker", "chief", "evaluator")})
-        deployment.start()
-        rec.event("ready")
-        return deployment
-
     try:
         with progress:
             # provision
@@ -122,16 +115,19 @@ def execute_run(cfg: ExperimentConfig, plan: RunPlan, run_dir: Path,
             if cfg.preflight and provider.name not in LOCAL_PROVIDERS:
                 run_preflight(cfg)  # one local training step before paying for servers
             cluster = provider.acquire(cluster_request(plan, run_id, run_dir))
+            fleet = Fleet(provider, cluster, run_dir, build_trainer_spec(cfg, plan, cluster,
+                                                                         run_id),
+                          checkpoint_store(cfg.provider, run_dir, run_id,
+                                           run_dir / CHECKPOINT_DIR), control, rec=rec,
+                          ready_timeout_s=cfg.provider.ready_timeout_s)
             rec.event("provisioned", hosts=[f"{h.spec.name}={h.endpoint}" for h in cluster.hosts])
             # deploy: servers first, then evaluator and chief
             progress.status("starting roles")
             control.reset()
-            deployment = deploy(cluster)
-            # train: follow events, revocations and recovery until done or failed
-            supervisor = Supervisor(cfg, provider, cluster, deployment, rec, progress, control,
-                                    revocations, deploy)
+            fleet.deploy()
+            # train: follow events, host losses and recovery until done or failed
+            supervisor = Supervisor(cfg, fleet, rec, progress, control, revocations)
             supervisor.follow()
-            cluster = supervisor.cluster
             error = supervisor.state.error
             status = results.STATUS_COMPLETED if error is None else results.STATUS_FAILED
     except KeyboardInterrupt as ex:
@@ -142,30 +138,32 @@ def execute_run(cfg: ExperimentConfig, plan: RunPlan, run_dir: Path,
         error = f"{type(ex).__name__}: {ex}"
         rec.write_error(traceback.format_exc())
     finally:
-        if supervisor is not None:
-            cluster = supervisor.cluster
         if error:
             rec.event("failure", error=error)
             if not (run_dir / results.ERROR_FILE).exists():
                 rec.write_error(error + "\n")
-        _release(deployments, provider, cluster, rec)
+        _release(fleet, rec)
         summary = make_summary(cfg, plan, run_id, status, started, supervisor, error)
         rec.write_summary(summary)
         rec.close()
+        if fleet is not None:
+            try:
+                fleet.store.finish(run_dir)  # e.g. results to the bucket
+            except Exception as ex:  # the run's outcome stands; say what was not archived
+                print(f"warning: results not archived: {type(ex).__name__}: {ex}",
+                      file=sys.stderr)
     if interrupted is not None:
         raise interrupted
     return summary
 
 
-def _release(deployments: list[Deployment], provider: Any, cluster: Cluster | None,
-             rec: results.RunRecorder) -> None:
-    """Stop every process and release every host; repeated Ctrl-C cannot skip it."""
+def _release(fleet: Fleet | None, rec: results.RunRecorder) -> None:
+    """Fetch TensorBoard, stop every process and release every host; repeated Ctrl-C cannot
+    skip it."""
     for attempt in range(3):
         try:
-            for deployment in deployments:
-                deployment.teardown()
-            if cluster is not None:
-                provider.release(cluster)
+            if fleet is not None:
+                fleet.release()
             rec.event("teardown")
             return
         except KeyboardInterrupt:

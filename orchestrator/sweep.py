@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import csv
 import fcntl
+import json
 import sys
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -42,7 +44,11 @@ class SweepValidator(Callback):
         from hydra import compose
 
         from orchestrator.config.errors import CONFIG_ERROR_EXIT_CODE, ConfigError
-        from orchestrator.config.hydra_errors import config_error_from_hydra
+        from orchestrator.config.hydra_errors import (
+            config_error_from_hydra,
+            exact_item_error,
+            explain,
+        )
         from orchestrator.config.schema import to_experiment
         from orchestrator.config.validation import validate
 
@@ -59,6 +65,7 @@ class SweepValidator(Callback):
                 err = config_error_from_hydra(ex)
                 if err is None:
                     raise
+                err = explain(exact_item_error(err, combo))
                 print(ConfigError(err.path, err.problem, err.allowed).line()
                       + f" [sweep point: {' '.join(combo)}]", file=sys.stderr)
                 sys.exit(CONFIG_ERROR_EXIT_CODE)
@@ -100,3 +107,68 @@ def append_run_row(csv_path: Path, overrides: Sequence[str], run_dir: Path,
         writer.writerow(row)
         fh.flush()  # before the unlock: the next writer must see this header and row
         fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def mark_killed(run_dir: Path) -> dict[str, Any] | None:
+    """Record a run whose orchestrator died (``kill -9``, power loss) as ``killed``.
+
+    Only a run directory that has a config but no summary and that no live process owns (its
+    lock is free) qualifies; taking the lock keeps a concurrent caller out. Writes summary.json
+    (status ``killed``, from what is on disk), a ``killed`` event, and the run's row in
+    ``runs.csv`` (the sweep's, or the run's own). Returns the summary, None when not killed.
+    Idempotent: once the summary exists, nothing more happens.
+    """
+    from orchestrator.config.errors import ConfigError
+
+    run_dir = Path(run_dir)
+    ours = (results.CONFIG_FILE, results.PLAN_FILE, results.EVENTS_FILE)
+    if not all((run_dir / name).is_file() for name in ours) or \
+            (run_dir / results.SUMMARY_FILE).exists():
+        return None
+    try:
+        lock = results.RunDirLock(run_dir)
+    except ConfigError:
+        return None  # alive
+    try:
+        if (run_dir / results.SUMMARY_FILE).exists():
+            return None
+        summary = results.killed_summary(run_dir)
+        with open(run_dir / results.EVENTS_FILE, "a") as fh:
+            fh.write(json.dumps({results.EVENT_TIME: time.time(), results.EVENT_KIND: "killed",
+                                 results.EVENT_ROLE: "orchestrator",
+                                 "error": summary["error"]}) + "\n")
+        results.write_atomic(run_dir / results.SUMMARY_FILE,
+                             json.dumps(summary, indent=2, sort_keys=True) + "\n")
+        sweep_dir = run_dir.parent if (run_dir.parent / "multirun.yaml").exists() else None
+        append_run_row((sweep_dir or run_dir) / RUNS_CSV, _overrides(run_dir), run_dir, summary)
+        return summary
+    finally:
+        lock.release()
+
+
+def mark_killed_runs(root: Path) -> list[Path]:
+    """:func:`mark_killed` for ``root`` and every run directory below it; the ones marked."""
+    root = Path(root)
+    candidates = [root, *sorted(p.parent for p in root.rglob(results.PLAN_FILE))]
+    return [d for d in dict.fromkeys(candidates) if mark_killed(d) is not None]
+
+
+def mark_killed_siblings(run_dir: Path) -> list[Path]:
+    """Before a run starts: earlier runs beside it (the same sweep, or the same experiment's
+    outputs folder) whose orchestrator was killed are marked so, with their runs.csv row."""
+    parent = Path(run_dir).parent
+    if not parent.is_dir():
+        return []
+    return [d for d in sorted(parent.iterdir())
+            if d.is_dir() and d != Path(run_dir) and mark_killed(d) is not None]
+
+
+def _overrides(run_dir: Path) -> list[str]:
+    """The run's command-line overrides, as Hydra recorded them."""
+    import yaml
+
+    try:
+        data = yaml.safe_load((run_dir / ".hydra" / "overrides.yaml").read_text())
+    except (OSError, yaml.YAMLError):
+        return []
+    return [str(o) for o in data] if isinstance(data, list) else []

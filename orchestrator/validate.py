@@ -28,47 +28,68 @@ def compose_experiment(name: str, overrides: Sequence[str] = (),
     from omegaconf.errors import OmegaConfBaseException
 
     from orchestrator.config.errors import from_omegaconf
-    from orchestrator.config.hydra_errors import config_error_from_hydra
+    from orchestrator.config.hydra_errors import (
+        check_group_overrides,
+        config_error_from_hydra,
+        exact_item_error,
+        explain,
+    )
     from orchestrator.config.schema import register_configs, to_experiment
 
     register_configs()
+    check_group_overrides(overrides)
     args = [f"+experiment={name}", *overrides]
     if extra_search_dir is not None:
         args.append(f"hydra.searchpath=[file://{extra_search_dir}]")
     try:
-        with initialize_config_dir(version_base="1.3", config_dir=str(CONF_DIR)):
-            composed = compose("config", overrides=args)
-        cfg = to_experiment(composed)
-    except OmegaConfBaseException as ex:
-        raise from_omegaconf(ex) from ex
-    except ConfigError:
-        raise
-    except Exception as ex:
-        err = config_error_from_hydra(ex)
-        if err is None:
+        try:
+            with initialize_config_dir(version_base="1.3", config_dir=str(CONF_DIR)):
+                composed = compose("config", overrides=args)
+            cfg = to_experiment(composed)
+        except OmegaConfBaseException as ex:
+            raise from_omegaconf(ex) from None
+        except ConfigError:
             raise
-        raise err from ex
+        except Exception as ex:
+            err = config_error_from_hydra(ex)
+            if err is None:
+                raise
+            raise err from None
+    except ConfigError as err:
+        raise explain(exact_item_error(err, args[:len(args) - (extra_search_dir is not None)],
+                                       extra_search_dir)) from None
     validate(cfg)
     return cfg
 
 
 def validate_files(paths: Sequence[Path]) -> dict[Path, str | None]:
-    """Validate each experiment file; returns file -> error line (None when valid)."""
+    """Validate each experiment file as a dry run would (compose, validate, plan).
+
+    Returns file -> error line (None when valid); every file is checked, whatever the others do.
+    """
+    from orchestrator.config.hydra_errors import check_yaml_file
+    from orchestrator.plan import make_plan
+
     results: dict[Path, str | None] = {}
     for path in paths:
         path = path.resolve()
         try:
+            check_yaml_file(path)
             if path.parent == EXPERIMENTS_DIR.resolve():
-                compose_experiment(path.stem)
+                cfg = compose_experiment(path.stem)
             else:  # a file elsewhere: expose it as the experiment group of a temporary root
                 with tempfile.TemporaryDirectory() as tmp:
                     group = Path(tmp) / "experiment"
                     group.mkdir()
                     shutil.copy(path, group / path.name)
-                    compose_experiment(path.stem, extra_search_dir=Path(tmp))
+                    cfg = compose_experiment(path.stem, extra_search_dir=Path(tmp))
+            make_plan(cfg)
             results[path] = None
         except ConfigError as err:
             results[path] = err.line()
+        except Exception as ex:  # report it as this file's failure, check the rest
+            text = str(ex).strip().splitlines()
+            results[path] = f"error: {type(ex).__name__}: {text[0] if text else ''}"
     return results
 
 

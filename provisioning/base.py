@@ -10,41 +10,64 @@ Shape (after SkyPilot's provision API and submitit's executors):
     provider.poll(cluster) -> {host_id: HostState}     watch for revocation
     provider.replace(cluster, lost) -> Cluster         new hosts in the lost hosts' slots
     provider.release(cluster)                          idempotent
-    provider.revoke(host, notice_s)                    optional: revoke on demand (local, sim)
+    provider.revoke(host, notice_s)                    optional (`can_revoke`): local, ssh, sim
+    provider.clean_up(entries) -> [str]                stop what a crashed run's journal lists
+
+    runner.setup()                                     optional: make `trainer_command` work
+    runner.trainer_command() -> argv                   how `python -m trainer` starts there
+    runner.start(argv, env, cwd, log_path)             sets the notice variable, streams logs
+    runner.copy(local, remote) / write_text(...)       onto the host, atomically
+    runner.fetch(remote, local) -> bool                host files back (TensorBoard, logs)
+    runner.alive() / runner.stop_all(grace_s)
+
+Nothing a role needs is read from the orchestrator's disk: the spec and the control file reach
+the host through `copy`/`write_text`, every path handed to a role is a host path (under
+`Host.workdir`), and files come back through `fetch`. `docs/architecture.md` ("Writing a
+backend") lists what a new backend implements.
+
+Colocation: a `HostSpec` with `colocate_with` names an earlier host spec whose *machine* it
+shares (the chief and evaluator on the first PS's machine); it gets its own `Host` (id, port,
+runner) on the same machine (`Host.machine`, same address and work dir). A machine is revoked,
+replaced and released as a whole: every host on it reports the same state.
 
 Preemption notice channel: before a revocation with notice, the backend writes the file
-`<host workdir>/PREEMPTION_NOTICE` (JSON `{"host_id", "deadline"}`, deadline in unix seconds).
-Every process a runner starts gets its absolute path in the environment variable
-`TRANSIENT_PREEMPTION_NOTICE`, so the trainer can poll it without importing this package.
-A GCE backend mirrors this with an on-VM watcher of the metadata server's `preempted` key.
+`<machine workdir>/PREEMPTION_NOTICE` (JSON `{"host_id", "deadline"}`, deadline in unix seconds).
+`HostRunner.start` gives every process its absolute host path in the environment variable
+`TRANSIENT_PREEMPTION_NOTICE` (by contract: backends implement `_launch`, not `start`), so the
+trainer can poll it without importing this package. A GCE backend mirrors this with an on-VM
+watcher of the metadata server's `preempted` key.
 """
 
 from __future__ import annotations
 
 import abc
 import enum
+import os
+import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Protocol
+from typing import Any, ClassVar, Protocol
+
+from trainer import layout
 
 HostId = str
 
 #: Grace between SIGTERM and SIGKILL when a runner stops its processes.
 STOP_GRACE_S = 5.0
-#: File name of the preemption notice inside a host's work dir (see module docstring).
-PREEMPTION_NOTICE_FILE = "PREEMPTION_NOTICE"
+#: File name of the preemption notice inside a machine's work dir (see module docstring).
+PREEMPTION_NOTICE_FILE = layout.NOTICE_FILE
 #: Environment variable holding the notice file's absolute path for every started process.
-PREEMPTION_NOTICE_ENV = "TRANSIENT_PREEMPTION_NOTICE"
+PREEMPTION_NOTICE_ENV = layout.NOTICE_ENV
 
 
 class Role(enum.StrEnum):
     """A trainer role; one host runs one role instance."""
 
-    PS = "ps"
-    WORKER = "worker"
-    CHIEF = "chief"
-    EVALUATOR = "evaluator"
+    PS = layout.ROLE_PS
+    WORKER = layout.ROLE_WORKER
+    CHIEF = layout.ROLE_CHIEF
+    EVALUATOR = layout.ROLE_EVALUATOR
 
 
 class HostState(enum.StrEnum):
@@ -84,6 +107,25 @@ class HostLostError(ProvisionError):
         self.host_id = host_id
 
 
+# --- configuration ----------------------------------------------------------------------------
+
+
+@dataclass
+class ProviderConfig:
+    """Options every backend takes (the Hydra `provider` group). Each backend subclasses it
+    next to its code (`provisioning/local.py: LocalProviderConfig`) and registers the subclass
+    with `registry.register_provider`; the registry stores it in Hydra's ConfigStore as
+    `<name>_schema`, which `conf/provider/<name>.yaml` names first in its defaults."""
+
+    name: str = "local"  # provider registry name
+    ready_timeout_s: float = 120.0  # how long a role may take to start serving
+
+    def check(self) -> list[tuple[str, str]]:
+        """Backend-specific semantic problems as (field as the user types it, what is wrong);
+        validation reports the first as a config error before anything is provisioned."""
+        return []
+
+
 # --- records ----------------------------------------------------------------------------------
 
 
@@ -97,6 +139,7 @@ class HostSpec:
     gpu: str | None = None
     zone: str | None = None
     transient: bool = False
+    colocate_with: str | None = None  # name of an earlier host spec whose machine it shares
 
     def __post_init__(self) -> None:
         try:
@@ -124,6 +167,14 @@ class ClusterRequest:
         duplicates = sorted({n for n in names if names.count(n) > 1})
         if duplicates:
             raise BadRequestError(f"cluster request: hosts: duplicate names {duplicates}")
+        earlier: dict[str, HostSpec] = {}
+        for spec in self.hosts:
+            target = earlier.get(spec.colocate_with or "")
+            if spec.colocate_with is not None and (target is None or target.colocate_with):
+                raise BadRequestError(
+                    f"host {spec.name!r}: colocate_with: {spec.colocate_with!r} is not an "
+                    f"earlier host with a machine of its own")
+            earlier[spec.name] = spec
 
 
 @dataclass(frozen=True)
@@ -131,7 +182,10 @@ class Host:
     """One acquired host.
 
     `address` is the hostname/IP other roles use for gRPC; `port` is the port the trainer role
-    on this host must listen on; `workdir` is the host-side directory for this host's files.
+    on this host must listen on; `workdir` is the host-side directory for this host's files
+    (a host path: on a remote host it does not exist on the orchestrator; roles start there).
+    `machine` is the id of the machine it runs on: its own id, or for a colocated host the id
+    of the host whose machine it shares (same address and work dir, its own port).
     `state` is the state when this record was made; `Provider.poll` gives the current one.
     """
 
@@ -141,10 +195,20 @@ class Host:
     port: int
     workdir: Path
     state: HostState = HostState.RUNNING
+    machine: HostId = ""
+
+    def __post_init__(self) -> None:
+        if not self.machine:
+            object.__setattr__(self, "machine", self.id)
 
     @property
     def role(self) -> Role:
         return self.spec.role
+
+    @property
+    def colocated(self) -> bool:
+        """True when this host shares another host's machine."""
+        return self.machine != self.id
 
     @property
     def endpoint(self) -> str:
@@ -184,6 +248,12 @@ class Cluster:
     def endpoints(self, role: Role | str) -> list[str]:
         """`address:port` of each host of `role`, in task-index order."""
         return [h.endpoint for h in self.hosts_for(role)]
+
+    def same_machine(self, host_ids: Sequence[HostId]) -> list[HostId]:
+        """`host_ids` plus every host sharing a machine with one of them, in cluster order:
+        what a machine's loss takes down, and what replacing it must replace."""
+        machines = {self.host(i).machine for i in host_ids}
+        return [h.id for h in self.hosts if h.machine in machines]
 
 
 # --- the launch contract ----------------------------------------------------------------------
@@ -226,9 +296,41 @@ class RemoteProcess(abc.ABC):
 
 
 class HostRunner(abc.ABC):
-    """Runs commands on one host. Every provider's hosts give one; the deployer needs no more."""
+    """Runs commands on one host and moves files to and from it. Every provider's hosts give
+    one; the deployer needs no more. Host paths are POSIX paths on the host; a relative one is
+    relative to `host.workdir`.
+
+    Backends implement `_launch`, `copy`, `fetch`, `alive`, `stop_all` and `notice_path`, and
+    may override `setup`, `trainer_command` and `trainer_env`; `start` and `write_text` are the
+    contract's own and not overridden."""
+
+    host: Host
+    #: True when host paths are paths on the orchestrator's own machine (the local backend):
+    #: then the chief may write checkpoints straight into the orchestrator's folder.
+    shares_orchestrator_fs: ClassVar[bool] = False
+
+    @property
+    @abc.abstractmethod
+    def notice_path(self) -> Path:
+        """Absolute host path of the preemption-notice file of this host's machine."""
+
+    def setup(self) -> None:
+        """Make `trainer_command()` runnable on the host (environment, this project's code).
+
+        Idempotent and cached: a second call (or run) on a ready host does nothing costly.
+        Called once per host before its first role starts. Default: nothing to do."""
+        return None
 
     @abc.abstractmethod
+    def trainer_command(self) -> list[str]:
+        """The argv prefix that runs `python -m trainer` on this host (the host's interpreter,
+        not the orchestrator's), e.g. `["/opt/env/bin/python", "-m", "trainer"]`."""
+
+    def trainer_env(self) -> dict[str, str]:
+        """Environment the trainer needs on this host besides the contract's (e.g. PYTHONPATH
+        of a checkout). Default: none."""
+        return {}
+
     def start(
         self,
         argv: Sequence[str],
@@ -236,16 +338,51 @@ class HostRunner(abc.ABC):
         cwd: Path | None = None,
         log_path: Path | None = None,
     ) -> RemoteProcess:
-        """Start `argv` on the host; stdout is piped to the caller, stderr appended to `log_path`.
+        """Start `argv` on the host in its own process group; stdout is piped back to the
+        caller, stderr appended to `log_path` (a path on the orchestrator: remote runners
+        stream it back). The process finds the notice file in `TRANSIENT_PREEMPTION_NOTICE`.
 
         `env` is added to the host's default environment; `cwd` None = the host's work dir;
         `log_path` None discards stderr. Raises HostLostError if the host is gone."""
+        full_env = {**(env or {}), PREEMPTION_NOTICE_ENV: str(self.notice_path)}
+        if log_path is not None:
+            Path(log_path).parent.mkdir(parents=True, exist_ok=True)
+        return self._launch(argv, full_env, cwd, log_path)
+
+    @abc.abstractmethod
+    def _launch(
+        self,
+        argv: Sequence[str],
+        env: Mapping[str, str],
+        cwd: Path | None,
+        log_path: Path | None,
+    ) -> RemoteProcess:
+        """`start` without the contract's part: `env` already holds the notice variable."""
 
     @abc.abstractmethod
     def copy(self, local: Path, remote: Path) -> None:
         """Copy a file or directory from the orchestrator machine onto the host.
 
+        A file is replaced atomically (written beside the target, then renamed), so a role
+        polling it never reads half of it. Parent directories are created.
         A relative `remote` is relative to the host's work dir. Raises HostLostError."""
+
+    def write_text(self, remote: Path, text: str) -> None:
+        """Write `text` to the host file `remote`, atomically (through `copy`)."""
+        fd, tmp = tempfile.mkstemp(prefix=".put-", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(text)
+            self.copy(Path(tmp), remote)
+        finally:
+            os.unlink(tmp)
+
+    @abc.abstractmethod
+    def fetch(self, remote: Path, local: Path) -> bool:
+        """Copy a host file or directory (recursively, merging) to `local` on the orchestrator.
+
+        Returns False when `remote` does not exist; raises HostLostError if the host is gone.
+        Used at the end of a run and on failure (TensorBoard, role files)."""
 
     @abc.abstractmethod
     def alive(self) -> bool:
@@ -260,19 +397,31 @@ class HostRunner(abc.ABC):
 
 class ResourceJournal(Protocol):
     """Where a backend records every resource before (or as) it exists, so a crashed run can be
-    cleaned up later. Implemented by `provisioning.journal.Journal`."""
+    cleaned up later by `Provider.clean_up`. Implemented by `provisioning.journal.Journal`.
+    Every entry carries the backend's name and the host (id and address): a pid means nothing
+    without the machine it lives on. `start_ticks` (the process's start time on its host, when
+    the backend can read it) guards clean-up against pid reuse."""
 
     def record_process_group(
-        self, *, host_id: HostId, pid: int, pgid: int, argv: Sequence[str]
+        self, *, backend: str, host_id: HostId, address: str, pid: int, pgid: int,
+        argv: Sequence[str], start_ticks: int | None = None,
     ) -> None: ...
 
-    def record_process_group_released(self, *, host_id: HostId, pgid: int) -> None: ...
+    def record_process_group_released(
+        self, *, backend: str, host_id: HostId, address: str, pgid: int
+    ) -> None: ...
 
 
 class Provider(abc.ABC):
-    """Acquires hosts for roles, watches them, replaces lost ones and releases them."""
+    """Acquires hosts for roles, watches them, replaces lost ones and releases them.
+
+    Built by the registry as `factory(config, journal=...)` with the backend's typed config
+    (a `ProviderConfig` subclass). `can_revoke` says whether `revoke` works: validation turns
+    a revocation model on a backend that cannot revoke into a config error."""
 
     name: str
+    can_revoke: ClassVar[bool] = False
+
     #: False for a stand-in whose hosts cost nothing (local processes): a run's price is then
     #: what the planned cluster would cost, not money spent.
     billed: bool = True
@@ -299,10 +448,17 @@ class Provider(abc.ABC):
         """Current state of every host; hosts that are gone report REVOKED."""
 
     @abc.abstractmethod
-    def replace(self, cluster: Cluster, lost: Sequence[HostId]) -> Cluster:
-        """A new cluster where each lost host is swapped for a fresh one (new id, the same
-        endpoint) in the same position, so it keeps the lost host's task index and the running
-        TensorFlow job (whose cluster spec is fixed) reaches it. The lost hosts are released.
+    def replace(self, cluster: Cluster, lost: Sequence[HostId],
+                keep_endpoints: bool = True) -> Cluster:
+        """A new cluster where each lost host is swapped for a fresh one (new id) in the same
+        position, so it keeps the lost host's task index. A lost machine is replaced whole:
+        hosts colocated on it are replaced too (`Cluster.same_machine`). The lost hosts are
+        released.
+
+        `keep_endpoints` True: each replacement has the lost host's endpoint, so the running
+        TensorFlow job (whose cluster spec is fixed) reaches it (a worker joining a live job).
+        False: any endpoint will do (a restart rewrites the cluster spec anyway), which lets a
+        backend use a spare machine at another address.
 
         Raises KeyError for an id not in `cluster`, CapacityError/BadRequestError as acquire."""
 
@@ -315,6 +471,30 @@ class Provider(abc.ABC):
     def revoke(self, host: Host, notice_s: float = 0.0) -> None:
         """Revoke `host` as the cloud would: with `notice_s` > 0 first write the preemption
         notice, then after `notice_s` kill its processes with no goodbye. Returns at once; poll()
-        reports REVOKED once the kill has happened. Optional verb: cloud backends raise
-        NotImplementedError (the default)."""
+        reports REVOKED once the kill has happened; a colocated host's whole machine goes.
+        Optional verb: backends with `can_revoke` False raise NotImplementedError (the
+        default)."""
         raise NotImplementedError(f"provider {self.name!r} cannot revoke hosts on demand")
+
+    def clean_up(self, entries: Sequence[Any], grace_s: float = STOP_GRACE_S
+                 ) -> list[CleanUpResult]:
+        """Stop what these unreleased journal entries (`provisioning.journal.JournalEntry` of
+        this backend) still run, after a crash: one result per entry, in order.
+
+        Must never signal anything on a machine other than the entry's host, nor a process
+        whose start time differs from the recorded one. `released` True = the resource is gone
+        now (stopped here, or found gone), so the journal records its release. Default: nothing
+        can be done from here; every entry is left over."""
+        return [CleanUpResult(e, False, f"{e.kind} {e.resource_id} on host {e.host_id} "
+                              f"({e.address or '?'}): backend {self.name!r} cannot clean up; "
+                              f"release it by hand") for e in entries]
+
+
+@dataclass(frozen=True)
+class CleanUpResult:
+    """What `Provider.clean_up` did about one journal entry. `note` None = nothing to say (it
+    was already gone)."""
+
+    entry: Any  # provisioning.journal.JournalEntry
+    released: bool
+    note: str | None = None

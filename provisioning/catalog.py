@@ -67,6 +67,28 @@ class PricingConfig:
         return vm + gpu_price
 
 
+@dataclass(frozen=True)
+class Retirement:
+    """A GPU a cloud no longer offers: requests for it fail there; past runs stay analysable."""
+
+    date: str  # ISO date from which it can no longer be used
+    replacement: str  # the catalog GPU to ask for instead
+    source: str  # where the retirement is announced
+
+
+#: provider name -> GPU -> retirement. K80: "no longer usable as of May 1, 2024" (gce-notes §D);
+#: the T4 is the closest Spot price class on GCE today.
+RETIRED_GPUS: dict[str, dict[str, Retirement]] = {
+    "gce": {"k80": Retirement("2024-05-01", "t4",
+                              "https://cloud.google.com/compute/docs/eol/k80-eol")},
+}
+
+
+def retirement(provider: str, gpu: str | None) -> Retirement | None:
+    """Why `gpu` cannot be provisioned by `provider` any more, or None when it can."""
+    return RETIRED_GPUS.get(provider, {}).get(gpu or "")
+
+
 def cost_usd(hourly_prices: list[float], seconds: float) -> float:
     """What hosts at these hourly prices cost for ``seconds`` (GCE bills per second)."""
     return sum(hourly_prices) * seconds / SECONDS_PER_HOUR

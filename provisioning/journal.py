@@ -2,12 +2,14 @@
 
 One JSON object per line, flushed per line, in `<run_dir>/journal.jsonl` (the caller picks the
 path). A resource is recorded as it is created (`action: "create"`) and again when released
-(`action: "release"`). `clean_up(path)` kills whatever was created and never released and is
-still alive: run it on `--resume` and after a crash.
+(`action: "release"`). Every entry names the backend and the host (id and address) it lives
+on. `clean_up(path)` hands each backend's unreleased entries to that backend's
+`Provider.clean_up` (the local backend reads this machine's /proc; a remote backend acts on the
+entry's host), so a remote pid is never signalled here: run it after a crash.
 
 Process groups are identified by (pid, pgid, start time). The start time (field 22 of
-/proc/<pid>/stat, clock ticks since boot) guards against PID reuse: a live process with the
-recorded pid but another start time is a stranger and is left alone.
+/proc/<pid>/stat on the process's host, clock ticks since boot) guards against PID reuse: a
+live process with the recorded pid but another start time is a stranger and is left alone.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -48,6 +50,8 @@ class JournalEntry:
     resource_id: str  # process groups: str(pgid); VMs: the VM name
     host_id: str
     time: float
+    backend: str = "local"  # the provider that created it (journals before it was recorded)
+    address: str | None = None  # the host's address (where the pid lives)
     pid: int | None = None
     pgid: int | None = None
     start_ticks: int | None = None
@@ -105,9 +109,11 @@ class Journal:
         self._lock = threading.Lock()
 
     def record_process_group(
-        self, *, host_id: str, pid: int, pgid: int, argv: Sequence[str]
+        self, *, backend: str, host_id: str, address: str, pid: int, pgid: int,
+        argv: Sequence[str], start_ticks: int | None = None,
     ) -> None:
-        """Record a just-started process group (call right after fork, before anything else)."""
+        """Record a just-started process group (call right after it started, before anything
+        else). `start_ticks` is its start time on its host, when the backend can read it."""
         self._append(
             JournalEntry(
                 action=JournalAction.CREATE,
@@ -115,14 +121,18 @@ class Journal:
                 resource_id=str(pgid),
                 host_id=host_id,
                 time=time.time(),
+                backend=backend,
+                address=address,
                 pid=pid,
                 pgid=pgid,
-                start_ticks=read_process_start_ticks(pid),
+                start_ticks=start_ticks,
                 argv=list(argv),
             )
         )
 
-    def record_process_group_released(self, *, host_id: str, pgid: int) -> None:
+    def record_process_group_released(
+        self, *, backend: str, host_id: str, address: str, pgid: int
+    ) -> None:
         """Record that a process group was stopped and reaped."""
         self._append(
             JournalEntry(
@@ -131,14 +141,26 @@ class Journal:
                 resource_id=str(pgid),
                 host_id=host_id,
                 time=time.time(),
+                backend=backend,
+                address=address,
                 pgid=pgid,
             )
         )
 
-    def record_vm(self, *, host_id: str, name: str, released: bool = False) -> None:
+    def record_vm(
+        self, *, backend: str, host_id: str, name: str, address: str | None = None,
+        released: bool = False,
+    ) -> None:
         """Record a VM before it is created (`released=False`) or after it is deleted."""
         action = JournalAction.RELEASE if released else JournalAction.CREATE
-        self._append(JournalEntry(action, ResourceKind.VM, name, host_id, time.time()))
+        self._append(JournalEntry(action, ResourceKind.VM, name, host_id, time.time(),
+                                  backend=backend, address=address))
+
+    def record_released(self, entry: JournalEntry) -> None:
+        """Record that the resource of a create entry is gone (clean-up's last step)."""
+        self._append(JournalEntry(JournalAction.RELEASE, entry.kind, entry.resource_id,
+                                  entry.host_id, time.time(), backend=entry.backend,
+                                  address=entry.address, pgid=entry.pgid))
 
     def _append(self, entry: JournalEntry) -> None:
         data = (entry.to_json() + "\n").encode()
@@ -167,10 +189,10 @@ def read_journal(path: Path) -> list[JournalEntry]:
 
 
 def list_unreleased(path: Path) -> list[JournalEntry]:
-    """Create entries with no later release entry for the same (kind, resource_id)."""
-    open_entries: dict[tuple[ResourceKind, str], JournalEntry] = {}
+    """Create entries with no later release entry for the same (backend, host, kind, id)."""
+    open_entries: dict[tuple[str, str, ResourceKind, str], JournalEntry] = {}
     for entry in read_journal(path):
-        key = (entry.kind, entry.resource_id)
+        key = (entry.backend, entry.host_id, entry.kind, entry.resource_id)
         if entry.action is JournalAction.CREATE:
             open_entries[key] = entry
         else:
@@ -178,33 +200,34 @@ def list_unreleased(path: Path) -> list[JournalEntry]:
     return list(open_entries.values())
 
 
-def clean_up(journal_path: Path, grace_s: float = CLEAN_UP_GRACE_S) -> list[str]:
-    """Stop every recorded, unreleased process group that still runs; return one line per
+def clean_up(journal_path: Path, grace_s: float = CLEAN_UP_GRACE_S,
+             configs: Mapping[str, object] | None = None) -> list[str]:
+    """Stop every recorded, unreleased resource that still exists; return one line per
     resource acted on or left over (empty = nothing to do). Idempotent.
 
-    Process groups get SIGTERM, `grace_s`, then SIGKILL; each is then recorded as released.
-    Unreleased VMs cannot be deleted from here: they are listed for their provider to release.
-    """
+    Entries go to their own backend's `Provider.clean_up`, built by the registry with
+    `configs[backend]` (the run's provider config; None = the backend's defaults). Each
+    resource the backend stopped or found gone is then recorded as released; one it left
+    alone stays listed (and reported again next time)."""
+    from provisioning.registry import get_provider  # the registry imports backends lazily
+
+    unreleased = list_unreleased(journal_path)
+    report: list[str] = []
     journal = Journal(journal_path)
-    report = []
-    for entry in list_unreleased(journal_path):
-        if entry.kind is ResourceKind.VM:
-            report.append(f"vm {entry.resource_id} (host {entry.host_id}): still recorded")
-            continue
-        assert entry.pgid is not None, f"process-group entry without pgid: {entry}"
-        members = _list_recorded_members(entry)
-        if members:
-            _stop_group(entry.pgid, grace_s)
-            report.append(
-                f"killed process group {entry.pgid} (host {entry.host_id}, "
-                f"{len(members)} process(es))"
-            )
-        journal.record_process_group_released(host_id=entry.host_id, pgid=entry.pgid)
+    for backend in sorted({e.backend for e in unreleased}):
+        entries = [e for e in unreleased if e.backend == backend]
+        provider = get_provider(backend, (configs or {}).get(backend))
+        for result in provider.clean_up(entries, grace_s):
+            if result.released:
+                journal.record_released(result.entry)
+            if result.note:
+                report.append(result.note)
     return report
 
 
-def _list_recorded_members(entry: JournalEntry) -> list[int]:
-    """Live members of the recorded group, unless the pgid now belongs to someone else."""
+def list_recorded_members(entry: JournalEntry) -> list[int]:
+    """Live members (on this machine) of the recorded group, unless its pgid now belongs to
+    someone else. Only meaningful for an entry of a process on this machine."""
     assert entry.pgid is not None and entry.pid is not None
     leader_ticks = read_process_start_ticks(entry.pid)
     if leader_ticks is not None and leader_ticks != entry.start_ticks:
@@ -218,7 +241,8 @@ def _list_recorded_members(entry: JournalEntry) -> list[int]:
     ]
 
 
-def _stop_group(pgid: int, grace_s: float) -> None:
+def stop_local_group(pgid: int, grace_s: float) -> None:
+    """SIGTERM the group on this machine, `grace_s`, then SIGKILL, until no member is left."""
     for sig in (signal.SIGTERM, signal.SIGKILL):
         try:
             os.killpg(pgid, sig)

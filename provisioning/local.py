@@ -7,7 +7,11 @@ it is forked (the parent-death signal covers the instant before), so `provisioni
 can clean up after a crash.
 
 Caveat: PR_SET_PDEATHSIG fires when the *thread* that forked the child exits, not the process.
-Call `HostRunner.start` from the main thread or from a thread that lives as long as the run.
+So every process is forked by one long-lived launcher thread of this module, whichever thread
+calls `HostRunner.start`: the quirk stays inside this backend.
+
+Every host's work dir is `<request.workdir>/hosts/<machine id>/`; roles start there. The run's
+interpreter is this one (or `LocalProviderConfig.python`) with this checkout on PYTHONPATH.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import ctypes
 import itertools
 import json
 import os
+import queue
 import shutil
 import signal
 import socket
@@ -24,13 +29,15 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from provisioning.base import (
-    PREEMPTION_NOTICE_ENV,
     PREEMPTION_NOTICE_FILE,
     STOP_GRACE_S,
+    CleanUpResult,
     Cluster,
     ClusterRequest,
     Host,
@@ -40,8 +47,16 @@ from provisioning.base import (
     HostSpec,
     HostState,
     Provider,
+    ProviderConfig,
     RemoteProcess,
     ResourceJournal,
+)
+from provisioning.journal import (
+    JournalEntry,
+    ResourceKind,
+    list_recorded_members,
+    read_process_start_ticks,
+    stop_local_group,
 )
 from provisioning.registry import register_provider
 
@@ -51,6 +66,18 @@ WAIT_POLL_INTERVAL_S = 0.02
 #: Default delay before a replacement host is "ready" (GCE measured 66-78 s; tests use 0).
 PROVISION_DELAY_S = 0.0
 _PR_SET_PDEATHSIG = 1
+#: The checkout roles import `trainer` from (this file is <root>/provisioning/local.py).
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class LocalProviderConfig(ProviderConfig):
+    """`provider=local`: every role is an OS process on this machine."""
+
+    name: str = "local"
+    python: str | None = None  # interpreter for the roles; None = the orchestrator's
+    provision_delay_s: float = PROVISION_DELAY_S  # how long replace() blocks (simulated)
+    stop_grace_s: float = STOP_GRACE_S  # SIGTERM-to-SIGKILL grace of release and replace
 
 # Ports handed to live hosts of every LocalProvider in this process, so two hosts never collide
 # even though the trainer binds them only later.
@@ -90,6 +117,42 @@ def _make_preexec(parent_pid: int):
     return set_parent_death_signal
 
 
+class _Launcher:
+    """One long-lived thread that forks every child, so the parent-death signal (tied to the
+    forking *thread*) fires only when the orchestrator process itself dies."""
+
+    def __init__(self) -> None:
+        self._jobs: queue.Queue[tuple[Callable[[], Any], queue.Queue[Any]]] = queue.Queue()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def run(self, job: Callable[[], Any]) -> Any:
+        if threading.current_thread() is threading.main_thread():
+            return job()  # the main thread lives as long as the process
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._serve, name="local-launcher",
+                                                daemon=True)
+                self._thread.start()
+        reply: queue.Queue[Any] = queue.Queue(maxsize=1)
+        self._jobs.put((job, reply))
+        ok, value = reply.get()
+        if not ok:
+            raise value
+        return value
+
+    def _serve(self) -> None:
+        while True:
+            job, reply = self._jobs.get()
+            try:
+                reply.put((True, job()))
+            except BaseException as error:  # handed to the caller
+                reply.put((False, error))
+
+
+_launcher = _Launcher()
+
+
 def _leader_exited(pid: int) -> bool:
     """True once `pid` has exited, without reaping it: its zombie keeps the pgid from reuse."""
     try:
@@ -110,11 +173,11 @@ class LocalProcess(RemoteProcess):
     def __init__(
         self,
         popen: subprocess.Popen[str],
-        host_id: HostId,
+        host: Host,
         journal: ResourceJournal | None = None,
     ) -> None:
         self._popen = popen
-        self._host_id = host_id
+        self._host = host
         self._journal = journal
         self._lock = threading.Lock()
 
@@ -131,7 +194,9 @@ class LocalProcess(RemoteProcess):
             _signal_group(self.pid, signal.SIGKILL)
             code = self._popen.wait()
         if self._journal is not None:
-            self._journal.record_process_group_released(host_id=self._host_id, pgid=self.pid)
+            self._journal.record_process_group_released(
+                backend=LocalProvider.name, host_id=self._host.id, address=self._host.address,
+                pgid=self.pid)
         return code
 
     def wait(self, timeout_s: float | None = None) -> int:
@@ -178,9 +243,13 @@ def stop_processes(processes: Sequence[LocalProcess], grace_s: float) -> None:
 class LocalHostRunner(HostRunner):
     """Runs processes for one local host and remembers them until they are stopped."""
 
-    def __init__(self, host: Host, journal: ResourceJournal | None = None) -> None:
+    shares_orchestrator_fs = True
+
+    def __init__(self, host: Host, journal: ResourceJournal | None = None,
+                 python: str | None = None) -> None:
         self.host = host
         self._journal = journal
+        self._python = python or sys.executable
         self._processes: list[LocalProcess] = []
         self._lock = threading.Lock()
         self._gone = False  # revoked or released
@@ -189,49 +258,73 @@ class LocalHostRunner(HostRunner):
     def notice_path(self) -> Path:
         return self.host.workdir / PREEMPTION_NOTICE_FILE
 
-    def start(
+    def trainer_command(self) -> list[str]:
+        return [self._python, "-m", "trainer"]
+
+    def trainer_env(self) -> dict[str, str]:
+        return {"PYTHONPATH": str(PROJECT_ROOT)}
+
+    def _launch(
         self,
         argv: Sequence[str],
-        env: Mapping[str, str] | None = None,
-        cwd: Path | None = None,
-        log_path: Path | None = None,
+        env: Mapping[str, str],
+        cwd: Path | None,
+        log_path: Path | None,
     ) -> LocalProcess:
         with self._lock:
             if self._gone:
                 raise HostLostError(self.host.id)
-            full_env = {**os.environ, **(env or {}), PREEMPTION_NOTICE_ENV: str(self.notice_path)}
-            if log_path is not None:
-                Path(log_path).parent.mkdir(parents=True, exist_ok=True)
+            full_env = {**os.environ, **env}
             with open(log_path or os.devnull, "ab") as stderr:
-                popen = subprocess.Popen(
+                popen = _launcher.run(lambda: subprocess.Popen(
                     list(argv),
                     stdin=subprocess.DEVNULL,
                     stdout=subprocess.PIPE,
                     stderr=stderr,
-                    cwd=cwd or self.host.workdir,
+                    cwd=self._resolve(cwd) if cwd is not None else self.host.workdir,
                     env=full_env,
                     text=True,
                     bufsize=1,
                     start_new_session=True,
                     preexec_fn=_make_preexec(os.getpid()),
-                )
+                ))
             if self._journal is not None:
                 self._journal.record_process_group(
-                    host_id=self.host.id, pid=popen.pid, pgid=popen.pid, argv=list(argv)
-                )
-            process = LocalProcess(popen, self.host.id, self._journal)
+                    backend=LocalProvider.name, host_id=self.host.id, address=self.host.address,
+                    pid=popen.pid, pgid=popen.pid, argv=list(argv),
+                    start_ticks=read_process_start_ticks(popen.pid))
+            process = LocalProcess(popen, self.host, self._journal)
             self._processes.append(process)
             return process
+
+    def _resolve(self, remote: Path) -> Path:
+        return self.host.workdir / remote  # an absolute `remote` stays as it is
 
     def copy(self, local: Path, remote: Path) -> None:
         if self._gone:
             raise HostLostError(self.host.id)
-        target = self.host.workdir / remote
+        target = self._resolve(remote)
         target.parent.mkdir(parents=True, exist_ok=True)
         if Path(local).is_dir():
             shutil.copytree(local, target, dirs_exist_ok=True)
+            return
+        tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+        shutil.copy2(local, tmp)
+        tmp.replace(target)  # atomic: a polling role never reads half a file
+
+    def fetch(self, remote: Path, local: Path) -> bool:
+        source = self._resolve(remote)
+        if not source.exists():
+            return False
+        local = Path(local)
+        if source.resolve() == local.resolve():
+            return True  # already where it was asked for (the orchestrator's own folder)
+        local.parent.mkdir(parents=True, exist_ok=True)
+        if source.is_dir():
+            shutil.copytree(source, local, dirs_exist_ok=True)
         else:
-            shutil.copy2(local, target)
+            shutil.copy2(source, local)
+        return True
 
     def alive(self) -> bool:
         return not self._gone
@@ -256,12 +349,17 @@ class LocalHostRunner(HostRunner):
 class LocalProvider(Provider):
     """Hosts are local process groups. Supports `revoke`, so revocation tests run in seconds.
 
-    `journal`: optional; every process group is recorded into it. `provision_delay_s`: how long
-    `replace` blocks before handing out replacement hosts (the provisioning delay to simulate).
-    `stop_grace_s`: SIGTERM-to-SIGKILL grace of `release` and `replace`.
+    `config.provision_delay_s`: how long `replace` blocks before handing out replacement hosts
+    (the provisioning delay to simulate); `config.stop_grace_s`: SIGTERM-to-SIGKILL grace of
+    `release` and `replace`. `journal`: optional; every process group is recorded into it.
+    A colocated host shares its machine's address and work dir; its machine's revocation and
+    replacement take it too.
     """
 
     name = "local"
+    can_revoke = True
+    runner_class: type[LocalHostRunner] = LocalHostRunner
+
     billed = False
 
     @classmethod
@@ -275,24 +373,28 @@ class LocalProvider(Provider):
                    ("zones", any(h.zone for h in hosts))) if asked]
         return hosts_are + (f"; {' and '.join(unused)} are not used" if unused else "")
 
-    def __init__(
-        self,
-        journal: ResourceJournal | None = None,
-        provision_delay_s: float = PROVISION_DELAY_S,
-        stop_grace_s: float = STOP_GRACE_S,
-    ) -> None:
+    def __init__(self, config: LocalProviderConfig | None = None, *,
+                 journal: ResourceJournal | None = None,
+                 provision_delay_s: float | None = None,
+                 stop_grace_s: float | None = None) -> None:
+        config = config or LocalProviderConfig()
+        self.config = config
         self._journal = journal
-        self._stop_grace_s = stop_grace_s
-        self._provision_delay_s = provision_delay_s
+        self._stop_grace_s = config.stop_grace_s if stop_grace_s is None else stop_grace_s
+        self._provision_delay_s = (config.provision_delay_s if provision_delay_s is None
+                                   else provision_delay_s)
         self._runners: dict[HostId, LocalHostRunner] = {}
-        self._states: dict[HostId, HostState] = {}
+        self._states: dict[HostId, HostState] = {}  # by machine id
         self._workdirs: dict[str, Path] = {}  # run_id -> request.workdir
         self._ids = itertools.count()
         self._lock = threading.Lock()
 
     def acquire(self, request: ClusterRequest) -> Cluster:
         self._workdirs[request.run_id] = request.workdir
-        hosts = [self._new_host(request.run_id, spec) for spec in request.hosts]
+        hosts: list[Host] = []
+        for spec in request.hosts:
+            on = next((h for h in hosts if h.spec.name == spec.colocate_with), None)
+            hosts.append(self._new_host(request.run_id, spec, machine=on))
         return Cluster(run_id=request.run_id, hosts=hosts)
 
     def runner(self, host: Host) -> LocalHostRunner:
@@ -302,21 +404,26 @@ class LocalProvider(Provider):
             raise HostLostError(host.id, f"host {host.id} was not acquired here") from None
 
     def poll(self, cluster: Cluster) -> dict[HostId, HostState]:
-        return {h.id: self._states.get(h.id, HostState.REVOKED) for h in cluster.hosts}
+        return {h.id: self._states.get(h.machine, HostState.REVOKED) for h in cluster.hosts}
 
-    def replace(self, cluster: Cluster, lost: Sequence[HostId]) -> Cluster:
-        lost_ids = set(lost)
-        for host_id in lost_ids:
-            cluster.host(host_id)  # KeyError for a stranger
+    def replace(self, cluster: Cluster, lost: Sequence[HostId],
+                keep_endpoints: bool = True) -> Cluster:
+        lost_ids = set(cluster.same_machine(list(lost)))  # KeyError for a stranger
         time.sleep(self._provision_delay_s)
-        hosts = []
+        hosts: list[Host] = []
+        new_machines: dict[HostId, Host] = {}  # old machine id -> its replacement host
         for host in cluster.hosts:
             if host.id in lost_ids:
                 # The replacement takes over the lost host's endpoint: TensorFlow's cluster spec
                 # is fixed for a coordinator's lifetime, and a worker restarted at the same
                 # address rejoins the running job by itself (GCE: reuse the static internal IP).
-                self._release_host(host, HostState.REVOKED, keep_port=True)
-                host = self._new_host(cluster.run_id, host.spec, port=host.port)
+                self._release_host(host, HostState.REVOKED, keep_port=keep_endpoints)
+                host_new = self._new_host(cluster.run_id, host.spec,
+                                          port=host.port if keep_endpoints else None,
+                                          machine=new_machines.get(host.machine))
+                if not host.colocated:
+                    new_machines[host.id] = host_new
+                host = host_new
             hosts.append(host)
         return Cluster(run_id=cluster.run_id, hosts=hosts)
 
@@ -332,21 +439,48 @@ class LocalProvider(Provider):
     def revoke(self, host: Host, notice_s: float = 0.0) -> None:
         runner = self.runner(host)
         if notice_s <= 0:
-            self._kill_host(host)
+            self._kill_machine(host.machine)
             return
         notice = {"host_id": host.id, "deadline": time.time() + notice_s}
         tmp = runner.notice_path.with_suffix(".tmp")
         tmp.write_text(json.dumps(notice) + "\n")
         tmp.replace(runner.notice_path)  # atomic: a reader never sees half a notice
-        timer = threading.Timer(notice_s, self._kill_host, args=(host,))
+        timer = threading.Timer(notice_s, self._kill_machine, args=(host.machine,))
         timer.daemon = True
         timer.start()
 
-    def _new_host(self, run_id: str, spec: HostSpec, port: int | None = None) -> Host:
+    def clean_up(self, entries: Sequence[JournalEntry],
+                 grace_s: float = STOP_GRACE_S) -> list[CleanUpResult]:
+        """Stop recorded process groups still alive on this machine (checked against their
+        recorded start time, so a reused pid is left alone); never touch another machine's."""
+        results = []
+        for entry in entries:
+            if entry.kind is not ResourceKind.PROCESS_GROUP or entry.pgid is None:
+                results.append(CleanUpResult(entry, False, f"{entry.kind} {entry.resource_id} "
+                                             f"(host {entry.host_id}): not a local process "
+                                             f"group; left alone"))
+            elif entry.address not in (None, LOCAL_ADDRESS):
+                results.append(CleanUpResult(entry, False, f"process group {entry.pgid} on "
+                                             f"{entry.address}: not on this machine; left alone"))
+            elif members := list_recorded_members(entry):
+                stop_local_group(entry.pgid, grace_s)
+                results.append(CleanUpResult(entry, True, f"killed process group {entry.pgid} "
+                                             f"(host {entry.host_id}, {len(members)} "
+                                             f"process(es))"))
+            else:
+                results.append(CleanUpResult(entry, True))
+        return results
+
+    def _new_host(self, run_id: str, spec: HostSpec, port: int | None = None,
+                  machine: Host | None = None) -> Host:
         with self._lock:
             host_id = f"{run_id}-{spec.name}-{next(self._ids)}"
-        workdir = Path(self._workdirs.get(run_id, Path.cwd())) / "hosts" / host_id
-        workdir.mkdir(parents=True, exist_ok=True)
+        if machine is None:
+            workdir = Path(self._workdirs.get(run_id, Path.cwd())) / "hosts" / host_id
+            workdir.mkdir(parents=True, exist_ok=True)
+            self._states[host_id] = HostState.RUNNING
+        else:
+            workdir = machine.workdir
         host = Host(
             id=host_id,
             spec=spec,
@@ -354,18 +488,20 @@ class LocalProvider(Provider):
             port=reserve_port() if port is None else port,
             workdir=workdir,
             state=HostState.RUNNING,
+            machine=host_id if machine is None else machine.id,
         )
-        self._runners[host_id] = LocalHostRunner(host, self._journal)
-        self._states[host_id] = HostState.RUNNING
+        self._runners[host_id] = self.runner_class(host, self._journal, self.config.python)
         return host
 
-    def _kill_host(self, host: Host) -> None:
-        runner = self._runners.get(host.id)
-        if runner is None or self._states.get(host.id) != HostState.RUNNING:
+    def _kill_machine(self, machine: HostId) -> None:
+        if self._states.get(machine) != HostState.RUNNING:
             return
-        runner.mark_gone()
-        runner.kill_all()
-        self._states[host.id] = HostState.REVOKED
+        # REVOKED before the kill: whoever sees a process die then finds the cause in poll()
+        self._states[machine] = HostState.REVOKED
+        runners = [r for r in self._runners.values() if r.host.machine == machine]
+        for runner in runners:
+            runner.mark_gone()
+        stop_processes([p for r in runners for p in r.take_processes()], grace_s=0.0)
 
     def _release_host(self, host: Host, final_state: HostState, keep_port: bool = False) -> None:
         runner = self._runners.get(host.id)
@@ -375,8 +511,8 @@ class LocalProvider(Provider):
         runner.stop_all(self._stop_grace_s)
         if not keep_port:
             free_port(host.port)
-        if not self._states.get(host.id, HostState.REVOKED).is_terminal():
+        if not host.colocated and not self._states.get(host.id, HostState.REVOKED).is_terminal():
             self._states[host.id] = final_state
 
 
-register_provider(LocalProvider.name, LocalProvider)
+register_provider(LocalProvider.name, LocalProvider, LocalProviderConfig)

@@ -1,16 +1,23 @@
 """Select a provider backend by name (the Hydra `provider` group's `name`).
 
-Backends register themselves with `register_provider` when their module is imported; modules are
-imported lazily, on first use of their name, so `local` runs without any cloud SDK installed.
+Backends register themselves with `register_provider(name, factory, config)` when their module
+is imported; modules are imported lazily, on first use of their name, so `local` runs without
+any cloud SDK installed. `config` is the backend's typed schema (a `ProviderConfig` subclass
+living next to the backend); `orchestrator/config/schema.py` stores each one in Hydra's
+ConfigStore so `provider=<name>` composes against it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import importlib.util
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
 
-from provisioning.base import BadRequestError, Provider
+from provisioning.base import BadRequestError, Provider, ProviderConfig, ResourceJournal
+from trainer.registry import Registry, UnknownNameError
 
 DEFAULT_PROVIDER = "local"
 
@@ -21,51 +28,104 @@ _BACKEND_MODULES: dict[str, str] = {
     "gce": "provisioning.gce",
     "sim": "provisioning.sim",
 }
-_factories: dict[str, Callable[..., Provider]] = {}
 
 
-def register_provider(name: str, factory: Callable[..., Provider]) -> None:
-    """Make `get_provider(name, **options)` call `factory(**options)`. Re-registering replaces."""
-    _factories[name] = factory
+@dataclass(frozen=True)
+class Backend:
+    """A registered backend: `factory(config, journal=...)` builds its provider; `provider`
+    is the class (its `can_revoke` is read at validation, before anything is built)."""
+
+    name: str
+    factory: Callable[..., Provider]
+    config: type[ProviderConfig]
+    provider: type[Provider]
+
+
+class UnknownProviderError(BadRequestError, UnknownNameError):
+    """`provider.name` names no backend of this installation (the project's one registry
+    error, and a bad request to the provisioning layer)."""
+
+
+_backends: Registry[Backend] = Registry("provider")
+
+
+def register_provider(name: str, factory: type[Provider],
+                      config: type[ProviderConfig] = ProviderConfig) -> None:
+    """Make `get_provider(name, cfg)` call `factory(cfg, journal=...)`. Re-registering
+    replaces."""
+    _backends.register(name, Backend(name, factory, config, factory))
+
+
+def unregister_provider(name: str) -> None:
+    """Forget a registered backend (tests that register their own)."""
+    _backends.unregister(name)
 
 
 def provider_names() -> list[str]:
     """Every name `get_provider` accepts in this installation, sorted."""
     available = {name for name, module in _BACKEND_MODULES.items() if _module_exists(module)}
-    return sorted(available | set(_factories))
+    return sorted(available | set(_backends.names()))
 
 
-def get_provider(name: str = DEFAULT_PROVIDER, **options: object) -> Provider:
-    """A new provider of backend `name`, built with `options` (backend keyword arguments).
+def backend(name: str) -> Backend:
+    """The registered backend `name`, importing its module on first use.
 
-    Raises BadRequestError naming the valid backends for an unknown name, or the bad option
-    when the backend does not accept one."""
-    factory = _factory(name)
+    Raises BadRequestError naming the valid backends for an unknown name."""
+    module = _BACKEND_MODULES.get(name)
+    if name not in _backends and module is not None and _module_exists(module):
+        importlib.import_module(module)
+    if name not in _backends:
+        raise UnknownProviderError("provider", name, provider_names())
+    return _backends.get(name)
+
+
+def all_backends() -> list[Backend]:
+    """Every backend this installation has (their modules imported)."""
+    return [backend(name) for name in provider_names()]
+
+
+def get_provider(name: str = DEFAULT_PROVIDER, config: ProviderConfig | Mapping[str, Any] | None
+                 = None, *, journal: ResourceJournal | None = None,
+                 **options: object) -> Provider:
+    """A new provider of backend `name`, built with its typed `config` (None = defaults; a
+    mapping, e.g. a run's resolved `provider` section, is converted) and `options` (config
+    fields to override).
+
+    Raises BadRequestError naming the valid backends for an unknown name, or naming the bad
+    option when the backend's config has no such field."""
+    found = backend(name)
+    if config is None or isinstance(config, Mapping):
+        config = make_config(name, {**(config or {}), **options})
+    elif options:
+        config = make_config(name, {**dataclasses.asdict(config), **options})
+    return found.factory(config, journal=journal)
+
+
+def make_config(name: str, values: Mapping[str, Any]) -> ProviderConfig:
+    """The backend's config dataclass from plain values (unknown keys: BadRequestError)."""
+    from omegaconf import OmegaConf  # converts nested records (an inventory) and checks types
+
+    cls = backend(name).config
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise BadRequestError(f"provider.{unknown[0]}: not an option of provider {name!r} "
+                              f"({', '.join(sorted(known))})")
     try:
-        return factory(**options)
-    except TypeError as error:
-        raise BadRequestError(f"provider.{name}: bad option: {error}") from error
+        merged = OmegaConf.merge(OmegaConf.structured(cls), {**values, "name": name})
+        config = OmegaConf.to_object(merged)
+    except Exception as error:  # OmegaConf's ValidationError and friends
+        key = getattr(error, "full_key", "") or "?"
+        raise BadRequestError(f"provider.{key}: {str(error).splitlines()[0]}") from error
+    assert isinstance(config, cls)
+    return config
 
 
 def provider_class(name: str) -> type[Provider]:
     """The class of backend `name`, to read what it can do (`billed`, `plan_note`) without
-    building one: the dry run asks too. A factory that is not a class answers as `Provider`."""
-    factory = _factory(name)
+    building one: the dry run asks too."""
+    factory = backend(name).factory
     return factory if isinstance(factory, type) and issubclass(factory, Provider) else Provider
-
-
-def _factory(name: str) -> Callable[..., Provider]:
-    if (
-        name not in _factories
-        and name in _BACKEND_MODULES
-        and _module_exists(_BACKEND_MODULES[name])
-    ):
-        importlib.import_module(_BACKEND_MODULES[name])
-    factory = _factories.get(name)
-    if factory is None:
-        valid = ", ".join(provider_names())
-        raise BadRequestError(f"provider: unknown provider {name!r} ({valid})")
-    return factory
 
 
 def _module_exists(module: str) -> bool:

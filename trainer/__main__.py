@@ -21,10 +21,12 @@ import sys
 import traceback
 from types import FrameType
 
+from trainer import layout
+
 GRPC_KEEPALIVE = ("grpc.keepalive_time_ms=5000,grpc.keepalive_timeout_ms=5000,"
                   "grpc.keepalive_permit_without_calls=1,grpc.http2.max_pings_without_data=0")
-ROLES = ("ps", "worker", "chief", "evaluator")
-EXIT_SIGTERM = 143  # 128 + SIGTERM, what a shell reports for a process ended by TERM
+ROLES = layout.ROLES
+EXIT_SIGTERM = layout.EXIT_SIGTERM
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

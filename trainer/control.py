@@ -42,14 +42,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
-from trainer import events
+from trainer import events, layout
 
 CONTROL_POLL_S = 0.25
 NOTICE_POLL_S = 0.5
-NOTICE_ENV = "TRANSIENT_PREEMPTION_NOTICE"  # = provisioning.base.PREEMPTION_NOTICE_ENV
+NOTICE_ENV = layout.NOTICE_ENV
 PS_PROBE_S = 1.0
 PS_PROBE_FAILURES = 2
-EXIT_PS_UNAVAILABLE = 3
+EXIT_PS_UNAVAILABLE = layout.EXIT_PS_UNAVAILABLE
 
 
 @dataclass

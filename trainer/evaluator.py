@@ -2,7 +2,7 @@
 
 It needs no parameter server: it restores the weights into a local copy of the model, so it
 keeps working while the cluster is being replaced. It exits 0 after evaluating the final
-checkpoint, which the chief names in `<run_dir>/checkpoints/DONE`.
+checkpoint, which the chief names in `DONE` in the checkpoint store (`spec.layout.done`).
 """
 
 from __future__ import annotations
@@ -12,14 +12,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from trainer import events
+from trainer import events, layout
 from trainer.models import build_model
 from trainer.problems import eval_dataset, get_problem
 from trainer.spec import TrainerSpec
 from trainer.summaries import write_scalar
 
 POLL_INTERVAL_S = 0.5
-DONE_MARKER = "DONE"  # same name as trainer.loop.DONE_MARKER; written after the final save
+DONE_MARKER = layout.DONE_MARKER  # written by the chief after the final save
 
 
 def run_evaluator(spec: TrainerSpec, max_wait_s: float | None = None) -> dict[str, Any]:
@@ -32,11 +32,11 @@ def run_evaluator(spec: TrainerSpec, max_wait_s: float | None = None) -> dict[st
     import tensorflow as tf
 
     job = spec.job
-    ckpt_dir = Path(spec.run_dir) / "checkpoints"
+    ckpt_dir = Path(spec.layout.checkpoints)
     arrays = get_problem(job.problem).load(job.data_dir, job.seed)
     model = build_model(job.model, job.hparam_set, arrays.input_shape, arrays.num_classes)
     dataset = eval_dataset(arrays)
-    writer = tf.summary.create_file_writer(str(Path(spec.run_dir) / "tensorboard" / "eval"))
+    writer = tf.summary.create_file_writer(spec.layout.tensorboard("eval"))
     events.emit("ready", address=None)
 
     @tf.function

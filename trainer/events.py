@@ -8,7 +8,8 @@ import threading
 import time
 from typing import Any
 
-EVENT_PREFIX = "@event "
+from trainer.layout import EVENT_PREFIX
+
 KINDS = frozenset({
     "ready", "train_start", "phase_start", "phase_end", "step", "checkpoint", "eval",
     "worker_failure", "failure", "train_end",

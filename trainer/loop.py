@@ -42,7 +42,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from trainer import control, events
+from trainer import control, events, layout
 from trainer.meter import Meter, WorkerFailureEvents, watch_rejoins
 from trainer.models import build_model
 from trainer.optim import PSOptimizer, lr_at
@@ -51,7 +51,7 @@ from trainer.protocols import asp_runner, bsp_runner, build_steps, per_worker_id
 from trainer.spec import PhaseSpec, TrainerSpec
 
 SERVER_WAIT_S = 120.0  # how long to wait for ps/worker ports before giving up
-DONE_MARKER = "DONE"
+DONE_MARKER = layout.DONE_MARKER
 
 
 class _Vars:
@@ -94,8 +94,7 @@ def train(spec: TrainerSpec) -> None:
 def _train(spec: TrainerSpec, tf: Any, strategy: Any, coordinator: Any,
            notice: control.NoticeWatcher) -> None:
     job, workers = spec.job, spec.num_workers
-    run_dir = Path(spec.run_dir)
-    ckpt_dir = run_dir / "checkpoints"
+    ckpt_dir = Path(spec.layout.checkpoints)  # the checkpoint store the spec names
     save_every = [f for f in (job.checkpoint_frequency, job.eval_frequency) if f > 0]
     budget = control.Budget(spec.phases, workers)
     channel = control.ControlChannel(spec.control_path)
@@ -148,7 +147,7 @@ def _train(spec: TrainerSpec, tf: Any, strategy: Any, coordinator: Any,
     runners = {"asp": asp_runner(coordinator, asp_step, (iterator, worker_ids), workers),
                "bsp": bsp_runner(coordinator, bsp_accumulate, bsp_apply,
                                  (iterator, worker_ids), workers)}
-    writer = tf.summary.create_file_writer(str(run_dir / "tensorboard" / "train"))
+    writer = tf.summary.create_file_writer(spec.layout.tensorboard("train"))
     meter = Meter(spec, int(v.global_step.numpy()), writer, lambda s: lr_at(
         s, job, float(optimizer.learning_rate.numpy())))
 

@@ -12,11 +12,12 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-PROTOCOLS = ("bsp", "asp")
+from trainer.layout import CLUSTER_JOBS, PROTOCOLS, RunLayout
+
 OPTIMIZERS = ("sgd", "momentum", "adam")
 LR_SCHEDULES = ("constant", "cosine", "step")
 PHASE_HPARAMS = ("learning_rate", "momentum")  # what a phase may override in place
-CLUSTER_JOBS = ("ps", "worker", "chief")
+__all__ = ["CLUSTER_JOBS", "PROTOCOLS"]  # re-exported: the spec's allowed values
 
 
 @dataclass
@@ -142,11 +143,17 @@ class TrainerSpec:
     report_every_s: float = 1.0
     stragglers: list[StragglerSpec] = field(default_factory=list)  # injected slowdowns
     control_file: str | None = None  # orchestrator -> chief; None = <run_dir>/control.json
+    checkpoint_dir: str | None = None  # the checkpoint store; None = <run_dir>/checkpoints
+
+    @property
+    def layout(self) -> RunLayout:
+        """Where this role's files are on its host (trainer/layout.py)."""
+        return RunLayout(self.run_dir, self.checkpoint_dir)
 
     @property
     def control_path(self) -> Path:
         """The control file the chief polls (see trainer/control.py for its format)."""
-        return Path(self.control_file or Path(self.run_dir) / "control.json")
+        return Path(self.control_file or self.layout.control)
 
     def validate(self) -> None:
         """Check the whole spec; AssertionError messages name the field and the fix."""
@@ -215,6 +222,8 @@ class TrainerSpec:
             stragglers=[StragglerSpec.from_dict(s, f"stragglers[{i}]")
                         for i, s in enumerate(data.get("stragglers", []))],
             control_file=None if data.get("control_file") is None else str(data["control_file"]),
+            checkpoint_dir=(None if data.get("checkpoint_dir") is None
+                            else str(data["checkpoint_dir"])),
         )
         spec.validate()
         return spec

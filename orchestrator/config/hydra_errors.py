@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import re
+from collections.abc import Sequence
+from pathlib import Path
 
+import yaml
 from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
 from omegaconf.errors import OmegaConfBaseException
 
@@ -14,12 +18,15 @@ def config_error_from_hydra(ex: BaseException) -> ConfigError | None:
     """The ConfigError for a Hydra/OmegaConf exception, or None if it is not a config error."""
     if isinstance(ex, ConfigError):
         return ex
+    if isinstance(ex, yaml.MarkedYAMLError):
+        return yaml_syntax_error(ex)
     if isinstance(ex, OmegaConfBaseException):
         return from_omegaconf(ex)
     if isinstance(ex, MissingConfigException):
         return _missing_option(ex)
     if isinstance(ex, OverrideParseException):
-        return ConfigError(ex.override or "<override>", _first(str(ex.message)),
+        key = (ex.override or "").split("=")[0].lstrip("+~")
+        return ConfigError(key or _quoted_field(str(ex.message)), _first(str(ex.message)),
                            "see python -m orchestrator --help")
     if isinstance(ex, ConfigCompositionException):
         cause = ex.__cause__
@@ -39,10 +46,15 @@ def config_error_from_hydra(ex: BaseException) -> ConfigError | None:
             key = m.group(1)
             return ConfigError(key, "unknown key", "check the spelling; "
                                "python -m orchestrator --cfg job shows every key")
+        m = re.search(r"Multiple values for (\S+)\. To override a value use '([^']+)'", msg)
+        if m:
+            return ConfigError(m.group(1), "set twice in a defaults list: a later entry for a "
+                               "group that already has a default must say 'override'",
+                               f"write '- {m.group(2).replace('override ', 'override /')}'")
         m = re.search(r"Could not append to config. An item is already at '([^']+)'", msg)
         if m:
             return ConfigError(m.group(1), "already set", f"use {m.group(1)}=... without '+'")
-        return ConfigError("<config>", _first(msg))
+        return ConfigError(_quoted_field(msg), _first(msg))
     return None
 
 
@@ -53,11 +65,152 @@ def _missing_option(ex: MissingConfigException) -> ConfigError:
     m = re.search(r"Could not find '([^']+)'", msg) or re.search(r"'([^']+)'", msg)
     missing = m.group(1) if m else (getattr(ex, "missing_cfg_file", None) or "?")
     group, _, option = missing.rpartition("/")
-    path = group or "<config>"
+    path = group or missing
     allowed = "available: " + ", ".join(options) if options else None
     return ConfigError(path, f"unknown option '{option or missing}'", allowed)
+
+
+def _quoted_field(msg: str) -> str:
+    """The first quoted name in a Hydra message, as a dotted field (``sync/bsp`` -> ``sync``)."""
+    m = re.search(r"'([A-Za-z_][\w./@+~-]*)'", msg)
+    if not m:
+        return "overrides"  # nothing better to name: the command line as a whole
+    name = m.group(1).lstrip("+~").split("=")[0]
+    return name.split("/")[0] if "/" in name else name
 
 
 def _first(text: str) -> str:
     lines = [ln for ln in text.strip().splitlines() if ln.strip()]
     return lines[0] if lines else text
+
+
+def exact_item_error(err: ConfigError, overrides: Sequence[str],
+                     extra_search_dir: Path | None = None) -> ConfigError:
+    """Replace a list item's ``*`` index in ``err`` by the index at fault.
+
+    Hydra merges each YAML file into the schema while composing, and OmegaConf reports an
+    error inside a list item without the item's index. So compose again with the schemas
+    swapped for empty nodes (nothing is type-checked), then check the list items one by one
+    (:func:`orchestrator.config.schema.to_experiment`). If that does not reproduce the error,
+    name the whole list: still a field the user can paste back, never a ``*``.
+    """
+    if "*" not in err.path:
+        return err
+    from orchestrator.config.schema import to_experiment
+
+    try:
+        to_experiment(_compose_loose(overrides, extra_search_dir))
+    except ConfigError as exact:
+        if "*" not in exact.path:
+            return exact
+    except Exception:  # the loose compose is best effort; fall back below
+        pass
+    return ConfigError(err.path.split(".*", 1)[0], err.problem.rstrip() + " in one of its items",
+                       err.allowed)
+
+
+def _compose_loose(overrides: Sequence[str], extra_search_dir: Path | None) -> dict:
+    """The composed config as plain data, without the schemas (see :func:`exact_item_error`)."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.config_store import ConfigStore
+    from hydra.core.global_hydra import GlobalHydra
+    from omegaconf import OmegaConf
+
+    from orchestrator.config.schema import register_configs
+    from orchestrator.paths import CONF_DIR
+
+    groups = {p.name for p in CONF_DIR.iterdir() if p.is_dir()}
+    args = [_force(o, groups) for o in overrides]
+    if extra_search_dir is not None:
+        args.append(f"hydra.searchpath=[file://{extra_search_dir}]")
+    cs = ConfigStore.instance()
+    cs.store(name="base_config", node={})
+    for group in ("cluster", "job", "sync", "provider", "pricing", "revocation", "straggler"):
+        cs.store(group=group, name=f"base_{group}", node={})
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(version_base="1.3", config_dir=str(CONF_DIR)):
+            composed = compose("config", overrides=args)
+        data = OmegaConf.to_container(composed, resolve=False)
+    finally:
+        GlobalHydra.instance().clear()
+        register_configs()
+    assert isinstance(data, dict)
+    return data
+
+
+def _force(override: str, groups: set[str]) -> str:
+    """``key=value`` -> ``++key=value`` so a schema key absent from the YAML can still be set."""
+    key, sep, _ = override.partition("=")
+    bare = key.lstrip("+~")
+    if not sep or key.startswith("~") or bare.split("/")[0].split("@")[0] in groups \
+            or bare.startswith("hydra") or "." not in bare:
+        return override
+    return "++" + override.lstrip("+")
+
+
+def yaml_syntax_error(ex: yaml.MarkedYAMLError, shown_as: str | Path | None = None) -> ConfigError:
+    """One line for a YAML syntax error: the user's file, line and column, what is wrong.
+
+    ``shown_as`` names the file when the parser read a copy of it (``orchestrator.validate``
+    copies files from elsewhere into a temporary search path).
+    """
+    mark = ex.problem_mark or ex.context_mark
+    where = str(shown_as) if shown_as is not None else (mark.name if mark else "<yaml>")
+    if not where.startswith("<"):
+        where = os.path.realpath(where)  # conf/experiment/ is a link to experiments/
+        if not os.path.relpath(where).startswith(".."):
+            where = os.path.relpath(where)  # the user's own spelling under the current folder
+    if mark is not None:
+        where += f":{mark.line + 1}:{mark.column + 1}"
+    problem = " ".join((ex.problem or ex.context or "invalid YAML").split())
+    hint = "YAML syntax"
+    if "\\t" in problem or "'\t'" in problem:
+        hint = "YAML syntax: indent with spaces, never tabs"
+    elif ex.context and ex.context_mark is not None and ex.context_mark is not mark:
+        hint = (f"YAML syntax, {ex.context} at line {ex.context_mark.line + 1}, "
+                f"column {ex.context_mark.column + 1}")
+    return ConfigError(where, problem, hint)
+
+
+def check_yaml_file(path: Path) -> None:
+    """Parse ``path`` as Hydra will (duplicate keys are errors); raises ConfigError naming it."""
+    from omegaconf._utils import get_yaml_loader
+
+    try:
+        yaml.load(path.read_text(), Loader=get_yaml_loader())  # OmegaConf's safe loader
+    except yaml.MarkedYAMLError as ex:
+        raise yaml_syntax_error(ex, shown_as=path) from None
+
+
+def explain(err: ConfigError) -> ConfigError:
+    """Rewrite errors whose literal text misleads: keys of an experiment file that lacks its
+    ``# @package _global_`` header land under ``experiment.`` and read as an unknown key."""
+    if err.path.split(".")[0] == "experiment" and err.problem.startswith("unknown key"):
+        return ConfigError("experiment", "the experiment file does not start with "
+                           "'# @package _global_', so its keys landed under 'experiment.'",
+                           "make '# @package _global_' its first line")
+    return err
+
+
+def check_group_overrides(overrides: Sequence[str]) -> None:
+    """A config group is chosen by option name; ``cluster=[3]`` or ``job=5`` would otherwise
+    crash inside Hydra with a traceback. Raises ConfigError naming the group."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from orchestrator.paths import CONF_DIR
+
+    try:
+        parsed = OverridesParser.create().parse_overrides(list(overrides))
+    except Exception:  # Hydra reports unparsable overrides itself
+        return
+    for override in parsed:
+        group = override.key_or_group.split("@")[0].lstrip("/")
+        folder = CONF_DIR / group
+        if not folder.is_dir() or override.is_sweep_override() or override.is_delete():
+            continue
+        value = override.value()
+        if not isinstance(value, str) or not value:
+            options = sorted(p.stem for p in folder.glob("*.yaml") if not p.stem.startswith("base_"))
+            raise ConfigError(group, f"'{override.get_value_element_as_str()}' is not an option "
+                              "name", "available: " + ", ".join(options))

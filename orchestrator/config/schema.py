@@ -8,9 +8,9 @@ dataclasses, never a ``DictConfig``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, is_dataclass
 from enum import StrEnum
-from typing import Any
+from typing import Any, get_args, get_origin, get_type_hints
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
@@ -23,14 +23,17 @@ from orchestrator.config.transient import (
     register_transient_configs,
 )
 from orchestrator.simulate.config import PlannerConfig, QueueConfig, SimConfig
+from provisioning.base import ProviderConfig
 from provisioning.catalog import PricingConfig
+from provisioning.registry import all_backends, backend, provider_names
+from trainer import layout
 
 
 class Protocol(StrEnum):
     """Parameter synchronisation protocol on the parameter servers."""
 
-    bsp = "bsp"  # bulk synchronous: one global step = one gradient from every worker
-    asp = "asp"  # asynchronous: every worker step is a global step
+    bsp = layout.PROTOCOL_BSP  # bulk synchronous: one global step = one gradient from every worker
+    asp = layout.PROTOCOL_ASP  # asynchronous: every worker step is a global step
 
 
 class Optimizer(StrEnum):
@@ -125,15 +128,6 @@ class SyncConfig:
 
 
 @dataclass
-class ProviderConfig:
-    """Where servers come from."""
-
-    name: str = "local"  # provider registry name
-    ready_timeout_s: float = 120.0  # how long a role may take to start serving
-    python: str | None = None  # interpreter on the hosts; None = this one
-
-
-@dataclass
 class ExperimentConfig:
     """The root config: one run (a sweep runs several)."""
 
@@ -158,13 +152,24 @@ class ExperimentConfig:
 
 
 def register_configs() -> None:
-    """Store every schema as ``base_*`` so YAML files can name it first in their defaults."""
+    """Store every schema as ``base_*`` so YAML files can name it first in their defaults.
+
+    Also registers ``${pid:}``, which makes the default output folders unique for runs started
+    in the same second (conf/config.yaml ``hydra.run.dir``); a sweep's jobs share one process,
+    so they share its folder.
+    """
+    import os
+
+    if not OmegaConf.has_resolver("pid"):
+        OmegaConf.register_new_resolver("pid", os.getpid)
     cs = ConfigStore.instance()
     cs.store(name="base_config", node=ExperimentConfig)
     cs.store(group="cluster", name="base_cluster", node=ClusterConfig)
     cs.store(group="job", name="base_job", node=JobConfig)
     cs.store(group="sync", name="base_sync", node=SyncConfig)
     cs.store(group="provider", name="base_provider", node=ProviderConfig)
+    for registered in all_backends():  # provider=<name> composes against its own schema
+        cs.store(group="provider", name=f"{registered.name}_schema", node=registered.config)
     cs.store(group="pricing", name="base_pricing", node=PricingConfig)
     register_transient_configs()
 
@@ -183,12 +188,70 @@ def to_experiment(cfg: DictConfig | dict[str, Any]) -> ExperimentConfig:
     """Re-merge a composed config into a fresh schema and return real dataclasses.
 
     Re-merging catches what Hydra lets through: keys added with ``+`` that the schema does not
-    know, and values of the wrong type. Raises OmegaConf errors carrying ``full_key``.
+    know, and values of the wrong type. Raises :class:`ConfigError` naming the field.
     """
+    from omegaconf.errors import OmegaConfBaseException
+
+    from orchestrator.config.errors import from_omegaconf
+
     data = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else cfg
     assert isinstance(data, dict)
     data = {k: v for k, v in data.items() if k != "hydra"}
-    merged = OmegaConf.merge(OmegaConf.structured(ExperimentConfig), data)
-    obj = OmegaConf.to_object(merged)
+    check_list_items(ExperimentConfig, data)
+    schema = OmegaConf.structured(ExperimentConfig)
+    provider = data.get("provider")
+    if isinstance(provider, dict) and provider.get("name") in provider_names():
+        # the backend's own schema (a ProviderConfig subclass) checks its options
+        schema.provider = OmegaConf.structured(backend(provider["name"]).config)
+    elif isinstance(provider, dict):  # an unknown backend: validation names provider.name
+        base = {f.name for f in fields(ProviderConfig)}
+        data["provider"] = {k: v for k, v in provider.items() if k in base}
+    try:
+        merged = OmegaConf.merge(schema, data)
+        obj = OmegaConf.to_object(merged)
+    except OmegaConfBaseException as ex:
+        raise from_omegaconf(ex) from None
     assert isinstance(obj, ExperimentConfig)
     return obj
+
+
+def check_list_items(schema: type, data: Any, path: str = "") -> None:
+    """Merge every item of a list of dataclasses on its own, so an error names its index.
+
+    OmegaConf checks a list item before attaching it to the list, so its errors carry only the
+    item's own key; this walk gives them the dotted path a user can paste back as an override
+    (``cluster.worker_groups.1.count``). Raises :class:`ConfigError`.
+    """
+    from omegaconf.errors import OmegaConfBaseException
+
+    from orchestrator.config.errors import ConfigError, from_omegaconf, pasteable
+
+    if not isinstance(data, dict):
+        return
+    hints = get_type_hints(schema)
+    for key, value in data.items():
+        hint = hints.get(key)
+        if hint is None:
+            continue
+        here = f"{path}{key}"
+        inner = [a for a in get_args(hint) if a is not type(None)]
+        if isinstance(hint, type) and is_dataclass(hint):
+            check_list_items(hint, value, here + ".")
+        elif inner and is_dataclass(inner[0]) and get_origin(hint) is not list:
+            check_list_items(inner[0], value, here + ".")  # X | None
+        elif get_origin(hint) is list and inner and is_dataclass(inner[0]):
+            if not isinstance(value, list):
+                continue  # the whole-config merge reports the wrong type
+            for i, item in enumerate(value):
+                item_path = f"{here}.{i}"
+                if not isinstance(item, dict):
+                    raise ConfigError(item_path, f"expected a mapping of {inner[0].__name__} "
+                                      f"keys, got '{item}'")
+                try:
+                    OmegaConf.merge(OmegaConf.structured(inner[0]), item)
+                except OmegaConfBaseException as ex:
+                    err = from_omegaconf(ex)
+                    key_in_item = pasteable(getattr(ex, "full_key", None) or "")
+                    raise ConfigError(f"{item_path}.{key_in_item}".rstrip("."), err.problem,
+                                      err.allowed) from None
+                check_list_items(inner[0], item, item_path + ".")

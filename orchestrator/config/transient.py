@@ -18,6 +18,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
 from orchestrator.config.errors import ConfigError
+from orchestrator.config.ranges import check_ranges
 
 #: GCE's preemption notice (seconds between the notice and the stop).
 GCE_NOTICE_S = 30.0
@@ -148,49 +149,30 @@ def register_transient_configs() -> None:
 def validate_revocation(cfg: RevocationConfig, path: str = "revocation") -> None:
     """Check meaning, not shape; raises ConfigError naming the field. Host names are checked
     against the cluster later, by :func:`orchestrator.transient.revocation.plan_revocations`."""
+    check_ranges(cfg, path)
     if cfg.model == RevocationModel.exponential and cfg.rate_per_hour <= 0:
         raise ConfigError(f"{path}.rate_per_hour", f"must be > 0 (got {cfg.rate_per_hour:g})")
-    if cfg.time_scale <= 0:
-        raise ConfigError(f"{path}.time_scale", f"must be > 0 (got {cfg.time_scale:g})")
-    if cfg.notice_s < 0:
-        raise ConfigError(f"{path}.notice_s", f"must be ≥ 0 (got {cfg.notice_s:g})")
     if cfg.model == RevocationModel.schedule and not cfg.events:
         raise ConfigError(f"{path}.events", "model=schedule needs at least one event")
     for i, event in enumerate(cfg.events):
         if (event.at_s is None) == (event.at_step is None):
             raise ConfigError(f"{path}.events.{i}", "set exactly one of at_s and at_step")
-        if event.at_s is not None and event.at_s < 0:
-            raise ConfigError(f"{path}.events.{i}.at_s", f"must be ≥ 0 (got {event.at_s:g})")
-        if event.at_step is not None and event.at_step < 0:
-            raise ConfigError(f"{path}.events.{i}.at_step", f"must be ≥ 0 (got {event.at_step})")
 
 
 def validate_recovery(cfg: RecoveryConfig, path: str = "cluster.recovery") -> None:
     """Delays are non-negative and restarts bounded; raises ConfigError naming the field."""
-    for key in ("replacement_delay_s", "restart_delay_s", "max_restarts"):
-        value = getattr(cfg, key)
-        if value < 0:
-            raise ConfigError(f"{path}.{key}", f"must be ≥ 0 (got {value:g})")
+    check_ranges(cfg, path)
 
 
 def validate_straggler(cfg: StragglerConfig, path: str = "straggler") -> None:
     """Injections are well-formed and detection thresholds meaningful; raises ConfigError."""
-    if cfg.detection.k <= 1:
-        raise ConfigError(f"{path}.detection.k", f"must be > 1 (got {cfg.detection.k:g})")
-    if cfg.detection.m < 1:
-        raise ConfigError(f"{path}.detection.m", f"must be ≥ 1 (got {cfg.detection.m})")
+    check_ranges(cfg, path)
     for i, inj in enumerate(cfg.injections):
         p = f"{path}.injections.{i}"
-        if not inj.workers or any(w < 0 for w in inj.workers):
-            raise ConfigError(f"{p}.workers", f"must list worker indices ≥ 0 (got {inj.workers})")
-        if inj.delay_s <= 0:
-            raise ConfigError(f"{p}.delay_s", f"must be > 0 (got {inj.delay_s:g})")
+        if not inj.workers:
+            raise ConfigError(f"{p}.workers", "must list at least one worker index")
         if (inj.start_s is None) == (inj.start_step is None):
             raise ConfigError(p, "set exactly one of start_s and start_step")
-        if inj.duration_s is not None and inj.duration_s <= 0:
-            raise ConfigError(f"{p}.duration_s", f"must be > 0 or null (got {inj.duration_s:g})")
-        if inj.every_s < 0 or inj.repeats < 1:
-            raise ConfigError(p, "every_s must be ≥ 0 and repeats ≥ 1")
         if inj.start_step is not None and (inj.duration_s is not None or inj.every_s > 0):
             # the trainer anchors step-started episodes at a global step it sees, not at a
             # run second, so only an open-ended one is exact there
@@ -202,6 +184,4 @@ def validate_straggler(cfg: StragglerConfig, path: str = "straggler") -> None:
 
 def validate_sync_policy(cfg: SyncPolicyConfig, path: str = "sync.policy") -> None:
     """Hysteresis times are non-negative; raises ConfigError naming the field."""
-    for key in ("min_dwell_s", "calm_s"):
-        if getattr(cfg, key) < 0:
-            raise ConfigError(f"{path}.{key}", f"must be ≥ 0 (got {getattr(cfg, key):g})")
+    check_ranges(cfg, path)

@@ -11,7 +11,9 @@ import itertools
 from pathlib import Path
 
 from orchestrator.config.errors import ConfigError
+from orchestrator.config.ranges import check_ranges
 from orchestrator.config.schema import ExperimentConfig, Protocol, schedule_phases
+from provisioning.catalog import retirement
 
 PHASE_FRACTION_TOLERANCE = 1e-6
 LOCAL_ZONE = "local"
@@ -33,28 +35,19 @@ def _providers() -> list[str]:
     return list(provider_names())
 
 
-def _positive(path: str, value: float, minimum: float = 1) -> None:
-    if value < minimum:
-        raise ConfigError(path, f"must be ≥ {minimum:g} (got {value:g})")
-
-
 def validate_cluster(cfg: ExperimentConfig) -> None:
     c, catalog = cfg.cluster, cfg.pricing
-    _positive("cluster.parameter_servers", c.parameter_servers)
     if not c.worker_groups:
         raise ConfigError("cluster.worker_groups", "needs at least one worker group")
-    if c.workers is not None:
-        _positive("cluster.workers", c.workers)
-        if len(c.worker_groups) > 1:
-            raise ConfigError(
-                "cluster.workers",
-                "the shorthand only applies to a homogeneous cluster",
-                "set cluster.workers=null and cluster.worker_groups.N.count",
-            )
+    if c.workers is not None and len(c.worker_groups) > 1:
+        raise ConfigError(
+            "cluster.workers",
+            "the shorthand only applies to a homogeneous cluster",
+            "set cluster.workers=null and cluster.worker_groups.N.count",
+        )
     known_zones = [*catalog.all_zones(), LOCAL_ZONE]
     for i, group in enumerate(c.worker_groups):
         path = f"cluster.worker_groups.{i}"
-        _positive(f"{path}.count", group.count)
         if group.machine_type not in catalog.machine_types:
             raise ConfigError(
                 f"{path}.machine_type",
@@ -62,6 +55,16 @@ def validate_cluster(cfg: ExperimentConfig) -> None:
                 "one of: " + ", ".join(catalog.machine_types),
             )
         if group.gpu is not None:
+            retired = retirement(cfg.provider.name, group.gpu)
+            if retired is not None:
+                raise ConfigError(
+                    f"{path}.gpu",
+                    f"{group.gpu.upper()} was retired on {cfg.provider.name.upper()} on "
+                    f"{retired.date} ({retired.source})",
+                    f"use {retired.replacement} (e.g. {path}.gpu={retired.replacement}); "
+                    f"{group.gpu} clusters stay valid for dry runs and analysis with "
+                    "provider=local",
+                )
             if group.gpu not in catalog.gpus:
                 raise ConfigError(
                     f"{path}.gpu",
@@ -100,18 +103,11 @@ def validate_job(cfg: ExperimentConfig) -> None:
     if j.problem not in problem_names:
         raise ConfigError("job.problem", f"unknown problem '{j.problem}'",
                           "one of: " + ", ".join(problem_names))
-    _positive("job.train_steps", j.train_steps)
-    _positive("job.batch_size", j.batch_size)
-    _positive("job.keep_checkpoints", j.keep_checkpoints)
-    for key in ("checkpoint_frequency", "eval_frequency", "warmup_steps", "weight_decay"):
-        _positive(f"job.{key}", getattr(j, key), minimum=0)
-    if j.learning_rate <= 0:
-        raise ConfigError("job.learning_rate", f"must be > 0 (got {j.learning_rate:g})")
-    if not 0 <= j.momentum < 1:
-        raise ConfigError("job.momentum", f"must be in [0, 1) (got {j.momentum:g})")
     steps = j.lr_decay_steps
-    if any(b <= a for a, b in itertools.pairwise(steps)) or any(s < 1 for s in steps):
-        raise ConfigError("job.lr_decay_steps", f"must be positive and increasing (got {steps})")
+    for i, (a, b) in enumerate(itertools.pairwise(steps)):
+        if b <= a:
+            raise ConfigError(f"job.lr_decay_steps.{i + 1}", f"must be greater than the step "
+                              f"before it (got {steps})", "steps in increasing order")
 
 
 def validate_sync(cfg: ExperimentConfig) -> None:
@@ -134,9 +130,6 @@ def validate_sync(cfg: ExperimentConfig) -> None:
         return
     total = 0.0
     for i, phase in enumerate(phases):
-        if not 0 < phase.fraction <= 1:
-            path = f"sync.fractions.{i}" if sync.switch_order else f"sync.phases.{i}.fraction"
-            raise ConfigError(path, f"must be in (0, 1] (got {phase.fraction:g})")
         unknown = set(phase.hparams) - {"learning_rate", "momentum"}
         if unknown:
             path = f"sync.phase_hparams.{i}" if sync.switch_order else f"sync.phases.{i}.hparams"
@@ -153,14 +146,44 @@ def validate_provider(cfg: ExperimentConfig) -> None:
     if cfg.provider.name not in names:
         raise ConfigError("provider.name", f"unknown provider '{cfg.provider.name}'",
                           "one of: " + ", ".join(names))
-    _positive("provider.ready_timeout_s", cfg.provider.ready_timeout_s, minimum=1)
-    _positive("report_every_s", cfg.report_every_s, minimum=0.05)
+    from provisioning.registry import backend
+
+    if str(cfg.revocation.model) != "none" and not backend(cfg.provider.name).provider.can_revoke:
+        raise ConfigError("revocation.model", f"provider '{cfg.provider.name}' cannot revoke "
+                          "hosts on demand", "use revocation=none, or a provider that can "
+                          "(local)")
+    for path, problem in cfg.provider.check()[:1]:  # the backend's own checks (ssh: key files)
+        raise ConfigError(path, problem)
+
+
+def worker_count(cfg: ExperimentConfig) -> int:
+    """Workers at the start: the homogeneous shorthand wins over the groups' counts."""
+    c = cfg.cluster
+    return c.workers if c.workers is not None else sum(g.count for g in c.worker_groups)
+
+
+def validate_straggler_workers(cfg: ExperimentConfig) -> None:
+    """Injections may only slow workers that exist (as revocation events may only name hosts
+    that exist: :func:`orchestrator.transient.revocation.ScheduledRevocations.plan`)."""
+    if not cfg.straggler.enabled:
+        return
+    n = worker_count(cfg)
+    for i, inj in enumerate(cfg.straggler.injections):
+        for j, worker in enumerate(inj.workers):
+            if worker >= n:
+                raise ConfigError(f"straggler.injections.{i}.workers.{j}",
+                                  f"no worker {worker} in this cluster",
+                                  f"worker indices 0..{n - 1}")
 
 
 def validate(cfg: ExperimentConfig) -> None:
     """Check every field's meaning; raises ConfigError on the first problem found."""
     from orchestrator.config import transient as st
 
+    check_ranges(cfg)
+    if not cfg.name or cfg.name != Path(cfg.name).name or cfg.name in (".", ".."):
+        raise ConfigError("name", f"'{cfg.name}' cannot name the output folder",
+                          "a non-empty name without '/'")
     validate_provider(cfg)
     validate_cluster(cfg)
     validate_job(cfg)
@@ -169,6 +192,7 @@ def validate(cfg: ExperimentConfig) -> None:
     st.validate_sync_policy(cfg.sync.policy)
     st.validate_revocation(cfg.revocation)
     st.validate_straggler(cfg.straggler)
+    validate_straggler_workers(cfg)
 
 
 def validate_data_dir(cfg: ExperimentConfig) -> None:
@@ -187,11 +211,24 @@ def validate_data_dir(cfg: ExperimentConfig) -> None:
         return
     unset = f"or leave job.data_dir unset to download them into {data.cache_root(cfg.data_cache)}"
     if given.startswith("gs://"):
-        raise ConfigError("job.data_dir", "gs:// buckets are not read yet",
-                          f"use a folder on this machine, {unset}")
+        raise ConfigError("job.data_dir", "gs:// data is not staged onto the hosts by a run yet",
+                          f"stage it first: python -m provisioning.gce.storage download "
+                          f"{given} DIR, then job.data_dir=DIR; {unset}")
     if not Path(given).expanduser().is_dir():
         raise ConfigError("job.data_dir", f"folder '{given}' does not exist",
                           f"put the {problem} files there, {unset}")
     if not data.holds_files(problem, given):
         raise ConfigError("job.data_dir", f"folder '{given}' does not hold the {problem} files",
                           f"see python -m trainer.data list, {unset}")
+
+
+def validate_run_start(cfg: ExperimentConfig) -> None:
+    """At run start (never in a dry run): access to the cloud the run will use, so a run
+    without credentials fails at once with one line saying what to do (before any download)."""
+    if cfg.provider.name == "gce":
+        from provisioning.gce.api import GceAuthError, resolve_credentials
+
+        try:
+            resolve_credentials(cfg.provider)  # type: ignore[arg-type]
+        except GceAuthError as error:
+            raise ConfigError(error.field, error.problem) from None

@@ -3,17 +3,21 @@ atomically, that the chief polls between steps.
 
 ``{"seq": n, "protocol": "asp" | "bsp" | null, "checkpoint": k}``: ``protocol`` overrides the
 phase schedule's protocol in place (null = follow the schedule again); ``checkpoint`` increasing
-asks for a checkpoint now (a preemption notice reached a parameter server). The same file can be
-pushed to a remote chief with the launch contract's ``copy``.
+asks for a checkpoint now (a preemption notice reached a parameter server). The orchestrator
+keeps its own copy at ``<run_dir>/control.json`` and pushes every write to the chief's host
+through the launch contract (``HostRunner.write_text``: temp file + rename on the host), at
+``control.json`` in the chief host's work dir (``trainer.layout.CONTROL_FILE``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from pathlib import Path
 
-CONTROL_FILE = "control.json"
+from provisioning.base import HostLostError, HostRunner
+from trainer.layout import CONTROL_FILE
 
 
 class ControlChannel:
@@ -24,6 +28,13 @@ class ControlChannel:
         self.seq = 0
         self.protocol: str | None = None
         self.checkpoint = 0
+        self._chief: HostRunner | None = None
+
+    def attach(self, chief: HostRunner | None) -> None:
+        """Push every write (and the current state, now) to this chief's host."""
+        self._chief = chief
+        if chief is not None:
+            self._push(self.path.read_text() if self.path.exists() else self._text())
 
     def set_protocol(self, protocol: str | None) -> None:
         """Override the schedule's protocol (None = follow the schedule)."""
@@ -39,9 +50,20 @@ class ControlChannel:
         self.protocol = None
         self._write()
 
+    def _text(self) -> str:
+        return json.dumps({"seq": self.seq, "protocol": self.protocol,
+                           "checkpoint": self.checkpoint}) + "\n"
+
     def _write(self) -> None:
         self.seq += 1
+        text = self._text()
         tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"seq": self.seq, "protocol": self.protocol,
-                                   "checkpoint": self.checkpoint}) + "\n")
+        tmp.write_text(text)
         os.replace(tmp, self.path)
+        self._push(text)
+
+    def _push(self, text: str) -> None:
+        if self._chief is not None:
+            # a chief host that is gone reads nothing; recovery deals with the loss
+            with contextlib.suppress(HostLostError, OSError):
+                self._chief.write_text(Path(CONTROL_FILE), text)

@@ -1,7 +1,9 @@
 """The deployer: starts trainer roles on a cluster's hosts and turns their output into events.
 
-Provider-agnostic: it uses only the launch contract (`provisioning.base.HostRunner`). Every role
-runs `<python> -m trainer --role R --index I --spec PATH`. Parameter servers and workers start
+Provider-agnostic: it uses only the launch contract (`provisioning.base.HostRunner`). Before a
+host's first role it runs `runner.setup()` and puts the spec on the host (`trainer_spec.json` in
+the host's work dir, atomically); every role runs `<runner.trainer_command()> --role R --index I
+--spec <host path>` with the host's work dir as its cwd. Parameter servers and workers start
 first, the evaluator and the chief right after (the chief waits for the server ports itself);
 `start()` returns once every server is ready (its `ready` event, or its port accepts
 connections).
@@ -11,10 +13,9 @@ Each process gets a reader thread. Stdout lines starting with `@event ` (Contrac
 `<run_dir>/logs/<role>-<index>.log`. When a process exits the deployer adds a synthetic
 `process_exit` event with fields `exit_code` (negative = signal) and `expected`: False when a
 ps/worker exits outside teardown or a chief/evaluator exits non-zero, so the orchestrator can
-react (restart, replace, fail the run).
-
-Call `start()` from the main thread (or a thread that outlives the run): the local provider
-ties each child's parent-death signal to the thread that starts it.
+react (restart, replace, fail the run). Every event carries `received`: the orchestrator's
+clock when it arrived (the role's own clock stays in `time`). `collect()` fetches the roles'
+host files (TensorBoard) back into the run directory.
 """
 
 from __future__ import annotations
@@ -23,23 +24,24 @@ import contextlib
 import json
 import queue
 import socket
-import sys
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from orchestrator.paths import PROJECT_ROOT
 from provisioning.base import (
     STOP_GRACE_S,
     Cluster,
     Host,
+    HostId,
     HostLostError,
+    HostRunner,
     Provider,
     RemoteProcess,
     Role,
 )
+from trainer import layout
 
 #: How long a ps/worker may take to become ready (TF servers take about 5 s; imports 3-4 s).
 READY_TIMEOUT_S = 120.0
@@ -49,10 +51,9 @@ READY_POLL_INTERVAL_S = 0.1
 PORT_PROBE_TIMEOUT_S = 0.2
 #: How long teardown waits for a reader thread to drain after its process is gone.
 READER_JOIN_TIMEOUT_S = 2.0
-EVENT_PREFIX = "@event "
+EVENT_PREFIX = layout.EVENT_PREFIX
 EVENT_READY = "ready"
 EVENT_PROCESS_EXIT = "process_exit"
-TRAINER_ARGV = ("-m", "trainer")
 # Without this the trainer's stdout is block-buffered into the pipe and events arrive late.
 DEFAULT_ENV = {"PYTHONUNBUFFERED": "1"}
 _SERVER_ROLES = (Role.PS, Role.WORKER)
@@ -68,13 +69,15 @@ class DeployError(Exception):
 class TrainerEvent:
     """One event from a trainer role (Contract 2) or synthesized by the deployer.
 
-    `fields` holds every key except kind, time, role and index."""
+    `fields` holds every key except kind, time, role and index. `time` is the role's clock;
+    `received` the orchestrator's when the line arrived (what run time is measured on)."""
 
     kind: str
     time: float
     role: str
     index: int
     fields: dict[str, object] = field(default_factory=dict)
+    received: float = field(default_factory=time.time, compare=False)
 
 
 def parse_event_line(line: str) -> TrainerEvent | None:
@@ -112,8 +115,9 @@ class Deployment:
     """The trainer processes of one run on one cluster. Use as a context manager, or call
     `teardown()` in a `finally`: nothing it started survives teardown.
 
-    `trainer_argv` replaces `-m trainer` (tests run stand-in scripts); `env` is added to
-    `DEFAULT_ENV` and a PYTHONPATH holding this project's root.
+    `spec_text` is the trainer spec (JSON) put on every host. `command` replaces each runner's
+    `trainer_command()` (tests run stand-in scripts); `env` is added to `DEFAULT_ENV` and the
+    runner's `trainer_env()`.
     """
 
     def __init__(
@@ -121,10 +125,9 @@ class Deployment:
         provider: Provider,
         cluster: Cluster,
         run_dir: Path,
-        spec_path: Path,
-        python: str = sys.executable,
+        spec_text: str,
         *,
-        trainer_argv: Sequence[str] = TRAINER_ARGV,
+        command: Sequence[str] | None = None,
         env: Mapping[str, str] | None = None,
         ready_timeout_s: float = READY_TIMEOUT_S,
         stop_grace_s: float = STOP_GRACE_S,
@@ -132,10 +135,10 @@ class Deployment:
         self.provider = provider
         self.cluster = cluster
         self.run_dir = Path(run_dir)
-        self.spec_path = Path(spec_path)
-        self.python = python
-        self.trainer_argv = tuple(trainer_argv)
-        self.env = {**DEFAULT_ENV, "PYTHONPATH": str(PROJECT_ROOT), **(env or {})}
+        self.spec_text = spec_text
+        self.command = None if command is None else list(command)
+        self.env = {**DEFAULT_ENV, **(env or {})}
+        self._prepared: set[HostId] = set()  # machines with setup done and the spec in place
         self.ready_timeout_s = ready_timeout_s
         self.stop_grace_s = stop_grace_s
         self.tasks: dict[tuple[Role, int], RoleTask] = {}
@@ -158,6 +161,7 @@ class Deployment:
         until every server port accepts connections. Raises DeployError if a server exits or
         is not ready within `ready_timeout_s`; processes already started keep running until
         `teardown()`."""
+        self.prepare_all()
         servers = [self.start_role(h) for r in _SERVER_ROLES for h in self.cluster.hosts_for(r)]
         for role in _CLIENT_ROLES:
             for host in self.cluster.hosts_for(role):
@@ -174,11 +178,12 @@ class Deployment:
         if cluster is not None:
             self.cluster = cluster
         index = self.cluster.index_of(host)
-        log_path = self.run_dir / "logs" / f"{host.role.value}-{index}.log"
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        argv = [self.python, *self.trainer_argv, "--role", host.role.value]
-        argv += ["--index", str(index), "--spec", str(self.spec_path)]
-        process = self.provider.runner(host).start(argv, self.env, None, log_path)
+        log_path = self.run_dir / layout.LOGS_DIR / f"{host.role.value}-{index}.log"
+        runner = self.provider.runner(host)
+        self._prepare(host, runner)
+        argv = [*(self.command or runner.trainer_command()), "--role", host.role.value]
+        argv += ["--index", str(index), "--spec", str(host.workdir / layout.SPEC_FILE)]
+        process = runner.start(argv, {**runner.trainer_env(), **self.env}, None, log_path)
         task = RoleTask(host.role, index, host, process, log_path)
         task.reader = threading.Thread(
             target=self._read_output, args=(task,), name=f"reader-{host.role}-{index}", daemon=True
@@ -187,6 +192,47 @@ class Deployment:
             self.tasks[(host.role, index)] = task
         task.reader.start()
         return task
+
+    def prepare_all(self) -> None:
+        """Set up every machine of the cluster and put the spec there, machines in parallel
+        (a remote setup can take a while per host). Raises the first error."""
+        firsts = {h.machine: h for h in reversed(self.cluster.hosts)}
+        errors: list[BaseException] = []
+
+        def prepare(host: Host) -> None:
+            try:
+                self._prepare(host, self.provider.runner(host))
+            except BaseException as error:  # handed to the caller below
+                errors.append(error)
+
+        threads = [threading.Thread(target=prepare, args=(h,), name=f"setup-{h.spec.name}")
+                   for h in firsts.values()]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        if errors:
+            raise errors[0]
+
+    def _prepare(self, host: Host, runner: HostRunner) -> None:
+        """Once per machine: set the host up and put the spec there (hosts sharing a machine
+        share its work dir)."""
+        with self._lock:
+            if host.machine in self._prepared:
+                return
+        runner.setup()
+        runner.write_text(Path(layout.SPEC_FILE), self.spec_text)
+        with self._lock:
+            self._prepared.add(host.machine)
+
+    def collect(self) -> None:
+        """Fetch the roles' TensorBoard files from their hosts into `<run_dir>/tensorboard`
+        (at the end, on failure and before a restart moves the roles). A gone host is
+        skipped: what it held is lost with it."""
+        for host in [*self.cluster.hosts_for(Role.CHIEF), *self.cluster.hosts_for(Role.EVALUATOR)]:
+            with contextlib.suppress(HostLostError, OSError):
+                runner = self.provider.runner(host)
+                runner.fetch(Path(layout.TENSORBOARD_DIR), self.run_dir / layout.TENSORBOARD_DIR)
 
     def wait_ready(self, task: RoleTask, timeout_s: float | None = None) -> None:
         """Block until `task` is ready: its `ready` event, or its port accepts a connection.

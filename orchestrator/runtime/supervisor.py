@@ -1,33 +1,38 @@
-"""Follow a deployed run to its end: trainer events, injected revocations, recovery, stragglers
-and the online sync policy.
+"""Follow a deployed run to its end: trainer events, host losses, injected revocations,
+recovery, stragglers and the online sync policy.
 
-One loop, one thread (the main one: the local provider ties its children's lifetime to the
-thread that starts them). Each turn handles at most one trainer event, then a tick:
+One loop, one thread. Each turn handles at most one trainer event, then a tick:
 
-1. revocations whose time or step has come → ``provider.revoke`` (with the configured notice);
-2. recovery decisions whose time has come → replace workers / restart from a checkpoint;
-3. straggler injection episodes starting or ending → events;
-4. the sync policy → the control file, when it wants another protocol.
+1. the provider is polled for the whole cluster, once per POLL_INTERVAL_S (one API call,
+   whatever the cluster's size): hosts that left RUNNING become losses, deduplicated against
+   process exits, with the cause the provider reports (REVOKED = revoked, else crashed);
+2. revocations whose time or step has come → ``fleet.revoke`` (with the configured notice);
+3. recovery decisions whose time has come → replace workers / restart from a checkpoint, and a
+   restart attempt that did not resume training before its deadline fails (another attempt);
+4. straggler injection episodes starting or ending → events;
+5. the sync policy → the control file, when it wants another protocol.
 
-The clock (``now_s``) is seconds since the chief's first ``train_start``; before it, seconds
-since the supervisor started. Trainer events update :class:`RunState`, whose fields become the
-summary.
+The recovery policies decide; the supervisor acts through the :class:`Fleet`, the one owner of
+the current cluster. Every trainer event is recorded with the orchestrator's receipt time
+(``time``) and the role's own clock as ``role_time``; run time is measured on the receipt
+clock. The clock (``now_s``) is seconds since the chief's first ``train_start``; before it,
+seconds since the supervisor started. Trainer events update :class:`RunState`, whose fields
+become the summary.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator import results
 from orchestrator.config.schema import ExperimentConfig
 from orchestrator.runtime.control import ControlChannel
-from orchestrator.runtime.deploy import EVENT_PROCESS_EXIT, Deployment, TrainerEvent
+from orchestrator.runtime.deploy import EVENT_PROCESS_EXIT, DeployError, TrainerEvent
+from orchestrator.runtime.fleet import Fleet
 from orchestrator.runtime.progress import RunProgress
 from orchestrator.transient.recovery import (
-    EVENT_REPLACEMENT_READY,
     Action,
     HostLoss,
     LossCause,
@@ -38,11 +43,16 @@ from orchestrator.transient.recovery import (
 )
 from orchestrator.transient.revocation import RevocationSchedule
 from orchestrator.transient.stragglers import InjectionSchedule, StragglerDetector, get_sync_policy
-from provisioning.base import Cluster, Host, HostState, Provider, Role
+from provisioning.base import Cluster, Host, HostId, HostState, ProvisionError, Role
+from trainer.layout import EXIT_PS_UNAVAILABLE
 
 TICK_S = 0.2  # longest wait for a trainer event before the periodic checks run
+#: How often the provider is asked about the whole cluster (one `poll(cluster)` call). A lost
+#: host whose processes do not exit (a preempted VM, a cut link) is noticed within this, plus
+#: what the backend itself needs to notice it.
+POLL_INTERVAL_S = 1.0
 FINAL_EVAL_TIMEOUT_S = 120.0  # how long the evaluator may take after the chief is done
-PS_LOSS_EXIT_CODE = 3  # the chief's exit code when it lost a parameter server
+PS_LOSS_EXIT_CODE = EXIT_PS_UNAVAILABLE  # the chief's exit code when it lost a parameter server
 # After a PS's preemption notice the chief checkpoints this long (or 2x the last checkpoint's
 # duration) before the deadline: late enough to lose few steps, early enough to finish.
 NOTICE_MARGIN_S = 1.0
@@ -92,29 +102,43 @@ def _num(value: Any) -> float | None:
 
 
 class Supervisor:
-    """Runs the loop above for one run. ``restart_cluster`` re-deploys every role on a cluster
-    (the caller rewrites the trainer spec) and returns the new Deployment."""
+    """Runs the loop above for one run on `fleet` (which owns the cluster and its roles).
 
-    def __init__(self, cfg: ExperimentConfig, provider: Provider, cluster: Cluster,
-                 deployment: Deployment, rec: results.RunRecorder, progress: RunProgress,
-                 control: ControlChannel, revocations: RevocationSchedule,
-                 restart_cluster: Callable[[Cluster], Deployment]) -> None:
-        self.cfg, self.provider, self.cluster = cfg, provider, cluster
-        self.deployment, self.rec, self.progress, self.control = deployment, rec, progress, control
-        self.restart_cluster = restart_cluster
+    A restart attempt must see the chief's ``train_start`` within ``restart_timeout_s`` (None
+    = the provider's ``ready_timeout_s``) of its roles being started; a role that exits first,
+    a restart that raises, or the deadline passing closes the attempt as failed and decides its
+    losses again, so a restart never hangs and never ends the run while restarts are left."""
+
+    def __init__(self, cfg: ExperimentConfig, fleet: Fleet, rec: results.RunRecorder,
+                 progress: RunProgress, control: ControlChannel,
+                 revocations: RevocationSchedule, restart_timeout_s: float | None = None,
+                 poll_interval_s: float = POLL_INTERVAL_S) -> None:
+        self.cfg, self.fleet, self.rec, self.progress, self.control = (
+            cfg, fleet, rec, progress, control)
         self.state = RunState()
         self.revocations = revocations
         self.planner = RecoveryPlanner(cfg.cluster.recovery)
         self.injections = InjectionSchedule(cfg.straggler.injections, cfg.straggler.enabled)
         self.detector = StragglerDetector.from_config(cfg.straggler.detection)
         self.policy = get_sync_policy(cfg.sync.policy)
+        self.restart_timeout_s = (cfg.provider.ready_timeout_s if restart_timeout_s is None
+                                  else restart_timeout_s)
+        self.poll_interval_s = poll_interval_s
         self.pending: list[RecoveryDecision] = []
         self.awaiting_restart: RecoveryDecision | None = None
-        self.revoked_ids: set[str] = set()
+        self.restart_deadline = 0.0  # monotonic
+        self.lost: set[HostId] = set()  # hosts already turned into losses (dedup)
+        self.states: dict[HostId, HostState] = {}  # the provider's answer at the last poll
+        self.next_poll = 0.0  # monotonic
         self.noticed_ids: set[str] = set()  # hosts we sent a preemption notice ourselves
         self.checkpoint_at: list[float] = []  # run seconds at which to ask for a checkpoint
         self.injected: set[int] = set()
         self.schedule_protocol: str | None = None  # the phase schedule's protocol now
+
+    @property
+    def cluster(self) -> Cluster:
+        """The fleet's current cluster (never a copy)."""
+        return self.fleet.cluster
 
     # --- clock and records -------------------------------------------------------------------
     def now_s(self) -> float:
@@ -131,7 +155,7 @@ class Supervisor:
         eval_deadline: float | None = None
         next_tick = 0.0
         while self.state.error is None:
-            event = self.deployment.next_event(TICK_S)
+            event = self.fleet.deployment.next_event(TICK_S)
             if event is not None:
                 self.handle(event)
             if time.monotonic() >= next_tick or event is None:
@@ -150,16 +174,18 @@ class Supervisor:
     # --- trainer events ----------------------------------------------------------------------
     def handle(self, event: TrainerEvent) -> None:
         f, s = event.fields, self.state
-        self.rec.event(event.kind, role=event.role, time_s=event.time, index=event.index, **f)
+        at = event.received  # the orchestrator's clock; the role's stays in role_time
+        self.rec.event(event.kind, role=event.role, time_s=at, index=event.index,
+                       role_time=event.time, **f)
         step = f.get("step")
         if isinstance(step, int | float) and event.role == "chief":
             s.global_step = max(s.global_step, int(step))
-        wall = event.time - s.start_time
+        wall = at - s.start_time
         kind = event.kind
         if kind == "train_start":
-            s.train_start = event.time
+            s.train_start = at
             if s.train_t0 is None:
-                s.train_t0 = event.time
+                s.train_t0 = at
             self.progress.status("training")
             if self.awaiting_restart is not None:
                 self.record(self.planner.end(self.awaiting_restart, self.now_s()))
@@ -176,18 +202,20 @@ class Supervisor:
         elif kind == "checkpoint":
             s.last_checkpoint_step = int(f.get("step", 0))
             s.last_checkpoint_s = _num(f.get("duration_s")) or s.last_checkpoint_s
+            self.fleet.sync_checkpoints()  # durable before a loss can take the chief's host
         elif kind == "phase_start":  # protocol: in force now; scheduled: the phase's own
             self.schedule_protocol = str(f.get("scheduled", f.get("protocol")))
-            s.open(str(f.get("protocol")), int(f.get("step", 0)), event.time)
+            s.open(str(f.get("protocol")), int(f.get("step", 0)), at)
         elif kind == "phase_end":
             s.switch_overhead_s += _num(f.get("switch_s")) or 0.0
-            s.close(int(f.get("step", 0)), event.time, _num(f.get("wall_s")))
+            s.close(int(f.get("step", 0)), at, _num(f.get("wall_s")))
         elif kind == "protocol_switch":
             s.switch_overhead_s += _num(f.get("switch_s")) or 0.0
-            s.open(str(f.get("to")), int(f.get("step", 0)), event.time)
-        elif kind == "train_end":
+            s.open(str(f.get("to")), int(f.get("step", 0)), at)
+        elif kind == "train_end":  # the chief wrote DONE just before
+            self.fleet.sync_checkpoints()
             s.train_time_s = _num(f.get("train_time_s"))
-            s.close(s.global_step, event.time)
+            s.close(s.global_step, at)
             self.progress.update(s.global_step)
         elif kind == "worker_steps":
             self.observe_worker(int(f.get("worker", -1)), _num(f.get("step_time_s")))
@@ -195,7 +223,8 @@ class Supervisor:
                 f.get("host_id") not in self.noticed_ids:
             # a notice we did not send (a cloud's own preemption): checkpoint now
             self.control.request_checkpoint()
-        elif kind == "failure" and event.role == "evaluator" and s.error is None:
+        elif kind == "failure" and event.role == "evaluator" and s.error is None \
+                and self.awaiting_restart is None:
             # chief, PS and worker failures are handled by recovery when their process exits
             s.error = f"{event.role} {event.index}: {f.get('error')}"
         elif kind == EVENT_PROCESS_EXIT:
@@ -210,70 +239,120 @@ class Supervisor:
             if event.role == "evaluator" and code == 0:
                 s.evaluator_done = True
             return
-        if self.awaiting_restart is not None or any(
-                d.action == Action.restart for d in self.pending):
-            return  # the restart under way re-deploys every role anyway
-        host_id = str(f.get("host_id", ""))
         try:
-            host = self.cluster.host(host_id)
+            host = self.cluster.host(str(f.get("host_id", "")))
         except KeyError:
             return  # a host already replaced out of the cluster
+        if self.awaiting_restart is not None:  # the restarted cluster lost a role: next attempt
+            self.fail_attempt(f"{event.role} {event.index} exited with code {code} before "
+                              f"training resumed", [host])
+            return
+        if any(d.action == Action.restart for d in self.pending) or host.id in self.lost:
+            return  # the restart under way re-deploys every role / already a known loss
+        self.refresh_states()
         if event.role == "chief" and code == PS_LOSS_EXIT_CODE:
-            losses = [self.loss_of(h) for h in self.cluster.hosts_for(Role.PS)
-                      if self.host_state(h) != HostState.RUNNING] or [self.loss_of(host)]
+            hosts = [h for h in self.cluster.hosts_for(Role.PS) if not self.running(h)] or [host]
         else:
-            losses = [self.loss_of(host)]
-        self.decide(losses)
+            hosts = [host]
+        hosts += [h for h in self.cluster.hosts  # whatever else its machine took down
+                  if h.machine == host.machine and h not in hosts and not self.running(h)]
+        self.decide(hosts)
 
-    def host_state(self, host: Host) -> HostState:
-        return self.provider.poll(Cluster(self.cluster.run_id, [host]))[host.id]
+    # --- hosts and losses --------------------------------------------------------------------
+    def refresh_states(self) -> dict[HostId, HostState]:
+        """Ask the provider about the whole cluster (one call) and remember the answer."""
+        self.states = self.fleet.poll()
+        self.next_poll = time.monotonic() + self.poll_interval_s
+        return self.states
+
+    def running(self, host: Host) -> bool:
+        return self.states.get(host.id, HostState.RUNNING) == HostState.RUNNING
 
     def loss_of(self, host: Host) -> HostLoss:
-        gone = self.host_state(host) != HostState.RUNNING
-        cause = LossCause.revoked if host.id in self.revoked_ids else LossCause.crashed
-        return HostLoss(host.id, host.spec.name, host.role, self.now_s(), cause, gone)
+        state = self.states.get(host.id, HostState.RUNNING)
+        cause = LossCause.revoked if state == HostState.REVOKED else LossCause.crashed
+        return HostLoss(host.id, host.spec.name, host.role, self.now_s(), cause,
+                        host_gone=state != HostState.RUNNING)
 
-    def decide(self, losses: list[HostLoss]) -> None:
+    def progress_now(self, losses: list[HostLoss]) -> TrainingProgress:
+        lost = {loss.host_id for loss in losses} | self.lost
         alive = sum(1 for h in self.cluster.hosts_for(Role.WORKER)
-                    if h.id not in {loss.host_id for loss in losses}
-                    and self.host_state(h) == HostState.RUNNING)
-        progress = TrainingProgress(self.state.global_step, self.state.last_checkpoint_step,
-                                    alive)
-        for decision in self.planner.decide(losses, progress, self.now_s()):
-            self.record(list(decision.events))
-            for loss in decision.losses:
-                if loss.role == Role.WORKER:
-                    self.record(self.detector.forget(self.cluster.index_of(
-                        self.cluster.host(loss.host_id)), self.now_s()))
-            if decision.action == Action.fail:
-                self.state.error = decision.reason
-            elif decision.action == Action.restart:
-                self.progress.status("restarting from checkpoint")
-                self.deployment.teardown()
-                self.state.chief_done = self.state.evaluator_done = False
-                self.pending.append(decision)
-            elif decision.action == Action.replace:
-                self.pending.append(decision)
+                    if h.id not in lost and self.running(h))
+        return TrainingProgress(self.state.global_step, self.state.last_checkpoint_step, alive)
+
+    def decide(self, hosts: list[Host]) -> None:
+        losses = [self.loss_of(h) for h in hosts]
+        self.lost.update(h.id for h in hosts)
+        for decision in self.planner.decide(losses, self.progress_now(losses), self.now_s()):
+            self.apply(decision)
+
+    def apply(self, decision: RecoveryDecision) -> None:
+        self.record(list(decision.events))
+        for loss in decision.losses:
+            if loss.role == Role.WORKER:
+                self.record(self.detector.forget(self.cluster.index_of(
+                    self.cluster.host(loss.host_id)), self.now_s()))
+        if decision.action == Action.fail:
+            self.state.error = decision.reason
+        elif decision.action == Action.restart:
+            self.progress.status("restarting from checkpoint")
+            self.fleet.stop_roles()
+            self.state.chief_done = self.state.evaluator_done = False
+            self.pending.append(decision)
+        elif decision.action == Action.replace:
+            self.pending.append(decision)
+
+    def poll_losses(self) -> None:
+        """Hosts that left RUNNING since the last poll, and were not already losses."""
+        self.refresh_states()
+        gone = [h for h in self.cluster.hosts if not self.running(h) and h.id not in self.lost]
+        if not gone:
+            return
+        if self.awaiting_restart is not None:
+            self.fail_attempt("a host was lost before training resumed: "
+                              + ", ".join(h.spec.name for h in gone), gone)
+        elif any(d.action == Action.restart for d in self.pending):
+            return  # the restart replaces every host that is not running
+        else:
+            self.decide(gone)
+
+    def fail_attempt(self, reason: str, hosts: list[Host]) -> None:
+        """Close the restart attempt under way as failed and decide again: another attempt
+        (while max_restarts allows) or the run's failure."""
+        decision, self.awaiting_restart = self.awaiting_restart, None
+        assert decision is not None
+        self.record(self.planner.attempt_failed(decision, reason, self.now_s()))
+        self.fleet.stop_roles()
+        self.refresh_states()
+        hosts = hosts + [h for h in self.cluster.hosts if not self.running(h) and h not in hosts]
+        losses = [self.loss_of(h) for h in hosts or self.cluster.hosts_for(Role.CHIEF)]
+        self.lost.update(loss.host_id for loss in losses)
+        self.apply(self.planner.retry_restart(losses, self.progress_now(losses), self.now_s()))
 
     # --- periodic checks ---------------------------------------------------------------------
     def tick(self) -> None:
         now = self.now_s()
+        if time.monotonic() >= self.next_poll:
+            self.poll_losses()
+        if self.awaiting_restart is not None and time.monotonic() > self.restart_deadline:
+            self.fail_attempt(f"training did not resume within {self.restart_timeout_s:g} s "
+                              f"of the restart", [])
         if self.state.train_t0 is not None and not self.awaiting_restart:
             self.fire_revocations(now)
             self.request_due_checkpoints(now)
         for decision in [d for d in self.pending if d.execute_at_s <= now]:
             self.pending.remove(decision)
             self.execute(decision, now)
+            if self.state.error is not None:
+                return
         if self.state.train_t0 is not None:
             self.track_injections(now)
             self.apply_policy(now)
 
     def fire_revocations(self, now: float) -> None:
-        alive = [h.spec.name for h in self.cluster.hosts
-                 if self.host_state(h) == HostState.RUNNING]
+        alive = [h.spec.name for h in self.cluster.hosts if self.running(h)]
         for event in self.revocations.due(now, self.state.global_step, alive):
             host = next(h for h in self.cluster.hosts if h.spec.name == event.host_name)
-            self.revoked_ids.add(host.id)
             if event.notice_s > 0:
                 self.rec.event("revocation_notice", host=host.spec.name, host_id=host.id,
                                role=str(host.role), notice_s=event.notice_s)
@@ -281,7 +360,7 @@ class Supervisor:
                 if host.role == Role.PS:  # save what the PS holds as late as is safe
                     margin = max(NOTICE_MARGIN_S, 2 * self.state.last_checkpoint_s)
                     self.checkpoint_at.append(now + max(0.0, event.notice_s - margin))
-            self.provider.revoke(host, event.notice_s)
+            self.fleet.revoke(host, event.notice_s)
 
     def request_due_checkpoints(self, now: float) -> None:
         due = [t for t in self.checkpoint_at if t <= now]
@@ -290,43 +369,52 @@ class Supervisor:
             self.control.request_checkpoint()
 
     def execute(self, decision: RecoveryDecision, now: float) -> None:
-        result = self.planner.complete(decision, self.provider, self.cluster, now)
-        self.record(list(result.events))
-        if result.ok:
-            self.cluster = result.cluster
         if decision.action == Action.replace:
-            for host in result.new_hosts:
-                self.deployment.start_role(host, self.cluster)
-                self.revocations.on_replacement(host.spec.name, now)
-            self.record(self.planner.end(decision, self.now_s(), ok=result.ok))
-        else:  # restart: every role again; the chief resumes from the latest checkpoint
-            new_hosts = list(result.new_hosts) + self.replace_gone_hosts(now)
-            for host in new_hosts:
-                self.revocations.on_replacement(host.spec.name, now)
-            self.control.reset()
-            self.state.protocol = None
-            self.deployment = self.restart_cluster(self.cluster)
-            self.awaiting_restart = decision
+            self.execute_replace(decision, now)
+        else:
+            self.execute_restart(decision, now)
 
-    def replace_gone_hosts(self, now: float) -> list[Host]:
-        """Before a restart: every host still gone (a worker awaiting its replacement, say)
-        is replaced now, and the replace decisions waiting for it are done: the restart
-        re-deploys every role anyway."""
-        gone = [h for h in self.cluster.hosts if self.host_state(h) != HostState.RUNNING]
-        if not gone:
-            return []
-        self.cluster = self.provider.replace(self.cluster, [h.id for h in gone])
-        names = {h.spec.name for h in gone}
-        new_hosts = [h for h in self.cluster.hosts if h.spec.name in names]
-        events = [RecordedEvent(EVENT_REPLACEMENT_READY, {
-            "host": h.spec.name, "host_id": h.id, "endpoint": h.endpoint, "wait_s": 0.0,
-            "reason": "restart"}) for h in new_hosts]
-        self.planner.tally.count(events)
-        self.record(events)
-        for decision in [d for d in self.pending if d.action == Action.replace]:
-            self.pending.remove(decision)
-            self.record(self.planner.end(decision, now))
-        return new_hosts
+    def execute_replace(self, decision: RecoveryDecision, now: float) -> None:
+        """Fresh hosts for the gone ones; a role that crashed on a host still running is
+        started again there (replacing it would take its machine's other roles down)."""
+        self.refresh_states()
+        ids = [i for i in decision.replace_host_ids if i in {h.id for h in self.cluster.hosts}]
+        in_place = [self.cluster.host(i) for i in ids if self.running(self.cluster.host(i))]
+        try:
+            new_hosts = self.fleet.replace([i for i in ids if i not in
+                                            {h.id for h in in_place}])
+            for host in [*in_place, *new_hosts]:
+                self.fleet.start_role(host)
+                self.lost.discard(host.id)
+        except (ProvisionError, OSError) as ex:
+            self.record(self.planner.replacement_failed(decision, f"{type(ex).__name__}: {ex}"))
+            self.record(self.planner.end(decision, self.now_s(), ok=False))
+            return
+        for host in new_hosts:
+            self.revocations.on_replacement(host.spec.name, now)
+        self.record(self.planner.replaced(decision, new_hosts, now))
+        self.record(self.planner.end(decision, self.now_s()))
+
+    def execute_restart(self, decision: RecoveryDecision, now: float) -> None:
+        """Every role again on the current hosts (gone ones replaced); the chief resumes from
+        the checkpoint store. Pending worker replacements are done by this too."""
+        self.awaiting_restart = decision
+        try:
+            new_hosts = self.fleet.restart(decision.replace_host_ids)
+        except (DeployError, ProvisionError, OSError) as ex:
+            gone = [h for h in self.cluster.hosts if not self.running(h)]
+            self.fail_attempt(f"restart failed: {type(ex).__name__}: {ex}", gone)
+            return
+        self.restart_deadline = time.monotonic() + self.restart_timeout_s
+        self.lost = set()  # a fresh deployment: every host is watched again
+        self.refresh_states()
+        for host in new_hosts:
+            self.revocations.on_replacement(host.spec.name, now)
+        self.record(self.planner.replaced(decision, new_hosts, now))
+        self.state.protocol = None
+        for other in [d for d in self.pending if d.action == Action.replace]:
+            self.pending.remove(other)
+            self.record(self.planner.end(other, now))
 
     def track_injections(self, now: float) -> None:
         delays = self.injections.delays_at(now, self.state.global_step)

@@ -2,23 +2,31 @@
 
 The run loop reports losses (:class:`HostLoss`) to a :class:`RecoveryPlanner`, which routes
 them by role to a policy registered by name and returns :class:`RecoveryDecision` records: what
-to do, from when, how many steps are lost, and the events to record. The loop executes them:
+to do, from when, how many steps are lost, and the events to record. Policies only decide; the
+supervisor acts, through the one owner of the cluster (:class:`orchestrator.runtime.fleet.Fleet`),
+and hands the outcome back here to be recorded:
 
 ===========  ==================================================================================
-action       what the run loop does
+action       what the supervisor does
 ===========  ==================================================================================
 continue     nothing: training goes on with the remaining workers
-replace      at ``execute_at_s``: ``planner.complete(...)``, then ``deployment.start_role(h,
-             result.cluster)`` for each new host, then record ``planner.end(decision, now)``
-restart      now: ``deployment.teardown()``; at ``execute_at_s``: ``planner.complete(...)``,
-             rewrite the trainer spec with the new cluster, ``deployment.start()`` (the trainer
-             resumes from the latest checkpoint), then record ``planner.end(decision, now)``
+replace      at ``execute_at_s``: ``fleet.replace(ids)`` (a host still running is restarted in
+             place), start the role on each new host, record ``planner.replaced(...)`` (or
+             ``planner.replacement_failed(...)`` on no capacity), then ``planner.end(...)``
+restart      now: stop every role; at ``execute_at_s``: ``fleet.restart(ids)`` (gone hosts
+             replaced, every role started again; the chief resumes from the checkpoint store);
+             ``planner.end(...)`` once the chief reports ``train_start``. An attempt that fails
+             (a role exits, the restart raises, or no ``train_start`` before its deadline) is
+             closed with ``planner.attempt_failed(...)`` and its losses decided again: another
+             attempt while ``max_restarts`` allows, else ``recovery_failed``
 fail         end the run with status ``failed`` and ``error = decision.reason``
 ===========  ==================================================================================
 
-Times (``now_s``, ``execute_at_s``) are run seconds, as in :mod:`orchestrator.transient.revocation`.
-The replacement delay is a deadline the loop honours, not a sleep: build the provider with no
-provisioning delay of its own (``LocalProvider(provision_delay_s=0)``, the default).
+So every ``recovery_start`` ends in ``recovery_end``, ``recovery_attempt_failed`` or
+``recovery_failed``. Times (``now_s``, ``execute_at_s``) are run seconds, as in
+:mod:`orchestrator.transient.revocation`. The replacement delay is a deadline the loop honours,
+not a sleep: build the provider with no provisioning delay of its own
+(``LocalProvider(provision_delay_s=0)``, the default).
 """
 
 from __future__ import annotations
@@ -30,7 +38,8 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from orchestrator.config.transient import RecoveryConfig
-from provisioning.base import CapacityError, Cluster, Host, HostId, Provider, Role
+from provisioning.base import Host, HostId, Role
+from trainer.registry import Registry
 
 EVENT_REVOCATION_NOTICE = "revocation_notice"  # host, host_id, role, notice_s (loop records it)
 EVENT_REVOCATION = "revocation"  # host, host_id, role, cause
@@ -41,6 +50,7 @@ EVENT_REPLACEMENT_FAILED = "replacement_failed"  # hosts, error (the run shrinks
 EVENT_RECOVERY_START = "recovery_start"  # policy, action, lost_steps, resume_step, attempt
 EVENT_RECOVERY_END = "recovery_end"  # policy, action, lost_steps, duration_s
 EVENT_RECOVERY_FAILED = "recovery_failed"  # policy, reason (the run fails)
+EVENT_RECOVERY_ATTEMPT_FAILED = "recovery_attempt_failed"  # policy, attempt, reason, duration_s
 
 
 class LossCause(enum.StrEnum):
@@ -103,17 +113,6 @@ class RecoveryDecision:
     events: tuple[RecordedEvent, ...] = ()
 
 
-@dataclass(frozen=True)
-class ReplacementResult:
-    """Outcome of :meth:`RecoveryPolicy.complete`. ``ok`` False: no capacity; the cluster is
-    unchanged and the run carries on without the lost workers (recorded as replacement_failed)."""
-
-    cluster: Cluster
-    new_hosts: tuple[Host, ...]
-    events: tuple[RecordedEvent, ...]
-    ok: bool = True
-
-
 def loss_events(losses: Sequence[HostLoss]) -> list[RecordedEvent]:
     """One ``revocation`` (or ``server_failure``) event per loss."""
     return [
@@ -128,20 +127,17 @@ def loss_events(losses: Sequence[HostLoss]) -> list[RecordedEvent]:
 
 # --- policies -------------------------------------------------------------------------------
 
-_POLICIES: dict[str, type[RecoveryPolicy]] = {}
+_POLICIES: Registry[type[RecoveryPolicy]] = Registry("recovery policy")
 
 
 def register_recovery_policy(cls: type[RecoveryPolicy]) -> type[RecoveryPolicy]:
     """Class decorator: make ``cls`` selectable by its ``name``."""
-    _POLICIES[cls.name] = cls
-    return cls
+    return _POLICIES.register(cls.name, cls)
 
 
 def get_recovery_policy(name: str, cfg: RecoveryConfig) -> RecoveryPolicy:
-    """A new policy; raises ValueError naming the valid policies for an unknown name."""
-    if name not in _POLICIES:
-        raise ValueError(f"unknown recovery policy {name!r} ({', '.join(sorted(_POLICIES))})")
-    return _POLICIES[name](cfg)
+    """A new policy; raises UnknownNameError (a ValueError) naming the valid policies."""
+    return _POLICIES.get(name)(cfg)
 
 
 class RecoveryPolicy(abc.ABC):
@@ -157,28 +153,6 @@ class RecoveryPolicy(abc.ABC):
                 now_s: float) -> RecoveryDecision:
         """The decision for ``losses`` seen at run second ``now_s``. Deterministic given the
         policy's state (only RestartFromCheckpoint keeps any: its attempt count)."""
-
-    def complete(self, decision: RecoveryDecision, provider: Provider, cluster: Cluster,
-                 now_s: float) -> ReplacementResult:
-        """Swap ``decision.replace_host_ids`` for fresh hosts in the same slots (task indices).
-
-        1. Ask the provider for replacements (it releases the lost hosts).
-        2. Find the new hosts: those whose ids the old cluster did not have.
-        3. Record one replacement_ready per new host, with the wait since the loss.
-        Raises what ``provider.replace`` raises; subclasses may degrade instead."""
-        if not decision.replace_host_ids:
-            return ReplacementResult(cluster, (), ())
-        new_cluster = provider.replace(cluster, decision.replace_host_ids)
-        old_ids = {h.id for h in cluster.hosts}
-        new_hosts = tuple(h for h in new_cluster.hosts if h.id not in old_ids)
-        lost_at = min(loss.at_s for loss in decision.losses)
-        events = tuple(
-            RecordedEvent(EVENT_REPLACEMENT_READY,
-                          {"host": h.spec.name, "host_id": h.id, "role": str(h.role),
-                           "endpoint": h.endpoint, "wait_s": round(now_s - lost_at, 3)})
-            for h in new_hosts
-        )
-        return ReplacementResult(new_cluster, new_hosts, events)
 
     def _request_events(self, ids: Sequence[HostId], losses: Sequence[HostLoss], delay_s: float,
                         now_s: float) -> list[RecordedEvent]:
@@ -251,17 +225,6 @@ class ReplacePolicy(RecoveryPolicy):
         events += self._request_events(ids, losses, delay, now_s)
         return RecoveryDecision(Action.replace, self.name, tuple(losses), now_s + delay,
                                 replace_host_ids=ids, events=tuple(events))
-
-    def complete(self, decision: RecoveryDecision, provider: Provider, cluster: Cluster,
-                 now_s: float) -> ReplacementResult:
-        """As the base, but no capacity degrades to shrink instead of failing the run."""
-        try:
-            return super().complete(decision, provider, cluster, now_s)
-        except CapacityError as ex:
-            failed = RecordedEvent(EVENT_REPLACEMENT_FAILED,
-                                   {"hosts": [loss.host_name for loss in decision.losses],
-                                    "error": str(ex)})
-            return ReplacementResult(cluster, (), (failed,), ok=False)
 
 
 @register_recovery_policy
@@ -387,12 +350,44 @@ class RecoveryPlanner:
             self.tally.count(decision.events)
         return decisions
 
-    def complete(self, decision: RecoveryDecision, provider: Provider, cluster: Cluster,
-                 now_s: float) -> ReplacementResult:
-        """Execute the provider part of a replace/restart decision (see the module table)."""
-        result = self.policies[decision.policy].complete(decision, provider, cluster, now_s)
-        self.tally.count(result.events)
-        return result
+    def retry_restart(self, losses: Sequence[HostLoss], progress: TrainingProgress,
+                      now_s: float) -> RecoveryDecision:
+        """After a failed restart attempt: another restart for ``losses`` (whatever their
+        roles: the cluster is not training, so only a restart brings it back), or the failure
+        once ``max_restarts`` attempts were made."""
+        decision = self.policies[RestartFromCheckpoint.name].recover(losses, progress, now_s)
+        self.tally.count(decision.events)
+        return decision
+
+    def replaced(self, decision: RecoveryDecision, new_hosts: Sequence[Host],
+                 now_s: float) -> list[RecordedEvent]:
+        """Record the hosts the supervisor got for ``decision`` (one replacement_ready each,
+        with the wait since the loss)."""
+        lost_at = min(loss.at_s for loss in decision.losses)
+        events = [RecordedEvent(EVENT_REPLACEMENT_READY,
+                                {"host": h.spec.name, "host_id": h.id, "role": str(h.role),
+                                 "endpoint": h.endpoint, "wait_s": round(now_s - lost_at, 3)})
+                  for h in new_hosts]
+        self.tally.count(events)
+        return events
+
+    def replacement_failed(self, decision: RecoveryDecision, error: str) -> list[RecordedEvent]:
+        """No capacity for a worker's replacement: the run carries on without it (shrink)."""
+        events = [RecordedEvent(EVENT_REPLACEMENT_FAILED,
+                                {"hosts": [loss.host_name for loss in decision.losses],
+                                 "error": error})]
+        self.tally.count(events)
+        return events
+
+    def attempt_failed(self, decision: RecoveryDecision, reason: str,
+                       now_s: float) -> RecordedEvent:
+        """Close a restart attempt that failed before training resumed; the caller decides
+        its losses again (another attempt, or recovery_failed once max_restarts is spent)."""
+        event = RecordedEvent(EVENT_RECOVERY_ATTEMPT_FAILED, {
+            "policy": decision.policy, "attempt": decision.attempt, "reason": reason,
+            "duration_s": round(now_s - min(loss.at_s for loss in decision.losses), 3)})
+        self.tally.count([event])
+        return event
 
     def end(self, decision: RecoveryDecision, now_s: float, ok: bool = True) -> RecordedEvent:
         """The recovery_end event, once the recovered cluster trains again. ``ok`` False (no

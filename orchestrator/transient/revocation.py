@@ -44,6 +44,7 @@ from typing import Any, ClassVar, Protocol
 from orchestrator.config.errors import ConfigError
 from orchestrator.config.transient import RevocationConfig, RevocationModel, TraceSampling
 from orchestrator.paths import REFERENCE_DATA_DIR
+from trainer import layout
 
 #: CM-DARE's per-region lifetimes of 396 preemptible GPU VMs (hour bins, 24 h cap).
 LIFETIMES_CSV = REFERENCE_DATA_DIR / "cmdare/derived/lifetimes_by_region.csv"
@@ -54,7 +55,7 @@ DEFAULT_TRACE_GPU = "K80"
 #: Key of the pooled (all regions) entry in a fitted-model file.
 POOLED_REGION = "all"
 SECONDS_PER_HOUR = 3600.0
-ROLES = ("ps", "worker", "chief", "evaluator")
+ROLES = layout.ROLES
 _ZONE_RE = re.compile(r"^([a-z]+-[a-z]+\d+)-[a-z]$")
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import signal
+import sys
 import time
 from pathlib import Path
 
@@ -78,12 +79,9 @@ def deploy(tmp_path):
         script.write_text(STAND_IN)
         spec = {"behavior": {**SERVING, **behavior}}
         spec["cluster"] = {r: cluster.endpoints(r) for r in ("ps", "worker", "chief")}
-        spec_path = tmp_path / "trainer_spec.json"
-        spec_path.write_text(json.dumps(spec))
         options.setdefault("stop_grace_s", 0.3)
-        deployment = Deployment(
-            provider, cluster, tmp_path, spec_path, trainer_argv=[str(script)], **options
-        )
+        deployment = Deployment(provider, cluster, tmp_path, json.dumps(spec),
+                                command=[sys.executable, str(script)], **options)
         made.append(deployment)
         return deployment
 

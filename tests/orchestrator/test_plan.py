@@ -8,8 +8,8 @@ from orchestrator.plan import make_plan
 from orchestrator.validate import compose_experiment
 
 
-def test_headline_plan_matches_the_papers_prices() -> None:
-    plan = make_plan(compose_experiment("cifar10_res32"))
+def test_icac19_plan_matches_the_papers_prices() -> None:
+    plan = make_plan(compose_experiment("icac19_k80"))
     roles = [h.role for h in plan.hosts]
     assert roles.count("ps") == 1 and roles.count("worker") == 4
     workers = [h for h in plan.hosts if h.role == "worker"]
@@ -20,8 +20,17 @@ def test_headline_plan_matches_the_papers_prices() -> None:
     assert plan.est_steps_per_sec == pytest.approx(4 * 4.589)
 
 
+def test_headline_plan_is_spot_t4_at_gce_list_prices() -> None:
+    plan = make_plan(compose_experiment("cifar10_res32"))
+    workers = [h for h in plan.hosts if h.role == "worker"]
+    assert len(workers) == 4
+    assert all(h.gpu == "t4" and h.zone == "us-west1-b" and h.transient for h in workers)
+    # conf/pricing/gce.yaml: Spot n1-standard-4 + Spot T4 per worker, on-demand n1-standard-4 PS
+    assert plan.hourly_usd == pytest.approx(4 * (0.04 + 0.11) + 0.19)
+
+
 def test_workers_shorthand_resizes_the_cluster() -> None:
-    plan = make_plan(compose_experiment("cifar10_res32", ["cluster.workers=8"]))
+    plan = make_plan(compose_experiment("icac19_k80", ["cluster.workers=8"]))
     assert plan.workers == 8
     assert plan.hourly_usd == pytest.approx(8 * 0.2556 + 0.1429)
 
@@ -52,3 +61,16 @@ def test_local_default_has_no_speed_estimate_but_a_price() -> None:
     plan = make_plan(compose_experiment("digits_local"))
     assert plan.est_steps_per_sec is None and plan.est_cost_usd is None
     assert plan.hourly_usd > 0
+
+
+def test_colocated_chief_and_evaluator_share_the_first_ps_machine_priced_once() -> None:
+    plan = make_plan(compose_experiment("cifar10_res32"))
+    ps = next(h for h in plan.hosts if h.name == "ps-0")
+    for name in ("chief-0", "evaluator-0"):
+        host = next(h for h in plan.hosts if h.name == name)
+        assert (host.colocate_with, host.machine_type, host.zone, host.hourly_usd) == (
+            "ps-0", ps.machine_type, ps.zone, 0.0)
+    apart = make_plan(compose_experiment("cifar10_res32", ["cluster.chief_on_ps=false"]))
+    chief = next(h for h in apart.hosts if h.name == "chief-0")
+    assert chief.colocate_with is None and chief.hourly_usd > 0
+    assert apart.hourly_usd > plan.hourly_usd

@@ -51,7 +51,10 @@ def test_cpu_cluster_on_local_names_no_gpus() -> None:
     assert "GPU" not in note and "zones" not in note  # local_cpu names neither
 
 
-def test_a_sweep_says_the_note_once() -> None:
+def test_a_sweep_says_the_note_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    import orchestrator.display as display
+
+    monkeypatch.setattr(display, "_notes_said", set())  # other tests in this process said it
     plan = make_plan(compose_experiment("digits_local", ["cluster.workers=1"]))
     console = Console(file=io.StringIO(), width=400)
     for _ in range(3):
@@ -74,7 +77,7 @@ class _CloudStandIn(Provider):
 def cloud_backend() -> Iterator[str]:
     registry.register_provider(_CloudStandIn.name, _CloudStandIn)
     yield _CloudStandIn.name
-    registry._factories.pop(_CloudStandIn.name, None)
+    registry.unregister_provider(_CloudStandIn.name)
 
 
 def test_a_billed_backend_gets_no_note_and_a_plain_price(cloud_backend: str) -> None:

@@ -1,4 +1,5 @@
-"""Recovery policies on real records and the real local provider (a fake only for no capacity)."""
+"""Recovery policies on real records and the real local provider: policies decide, the caller
+acts on the provider and hands the outcome back to the planner to be recorded."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import pytest
 
 from orchestrator.config.transient import OnRevocation, RecoveryConfig
 from orchestrator.transient.recovery import (
+    EVENT_RECOVERY_ATTEMPT_FAILED,
     EVENT_RECOVERY_END,
     EVENT_RECOVERY_FAILED,
     EVENT_RECOVERY_START,
@@ -26,44 +28,15 @@ from orchestrator.transient.recovery import (
     get_recovery_policy,
 )
 from provisioning.base import (
-    CapacityError,
     Cluster,
     ClusterRequest,
-    Host,
-    HostId,
-    HostRunner,
     HostSpec,
     HostState,
-    Provider,
     Role,
 )
 from provisioning.local import LocalProvider
 
 DELAY_S = 70.0
-
-
-class NoCapacityProvider(Provider):
-    """Acquires like the local provider but never has capacity for a replacement."""
-
-    name = "no-capacity"
-
-    def __init__(self) -> None:
-        self._local = LocalProvider()
-
-    def acquire(self, request: ClusterRequest) -> Cluster:
-        return self._local.acquire(request)
-
-    def runner(self, host: Host) -> HostRunner:
-        return self._local.runner(host)
-
-    def poll(self, cluster: Cluster) -> dict[HostId, HostState]:
-        return self._local.poll(cluster)
-
-    def replace(self, cluster: Cluster, lost: Sequence[HostId]) -> Cluster:
-        raise CapacityError("no K80 left in us-west1-b")
-
-    def release(self, cluster: Cluster) -> None:
-        self._local.release(cluster)
 
 
 @pytest.fixture
@@ -130,34 +103,29 @@ class TestReplaceOnWorkerLoss:
         p = planner(on_revocation=OnRevocation.replace)
         lost = loss_of(cluster, "worker-1")
         [d] = p.decide([lost], TrainingProgress(500, 400, 2), 100.0)
-        result = p.complete(d, provider, cluster, 171.0)
-        [new] = result.new_hosts
-        assert result.ok and new.spec.name == "worker-1" and new.id != lost.host_id
-        assert result.cluster.index_of(new) == 1  # same task index as the lost worker
-        assert provider.poll(result.cluster)[new.id] == HostState.RUNNING
+        new_cluster = provider.replace(cluster, d.replace_host_ids)
+        [new] = [h for h in new_cluster.hosts if h.id not in {c.id for c in cluster.hosts}]
+        assert new.spec.name == "worker-1" and new.id != lost.host_id
+        assert new_cluster.index_of(new) == 1  # same task index as the lost worker
+        assert provider.poll(new_cluster)[new.id] == HostState.RUNNING
         assert provider.poll(cluster)[lost.host_id].is_terminal()
-        assert kinds(result.events) == [EVENT_REPLACEMENT_READY]
-        assert result.events[0].fields["wait_s"] == 71.0
+        events = p.replaced(d, [new], 171.0)
+        assert kinds(events) == [EVENT_REPLACEMENT_READY]
+        assert events[0].fields["wait_s"] == 71.0
         end = p.end(d, 175.0)
         assert (end.kind, end.fields["duration_s"], end.fields["lost_steps"]) == (
             EVENT_RECOVERY_END, 75.0, 0)
         assert p.tally.to_summary() == {"revocations": 1, "replacements": 1, "recoveries": 1,
                                         "restarts": 0, "lost_steps": 0}
 
-    def test_no_capacity_degrades_to_shrink(self, tmp_path: Path) -> None:
-        fake = NoCapacityProvider()
-        c = fake.acquire(ClusterRequest("run2", [HostSpec("worker-0", Role.WORKER, transient=True),
-                                                 HostSpec("worker-1", Role.WORKER,
-                                                          transient=True)], tmp_path))
-        try:
-            p = planner(on_revocation=OnRevocation.replace)
-            [d] = p.decide([loss_of(c, "worker-0")], TrainingProgress(5, None, 1), 1.0)
-            result = p.complete(d, fake, c, 71.0)
-            assert not result.ok and result.cluster is c and result.new_hosts == ()
-            assert kinds(result.events) == [EVENT_REPLACEMENT_FAILED]
-            assert p.end(d, 71.0, ok=False).fields["action"] == Action.proceed.value
-        finally:
-            fake.release(c)
+    def test_no_capacity_degrades_to_shrink(self, cluster: Cluster) -> None:
+        p = planner(on_revocation=OnRevocation.replace)
+        [d] = p.decide([loss_of(cluster, "worker-0")], TrainingProgress(5, None, 1), 1.0)
+        events = p.replacement_failed(d, "CapacityError: no K80 left in us-west1-b")
+        assert kinds(events) == [EVENT_REPLACEMENT_FAILED]
+        assert events[0].fields["hosts"] == ["worker-0"]
+        assert p.end(d, 71.0, ok=False).fields["action"] == Action.proceed.value
+        assert p.tally.recoveries == 1 and p.tally.replacements == 0
 
 
 class TestRestartFromCheckpoint:
@@ -197,13 +165,23 @@ class TestRestartFromCheckpoint:
                                              TrainingProgress(1, None, 3), 1.0)
         assert d.action == Action.fail
 
-    def test_restart_replaces_the_lost_ps_in_its_slot(self, provider: LocalProvider,
-                                                      cluster: Cluster) -> None:
-        p = planner()
-        [d] = p.decide([loss_of(cluster, "ps-0")], TrainingProgress(10, 0, 3), 0.0)
-        result = p.complete(d, provider, cluster, DELAY_S)
-        assert [h.spec.name for h in result.new_hosts] == ["ps-0"]
-        assert result.cluster.hosts_for(Role.PS) == list(result.new_hosts)
+    def test_a_failed_attempt_is_closed_and_retried_until_max_restarts(self, cluster: Cluster
+                                                                       ) -> None:
+        p = planner(max_restarts=2)
+        [d1] = p.decide([loss_of(cluster, "ps-0", at_s=10.0)], TrainingProgress(100, 50, 3),
+                        10.0)
+        closed = p.attempt_failed(d1, "chief 0 exited with code -9 before training resumed",
+                                  25.0)
+        assert (closed.kind, closed.fields["attempt"], closed.fields["duration_s"]) == (
+            EVENT_RECOVERY_ATTEMPT_FAILED, 1, 15.0)
+        # a worker lost during the attempt still needs a restart: the cluster is not training
+        d2 = p.retry_restart([loss_of(cluster, "worker-0", at_s=25.0)],
+                             TrainingProgress(100, 50, 2), 25.0)
+        assert (d2.action, d2.attempt) == (Action.restart, 2)
+        d3 = p.retry_restart([loss_of(cluster, "ps-0", at_s=40.0)],
+                             TrainingProgress(100, 50, 2), 40.0)
+        assert d3.action == Action.fail and kinds(d3.events)[-1] == EVENT_RECOVERY_FAILED
+        assert p.tally.restarts == 2
 
 
 class TestRouting:
@@ -232,9 +210,10 @@ class TestRouting:
         recorded: list[RecordedEvent] = []
         [d1] = p.decide([loss_of(cluster, "worker-0")], TrainingProgress(100, 50, 2), 1.0)
         recorded += d1.events
-        result = p.complete(d1, provider, cluster, 71.0)
-        recorded += [*result.events, p.end(d1, 72.0)]
-        [d2] = p.decide([loss_of(result.cluster, "ps-0")], TrainingProgress(180, 150, 3), 80.0)
+        new_cluster = provider.replace(cluster, d1.replace_host_ids)
+        new = [h for h in new_cluster.hosts if h.id not in {c.id for c in cluster.hosts}]
+        recorded += [*p.replaced(d1, new, 71.0), p.end(d1, 72.0)]
+        [d2] = p.decide([loss_of(new_cluster, "ps-0")], TrainingProgress(180, 150, 3), 80.0)
         recorded += d2.events
         summary = p.tally.to_summary()
         assert summary["revocations"] == kinds(recorded).count(EVENT_REVOCATION) == 2

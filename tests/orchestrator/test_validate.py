@@ -17,7 +17,7 @@ BAD_OVERRIDES = [
     ("job.learning_rate=fast", "job.learning_rate", "not a valid number"),
     ("cluster.worker_groups.0.gpu=h100", "cluster.worker_groups.0.gpu", "unknown GPU 'h100'"),
     ("cluster.worker_groups.0.zone=us-east1-b", "cluster.worker_groups.0.zone",
-     "does not offer GPU 'k80'"),
+     "does not offer GPU 't4'"),
     ("cluster.worker_groups.0.zone=mars-1a", "cluster.worker_groups.0.zone", "does not offer"),
     ("cluster.workers=0", "cluster.workers", "must be ≥ 1"),
     ("cluster.workers=-3", "cluster.workers", "must be ≥ 1"),
@@ -95,7 +95,7 @@ BAD_FILES = {
     "sync:\n  protocol: ssp\n": ("sync.protocol", "invalid value 'ssp'"),
     "foo: 1\n": ("foo", "unknown key 'foo'"),
     "cluster:\n  worker_groups:\n    - {count: 2, gpus: k80}\n":
-        ("cluster.worker_groups.*.gpus", "unknown key 'gpus'"),
+        ("cluster.worker_groups.0.gpus", "unknown key 'gpus'"),
     "cluster:\n  worker_groups:\n    - {count: -2}\n":
         ("cluster.worker_groups.0.count", "must be ≥ 1"),
     "defaults:\n  - override /sync: ssp\n": ("sync", "unknown option 'ssp'"),

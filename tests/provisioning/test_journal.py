@@ -40,12 +40,20 @@ def start_orphan() -> subprocess.Popen[str]:
     return process
 
 
+def record_local(journal: Journal, host_id: str, pid: int, argv: list[str],
+                 address: str = "127.0.0.1") -> None:
+    """What the local backend records for a process group it started."""
+    journal.record_process_group(backend="local", host_id=host_id, address=address, pid=pid,
+                                 pgid=pid, argv=argv, start_ticks=read_process_start_ticks(pid))
+
+
 def test_entries_round_trip_and_releases_pair_up(tmp_path):
     journal = Journal(tmp_path / "journal.jsonl")
-    journal.record_process_group(host_id="h1", pid=os.getpid(), pgid=os.getpgid(0), argv=["x"])
-    journal.record_process_group(host_id="h2", pid=1, pgid=1, argv=["y"])
-    journal.record_process_group_released(host_id="h2", pgid=1)
-    journal.record_vm(host_id="h3", name="vm-a")
+    record_local(journal, "h1", os.getpid(), ["x"])
+    record_local(journal, "h2", 1, ["y"])
+    journal.record_process_group_released(backend="local", host_id="h2", address="127.0.0.1",
+                                          pgid=1)
+    journal.record_vm(backend="gce", host_id="h3", name="vm-a")
     entries = read_journal(journal.path)
     assert [e.action for e in entries] == [JournalAction.CREATE] * 2 + [
         JournalAction.RELEASE,
@@ -53,6 +61,8 @@ def test_entries_round_trip_and_releases_pair_up(tmp_path):
     ]
     assert entries[0].start_ticks == read_process_start_ticks(os.getpid())
     assert entries[0].argv == ["x"] and entries[3].kind is ResourceKind.VM
+    assert (entries[0].backend, entries[0].address, entries[3].backend) == (
+        "local", "127.0.0.1", "gce")
     assert [(e.host_id, e.kind) for e in list_unreleased(journal.path)] == [
         ("h1", ResourceKind.PROCESS_GROUP),
         ("h3", ResourceKind.VM),
@@ -62,7 +72,7 @@ def test_entries_round_trip_and_releases_pair_up(tmp_path):
 def test_missing_journal_and_torn_last_line(tmp_path):
     path = tmp_path / "journal.jsonl"
     assert read_journal(path) == [] and clean_up(path) == []
-    Journal(path).record_vm(host_id="h", name="vm-a")
+    Journal(path).record_vm(backend="local", host_id="h", name="vm-a")
     with open(path, "a") as f:
         f.write('{"action": "create", "kind": "proc')  # the writer died mid-line
     assert len(read_journal(path)) == 1
@@ -71,9 +81,7 @@ def test_missing_journal_and_torn_last_line(tmp_path):
 def test_clean_up_kills_live_groups_once(tmp_path):
     path = tmp_path / "journal.jsonl"
     orphan = start_orphan()
-    Journal(path).record_process_group(
-        host_id="w0", pid=orphan.pid, pgid=orphan.pid, argv=["orphan"]
-    )
+    record_local(Journal(path), "w0", orphan.pid, ["orphan"])
     assert len(list_group_members(orphan.pid)) == 2
     report = clean_up(path, grace_s=0.3)
     assert report == [f"killed process group {orphan.pid} (host w0, 2 process(es))"]
@@ -86,9 +94,7 @@ def test_clean_up_spares_a_reused_pid(tmp_path):
     path = tmp_path / "journal.jsonl"
     stranger = start_orphan()
     try:
-        Journal(path).record_process_group(
-            host_id="w0", pid=stranger.pid, pgid=stranger.pid, argv=["old"]
-        )
+        record_local(Journal(path), "w0", stranger.pid, ["old"])
         lines = path.read_text().replace('"start_ticks": ', '"start_ticks": 1').splitlines()
         path.write_text("\n".join(lines) + "\n")  # recorded start time != the live process's
         assert clean_up(path) == []
@@ -98,6 +104,21 @@ def test_clean_up_spares_a_reused_pid(tmp_path):
         stranger.wait()
 
 
+def test_clean_up_never_signals_a_local_process_for_a_remote_pid(tmp_path):
+    """An entry of another machine whose pid happens to be alive here is left alone."""
+    path = tmp_path / "journal.jsonl"
+    bystander = start_orphan()
+    try:
+        record_local(Journal(path), "remote-w0", bystander.pid, ["remote"], address="10.9.8.7")
+        report = clean_up(path, grace_s=0.3)
+        assert report == [f"process group {bystander.pid} on 10.9.8.7: not on this machine; "
+                          f"left alone"]
+        assert bystander.poll() is None and len(list_group_members(bystander.pid)) == 2
+    finally:
+        os.killpg(bystander.pid, 9)
+        bystander.wait()
+
+
 def test_local_provider_records_into_the_journal(tmp_path):
     journal = Journal(tmp_path / "journal.jsonl")
     provider = LocalProvider(journal=journal, stop_grace_s=0.2)
@@ -105,6 +126,7 @@ def test_local_provider_records_into_the_journal(tmp_path):
     process = provider.runner(cluster.hosts[0]).start([sys.executable, "-c", ORPHAN])
     (entry,) = list_unreleased(journal.path)
     assert (entry.pid, entry.pgid, entry.host_id) == (process.pid, process.pid, cluster.hosts[0].id)
+    assert (entry.backend, entry.address) == ("local", cluster.hosts[0].address)
     assert entry.start_ticks == read_process_start_ticks(process.pid)
     provider.release(cluster)
     assert list_unreleased(journal.path) == []
@@ -123,8 +145,7 @@ def test_release_command_stops_what_a_crashed_run_left(tmp_path):
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
                              start_new_session=True)
     try:
-        Journal(run_dir / JOURNAL_FILE).record_process_group(
-            host_id="h1", pid=child.pid, pgid=child.pid, argv=["sleep"])
+        record_local(Journal(run_dir / JOURNAL_FILE), "h1", child.pid, ["sleep"])
         assert main([str(tmp_path / "outputs")]) == 0
         assert child.wait(timeout=10) is not None
         assert main([str(tmp_path / "outputs")]) == 0  # idempotent

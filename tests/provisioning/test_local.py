@@ -233,7 +233,7 @@ def test_registry_selects_by_name_and_lists_valid_names():
     assert isinstance(provider, LocalProvider) and provider.name == "local"
     with pytest.raises(BadRequestError, match=r"unknown provider 'gcp' \(.*local.*\)"):
         get_provider("gcp")
-    with pytest.raises(BadRequestError, match=r"provider\.local: bad option"):
+    with pytest.raises(BadRequestError, match=r"provider\.zone: not an option of provider .local."):
         get_provider("local", zone="us-west1-b")
 
 

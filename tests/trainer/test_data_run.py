@@ -44,7 +44,7 @@ def test_given_data_dir_wins_and_must_hold_the_files(tmp_path: Path,
         validate_data_dir(cifar10_config(tmp_path, f"job.data_dir={empty}"))
     with pytest.raises(ConfigError, match=r"folder '/no/such' does not exist"):
         validate_data_dir(cifar10_config(tmp_path, "job.data_dir=/no/such"))
-    with pytest.raises(ConfigError, match=r"gs:// buckets are not read yet"):
+    with pytest.raises(ConfigError, match=r"gs:// data is not staged onto the hosts by a run yet"):
         validate_data_dir(cifar10_config(tmp_path, "job.data_dir=gs://bucket/cifar10"))
     validate_data_dir(cifar10_config(tmp_path))  # unset: the cache (fetched by the run)
     archive = make_archive("cifar-10-binary.tar.gz")
@@ -110,8 +110,9 @@ def test_dry_run_says_what_will_be_fetched(tmp_path: Path) -> None:
 def test_offline_run_stops_with_one_line_before_provisioning(tmp_path: Path) -> None:
     url = refused_url()
     run_dir = tmp_path / "run"
-    res = orchestrate("+experiment=cifar10_res32", f"data_cache={tmp_path / 'cache'}",
-                      f"hydra.run.dir={run_dir}", env={data.MIRROR_ENV: url})
+    res = orchestrate("+experiment=cifar10_res32", "provider=local",  # no cloud credentials here
+                      f"data_cache={tmp_path / 'cache'}", f"hydra.run.dir={run_dir}",
+                      env={data.MIRROR_ENV: url})
     assert res.returncode == 2
     assert res.stderr.strip().splitlines() == [
         f"data error: could not download {url}/cifar-10-binary.tar.gz: Connection refused; "

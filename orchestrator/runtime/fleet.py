@@ -1,0 +1,155 @@
+"""The one owner of "the current cluster" during a run, and the one place that acts on it.
+
+`Fleet` holds the provider, the current `Cluster` and the `Deployment` running on it. Every
+change of hosts goes through it: starting the roles, replacing lost hosts (keeping their slots),
+restarting every role from the checkpoint store, revoking a host, syncing checkpoints, and the
+final collect-and-release. The supervisor decides when (with the recovery policies); run.py
+only builds a fleet and releases it. Nobody else calls `provider.replace`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from orchestrator.results import RunRecorder
+from orchestrator.runtime.checkpoints import CheckpointStore
+from orchestrator.runtime.control import ControlChannel
+from orchestrator.runtime.deploy import READY_TIMEOUT_S, Deployment
+from provisioning.base import (
+    STOP_GRACE_S,
+    Cluster,
+    Host,
+    HostId,
+    HostLostError,
+    HostRunner,
+    HostState,
+    Provider,
+    Role,
+)
+from trainer import layout
+from trainer.spec import TrainerSpec
+
+
+class Fleet:
+    """The cluster of one run and the processes on it.
+
+    `spec` is the launch spec with any cluster; each deployment gets a copy with the current
+    cluster's endpoints and the checkpoint store's location for its chief; the orchestrator
+    keeps the one last deployed as `<run_dir>/trainer_spec.json` (the run's record)."""
+
+    def __init__(self, provider: Provider, cluster: Cluster, run_dir: Path, spec: TrainerSpec,
+                 store: CheckpointStore, control: ControlChannel, *,
+                 rec: RunRecorder | None = None, ready_timeout_s: float = READY_TIMEOUT_S,
+                 stop_grace_s: float = STOP_GRACE_S, command: Sequence[str] | None = None,
+                 env: Mapping[str, str] | None = None) -> None:
+        self.provider = provider
+        self.cluster = cluster
+        self.run_dir = Path(run_dir)
+        self.spec = spec
+        self.store = store
+        self.control = control
+        self.rec = rec
+        self.ready_timeout_s = ready_timeout_s
+        self.stop_grace_s = stop_grace_s
+        self.command = command
+        self.env = env
+        self.deployments: list[Deployment] = []
+
+    @property
+    def deployment(self) -> Deployment:
+        """The deployment running now (the last one started)."""
+        return self.deployments[-1]
+
+    def chief_runner(self) -> HostRunner:
+        return self.provider.runner(self.cluster.hosts_for(Role.CHIEF)[0])
+
+    # --- starting -----------------------------------------------------------------------------
+    def deploy(self) -> Deployment:
+        """Start every role on the current cluster (also after a restart) and wait until the
+        servers are ready. Raises DeployError / HostLostError as the deployment does; what it
+        started is stopped by `stop_roles` or `release`."""
+        chief = self.chief_runner()
+        spec = dataclasses.replace(
+            self.spec, cluster={job: self.cluster.endpoints(job) for job in layout.CLUSTER_JOBS},
+            checkpoint_dir=self.store.location(chief))
+        spec_text = spec.to_json(self.run_dir / layout.SPEC_FILE).read_text()
+        self.store.before_start(chief)
+        deployment = Deployment(self.provider, self.cluster, self.run_dir, spec_text,
+                                command=self.command, env=self.env,
+                                ready_timeout_s=self.ready_timeout_s,
+                                stop_grace_s=self.stop_grace_s)
+        self.deployments.append(deployment)
+        self.control.attach(chief)
+        if self.rec is not None:
+            self.rec.event("start", roles={r.value: len(self.cluster.hosts_for(r)) for r in Role})
+        deployment.start()
+        if self.rec is not None:
+            self.rec.event("ready")
+        return deployment
+
+    def start_role(self, host: Host) -> None:
+        """Start `host`'s role in the running deployment (a replacement, or a process that
+        crashed on a host that still runs)."""
+        self.deployment.start_role(host, self.cluster)
+
+    # --- changing hosts -----------------------------------------------------------------------
+    def poll(self) -> dict[HostId, HostState]:
+        """One provider call for the whole cluster."""
+        return self.provider.poll(self.cluster)
+
+    def replace(self, host_ids: Sequence[HostId], keep_endpoints: bool = True) -> list[Host]:
+        """Swap these hosts (and any sharing their machines) for fresh ones in the same slots;
+        return the new hosts. Raises what `provider.replace` raises (the cluster is then
+        unchanged)."""
+        old_ids = {h.id for h in self.cluster.hosts}
+        self.cluster = self.provider.replace(self.cluster, list(host_ids), keep_endpoints)
+        self.deployment.cluster = self.cluster
+        return [h for h in self.cluster.hosts if h.id not in old_ids]
+
+    def revoke(self, host: Host, notice_s: float) -> None:
+        self.provider.revoke(host, notice_s)
+
+    def stop_roles(self) -> None:
+        """Stop every role (TensorBoard fetched first); the hosts stay."""
+        if self.deployments:
+            self.deployment.collect()
+            self.deployment.teardown()
+
+    def restart(self, replace_ids: Sequence[HostId]) -> list[Host]:
+        """Restart every role from the checkpoint store: stop what still runs, replace the
+        given hosts and every host that is not RUNNING (any endpoint will do: the new spec
+        names the new ones), then deploy. Returns the new hosts. Raises CapacityError,
+        DeployError, HostLostError: the caller counts a failed attempt."""
+        self.stop_roles()
+        states = self.poll()
+        gone = [h.id for h in self.cluster.hosts
+                if h.id in replace_ids or states.get(h.id) != HostState.RUNNING]
+        new_hosts = self.replace(gone, keep_endpoints=False) if gone else []
+        self.control.reset()
+        self.deploy()
+        return new_hosts
+
+    def sync_checkpoints(self) -> None:
+        """Make the chief's latest checkpoint (and `DONE`) durable, and hand it to evaluators
+        on other machines than the chief's, which read checkpoints on their own host."""
+        with contextlib.suppress(HostLostError, IndexError, OSError):
+            chief = self.chief_runner()
+            if not self.store.sync(chief):
+                return
+            for host in self.cluster.hosts_for(Role.EVALUATOR):
+                if host.machine != chief.host.machine:
+                    self.store.before_start(self.provider.runner(host))
+
+    # --- the end ------------------------------------------------------------------------------
+    def release(self) -> None:
+        """TensorBoard back, every process stopped, every host released. Idempotent."""
+        if self.deployments:
+            with contextlib.suppress(Exception):  # a host gone mid-fetch must not block release
+                self.deployment.collect()
+        for deployment in self.deployments:
+            deployment.teardown()
+        self.provider.release(self.cluster)
+

@@ -1,0 +1,241 @@
+"""Thin, bounded access to the Compute Engine API through `google.cloud.compute_v1` (REST).
+
+Every call is retried a bounded number of times with doubling backoff when it fails
+transiently, and every error is classified once (`provisioning.gce.errors`). Operations are
+waited on with our own `ZoneOperationsClient` in a bounded loop: `wait` returns when the
+operation is DONE *or* after up to two minutes (sometimes earlier), and `ExtendedOperation.result()`
+polls through a client built without our `api_endpoint` (platform-notes §6), so neither is used.
+
+Google libraries are imported here, lazily: `provider=local` never loads this module.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from provisioning.base import BadRequestError, ProvisionError
+from provisioning.gce.config import CREDENTIALS_ADC, CREDENTIALS_ANONYMOUS, GceConfig
+from provisioning.gce.errors import (
+    TransientApiError,
+    classify,
+    classify_exception,
+    items_from_operation,
+)
+
+T = TypeVar("T")
+PROJECT_ENV = "GOOGLE_CLOUD_PROJECT"
+#: How to authenticate, said once wherever credentials are missing.
+AUTH_HINT = ("run `gcloud auth application-default login` (or set provider.credentials to a "
+             "service-account key file) and provider.project, or run locally with provider=local")
+#: Timeout of one HTTP request (a `wait` call returns within about 2 minutes by itself).
+REQUEST_TIMEOUT_S = 150.0
+
+
+class GceAuthError(BadRequestError):
+    """No usable credentials or project: `field` is the config key to fix, the message says how
+    to authenticate."""
+
+    def __init__(self, field: str, problem: str) -> None:
+        super().__init__(f"{field}: {problem}")
+        self.field, self.problem = field, problem
+
+
+def resolve_credentials(cfg: GceConfig) -> tuple[Any, str]:
+    """(credentials, project) for `cfg`, or GceAuthError with one line saying what to do."""
+    import google.auth
+    from google.auth import exceptions as auth_exceptions
+    from google.auth.credentials import AnonymousCredentials
+
+    project = cfg.project or os.environ.get(PROJECT_ENV)
+    if cfg.credentials == CREDENTIALS_ANONYMOUS:
+        if not cfg.api_endpoint:
+            raise GceAuthError("provider.credentials", "'anonymous' only works with "
+                               "provider.api_endpoint (a local fake); " + AUTH_HINT)
+        credentials: Any = AnonymousCredentials()
+    elif cfg.credentials == CREDENTIALS_ADC:
+        if not _adc_may_exist():  # fail at once instead of probing a metadata server for ~20 s
+            raise GceAuthError("provider.credentials", "no Google credentials found; "
+                               + AUTH_HINT)
+        try:
+            credentials, adc_project = google.auth.default(scopes=list(cfg.scopes))
+        except auth_exceptions.DefaultCredentialsError:
+            raise GceAuthError("provider.credentials", "no Google credentials found; "
+                               + AUTH_HINT) from None
+        project = project or adc_project
+    else:
+        from google.oauth2 import service_account
+
+        path = os.path.expanduser(cfg.credentials)
+        try:
+            credentials = service_account.Credentials.from_service_account_file(
+                path, scopes=list(cfg.scopes))
+            project = project or json.loads(Path(path).read_text()).get("project_id")
+        except (OSError, ValueError) as error:
+            raise GceAuthError("provider.credentials", f"cannot read service-account key "
+                               f"'{cfg.credentials}' ({error}); " + AUTH_HINT) from None
+    if not project:
+        raise GceAuthError("provider.project", f"no project set (set provider.project or "
+                           f"${PROJECT_ENV}); " + AUTH_HINT)
+    return credentials, project
+
+
+def _adc_may_exist() -> bool:
+    """Whether Application Default Credentials can be found without a network probe: the env
+    variable, gcloud's ADC file, or this machine being a GCE VM (its metadata server)."""
+    if os.environ.get("GOOGLE_APPLICATION_CREDENTIALS"):
+        return True
+    try:
+        from google.auth import _cloud_sdk
+        from google.auth.compute_engine import _metadata
+
+        return (Path(_cloud_sdk.get_application_default_credentials_path()).is_file()
+                or _metadata.detect_gce_residency_linux())
+    except (ImportError, AttributeError):  # another google-auth layout: let default() decide
+        return True
+
+
+@dataclass(frozen=True)
+class ListedVm:
+    """What one `list` tells about a VM."""
+
+    name: str
+    zone: str
+    status: str  # raw GCE status
+    labels: dict[str, str]
+    internal_ip: str
+    external_ip: str
+
+
+class ComputeApi:
+    """The calls the backend makes, each bounded and classified."""
+
+    def __init__(self, cfg: GceConfig, credentials: Any = None, project: str | None = None,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
+        from google.api_core.client_options import ClientOptions
+        from google.cloud import compute_v1
+
+        if credentials is None or project is None:
+            credentials, project = resolve_credentials(cfg)
+        self.cfg = cfg
+        self.project = project
+        self._compute = compute_v1
+        self._sleep = sleep
+        options = ClientOptions(api_endpoint=cfg.api_endpoint) if cfg.api_endpoint else None
+        self.instances = compute_v1.InstancesClient(
+            credentials=credentials, client_options=options, transport="rest")
+        self.zone_operations = compute_v1.ZoneOperationsClient(
+            credentials=credentials, client_options=options, transport="rest")
+
+    # --- retries ---------------------------------------------------------------------------
+
+    def call(self, zone: str, fn: Callable[[], T]) -> T:
+        """`fn()` with up to `cfg.retries` retries of transient errors; others raise classified."""
+        backoff = self.cfg.retry_backoff_s
+        for attempt in range(self.cfg.retries + 1):
+            try:
+                return fn()
+            except Exception as error:
+                classified = classify_exception(zone, error)
+                if not isinstance(classified, TransientApiError) or attempt == self.cfg.retries:
+                    raise classified from error
+            self._sleep(backoff)
+            backoff *= 2
+        raise AssertionError("unreachable")
+
+    # --- instances -------------------------------------------------------------------------
+
+    def insert(self, zone: str, body: dict[str, Any], request_id: str) -> str:
+        """Start creating a VM; returns the operation name. The same `request_id` on a retry
+        makes GCE return the first operation instead of creating a second VM."""
+        resource = self._compute.Instance.from_json(json.dumps(body))
+        request = self._compute.InsertInstanceRequest(
+            project=self.project, zone=zone, instance_resource=resource, request_id=request_id)
+        op = self.call(zone, lambda: self.instances.insert(request=request,
+                                                           timeout=REQUEST_TIMEOUT_S))
+        return op.name
+
+    def delete(self, zone: str, name: str) -> str | None:
+        """Start deleting a VM; the operation name, or None when it no longer exists."""
+        from google.api_core import exceptions as gexc
+
+        request = self._compute.DeleteInstanceRequest(
+            project=self.project, zone=zone, instance=name, request_id=str(uuid.uuid4()))
+        try:
+            op = self.call(zone, lambda: self.instances.delete(request=request,
+                                                               timeout=REQUEST_TIMEOUT_S))
+        except ProvisionError as error:
+            if isinstance(error.__cause__, gexc.NotFound):
+                return None
+            raise
+        return op.name
+
+    def wait(self, zone: str, operation: str, timeout_s: float) -> None:
+        """Block until the zone operation is DONE; raise its error classified. Bounded by
+        `timeout_s` (TransientApiError after it)."""
+        deadline = time.monotonic() + timeout_s
+        done = self._compute.Operation.Status.DONE
+        while True:
+            op = self.call(zone, lambda: self.zone_operations.wait(
+                project=self.project, zone=zone, operation=operation,
+                timeout=REQUEST_TIMEOUT_S))
+            if op.status == done:
+                break
+            if time.monotonic() >= deadline:
+                raise TransientApiError(f"{zone}: operation {operation} not done after "
+                                        f"{timeout_s:g} s")
+        if op.error.errors:
+            raise classify(zone, op.http_error_status_code or None, items_from_operation(op))
+
+    def list_vms(self, label_filter: str) -> list[ListedVm]:
+        """Every VM matching `label_filter` in every zone: ONE aggregatedList call (per page)."""
+        request = self._compute.AggregatedListInstancesRequest(
+            project=self.project, filter=label_filter)
+
+        def fetch() -> list[ListedVm]:
+            found = []
+            for scope, scoped in self.instances.aggregated_list(request=request,
+                                                                timeout=REQUEST_TIMEOUT_S):
+                zone = scope.rsplit("/", 1)[-1]
+                for inst in scoped.instances:
+                    nic = inst.network_interfaces[0] if inst.network_interfaces else None
+                    internal = nic.network_i_p if nic else ""
+                    external = (nic.access_configs[0].nat_i_p
+                                if nic and nic.access_configs else "") or internal
+                    found.append(ListedVm(inst.name, zone, inst.status, dict(inst.labels),
+                                          internal, external))
+            return found
+
+        return self.call("all zones", fetch)
+
+    def host_keys(self, zone: str, name: str) -> list[tuple[str, str]] | None:
+        """The host keys the guest agent published (`hostkeys/` guest attributes), or None when
+        not published (yet) or guest attributes are off."""
+        from google.api_core import exceptions as gexc
+
+        request = self._compute.GetGuestAttributesInstanceRequest(
+            project=self.project, zone=zone, instance=name, query_path="hostkeys/")
+        try:
+            attrs = self.call(zone, lambda: self.instances.get_guest_attributes(
+                request=request, timeout=REQUEST_TIMEOUT_S))
+        except ProvisionError as error:
+            if isinstance(error.__cause__, gexc.NotFound | gexc.BadRequest):
+                return None
+            raise
+        return [(item.key, item.value) for item in attrs.query_value.items] or None
+
+    def was_preempted(self, zone: str, name: str) -> bool:
+        """True when a `compute.instances.preempted` operation targets this VM (the evidence
+        that survives a DELETE termination action, gce-notes §A4)."""
+        request = self._compute.ListZoneOperationsRequest(
+            project=self.project, zone=zone,
+            filter=f'operationType = "compute.instances.preempted" AND targetLink:"{name}"')
+        ops = self.call(zone, lambda: list(self.zone_operations.list(
+            request=request, timeout=REQUEST_TIMEOUT_S)))
+        return any(op.target_link.rsplit("/", 1)[-1] == name for op in ops)

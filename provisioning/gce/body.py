@@ -1,0 +1,206 @@
+"""The REST body of one VM: machine type, GPUs, Spot scheduling, labels and boot metadata.
+
+Pure functions over plain dicts (REST field names, gce-notes.md §A1), so the dry run can show
+what would be created without the cloud SDK; `compute_v1.Instance.from_json` takes them as is.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from provisioning.base import PREEMPTION_NOTICE_FILE, BadRequestError
+from provisioning.gce.config import TOOL_LABEL, GceConfig
+
+#: Catalog GPU name -> GCE accelerator type attached to N1 machine types.
+ATTACHED_GPUS = {"t4": "nvidia-tesla-t4", "v100": "nvidia-tesla-v100",
+                 "p100": "nvidia-tesla-p100", "p4": "nvidia-tesla-p4",
+                 "k80": "nvidia-tesla-k80"}
+#: Machine-type family -> the catalog GPU built into it (never put in guestAccelerators).
+BUILT_IN_GPUS = {"a2": "a100", "g2": "l4", "a3": "h100", "g4": "rtx-pro-6000", "a4": "b200"}
+#: Spot VMs get 30 s between ACPI soft-off and power-off (gce-notes §A3); without
+#: preemptionNoticeDuration the metadata flip is the only warning.
+SPOT_SHUTDOWN_WINDOW_S = 30
+METADATA_URL = "http://metadata.google.internal/computeMetadata/v1"
+_LABEL_BAD = re.compile(r"[^a-z0-9_-]")
+
+
+def label_value(text: str) -> str:
+    """A GCE label value: lowercase letters, digits, `_` and `-`, at most 63 characters."""
+    return _LABEL_BAD.sub("-", text.lower())[:63]
+
+
+def vm_name(run_id: str, slot: str, serial: int) -> str:
+    """`tp-<run>-<slot>-<serial>`: unique per creation, ≤ 63 chars, `[a-z]([-a-z0-9]*[a-z0-9])?`."""
+    tail = f"-{label_value(slot).replace('_', '-')}-{serial}"
+    run = label_value(run_id).replace("_", "-").strip("-")
+    return f"tp-{run}"[: 63 - len(tail)].rstrip("-") + tail
+
+
+def accelerators(machine_type: str, gpu: str | None, count: int = 1) -> list[dict[str, object]]:
+    """`guestAccelerators` entries short of the zone URL prefix: attached GPUs for N1 machine
+    types, none for families with a built-in GPU. Raises BadRequestError for a mismatch."""
+    family = machine_type.split("-", 1)[0]
+    built_in = BUILT_IN_GPUS.get(family)
+    if built_in is not None:
+        if gpu not in (None, built_in):
+            raise BadRequestError(f"machine type {machine_type} has a built-in {built_in} GPU, "
+                                  f"not {gpu}")
+        return []
+    if gpu is None:
+        return []
+    if gpu not in ATTACHED_GPUS:
+        families = sorted(f for f, g in BUILT_IN_GPUS.items() if g == gpu)
+        hint = f"use a {'/'.join(families)}-* machine type" if families else "not on GCE"
+        raise BadRequestError(f"GPU {gpu} cannot be attached to {machine_type} ({hint})")
+    if family != "n1":
+        raise BadRequestError(f"GPU {gpu} attaches to N1 machine types only (got {machine_type})")
+    return [{"acceleratorType": ATTACHED_GPUS[gpu], "acceleratorCount": count}]
+
+
+def has_gpu(machine_type: str, gpu: str | None) -> bool:
+    """True when a VM of this type (with `gpu` attached) has a GPU."""
+    return gpu is not None or machine_type.split("-", 1)[0] in BUILT_IN_GPUS
+
+
+@dataclass(frozen=True)
+class VmRequest:
+    """One VM to create: where, what, and which trainer hosts it carries."""
+
+    name: str
+    zone: str
+    machine_type: str
+    gpu: str | None
+    transient: bool
+    labels: Mapping[str, str]
+    host_ids: Sequence[str]  # trainer hosts on this VM (colocated roles share it); [0] = machine
+    network_ip: str | None = None  # pin the internal IP (a replacement keeps its slot's address)
+
+
+def remote_workdir(cfg: GceConfig, run_id: str, machine_id: str) -> str:
+    """The work dir on a VM, shared by the hosts on it (`Host.machine` names the VM's first)."""
+    return f"{cfg.remote_root}/{run_id}/hosts/{machine_id}"
+
+
+def notice_path(cfg: GceConfig, run_id: str, machine_id: str) -> str:
+    """Where the trainers on a VM read their preemption notice (provisioning/base.py)."""
+    return f"{remote_workdir(cfg, run_id, machine_id)}/{PREEMPTION_NOTICE_FILE}"
+
+
+def watcher_script(notices: Mapping[str, str], owner: str,
+                   grace_s: int = SPOT_SHUTDOWN_WINDOW_S) -> str:
+    """Bash that long-polls the metadata server's `instance/preempted` and, when it flips to
+    TRUE, writes each preemption notice (`notices`: host id -> file; JSON `{"host_id",
+    "deadline"}`) atomically. Reads the current value first, then waits with its ETag, so a flip between two
+    requests is not missed (gce-notes §A3). `TRANSIENT_METADATA_URL` overrides the server (tests).
+    """
+    pairs = " ".join(f"{shlex.quote(h)}={shlex.quote(p)}" for h, p in notices.items())
+    return f"""#!/bin/bash
+# transient-ps: preemption watcher (writes the notice file the trainer polls)
+MD="${{TRANSIENT_METADATA_URL:-{METADATA_URL}}}"
+etag=NONE
+while true; do
+  if [ "$etag" = NONE ]; then q=""; else q="?wait_for_change=true&timeout_sec=300&last_etag=$etag"; fi
+  headers=$(mktemp)
+  value=$(curl -sf -D "$headers" -H 'Metadata-Flavor: Google' "$MD/instance/preempted$q") \\
+    || {{ rm -f "$headers"; sleep 1; continue; }}
+  etag=$(tr -d '\\r' < "$headers" | awk 'tolower($1)=="etag:" {{print $2}}')
+  rm -f "$headers"
+  [ -n "$etag" ] || etag=NONE
+  if [ "$value" = TRUE ]; then
+    deadline=$(( $(date +%s) + {grace_s} ))
+    for pair in {pairs}; do
+      host="${{pair%%=*}}"; file="${{pair#*=}}"
+      mkdir -p "$(dirname "$file")"
+      printf '{{"host_id": "%s", "deadline": %s}}\\n' "$host" "$deadline" > "$file.tmp"
+      mv "$file.tmp" "$file"
+      chown -R {shlex.quote(owner)} "$(dirname "$file")" 2>/dev/null || true
+    done
+    exit 0
+  fi
+done
+"""
+
+
+def startup_script(watcher: str, remote_root: str) -> str:
+    """The VM's `startup-script`: install the watcher and run it detached from the script (as a
+    systemd unit where possible, so the startup-script service finishing does not kill it)."""
+    path = f"{remote_root}/preemption-watcher.sh"
+    return f"""#!/bin/bash
+mkdir -p {shlex.quote(remote_root)} && chmod 1777 {shlex.quote(remote_root)}
+cat > {shlex.quote(path)} <<'TRANSIENT_WATCHER'
+{watcher}TRANSIENT_WATCHER
+chmod +x {shlex.quote(path)}
+if command -v systemd-run >/dev/null; then
+  systemd-run --unit=transient-preemption-watcher {shlex.quote(path)}
+else
+  setsid nohup {shlex.quote(path)} >/dev/null 2>&1 < /dev/null &
+fi
+"""
+
+
+def instance_body(cfg: GceConfig, project: str, vm: VmRequest, run_id: str,
+                  ssh_public_key: str) -> dict[str, object]:
+    """The REST `Instance` for `vm` (gce-notes §A1, §C)."""
+    zone = vm.zone
+    accs = [{**a, "acceleratorType": f"projects/{project}/zones/{zone}/acceleratorTypes/"
+             f"{a['acceleratorType']}"} for a in accelerators(vm.machine_type, vm.gpu)]
+    gpu_vm = has_gpu(vm.machine_type, vm.gpu)
+    scheduling: dict[str, object] = {}
+    if vm.transient:
+        scheduling = {"provisioningModel": "SPOT",
+                      "instanceTerminationAction": str(cfg.termination_action),
+                      "onHostMaintenance": "TERMINATE", "automaticRestart": False}
+        if cfg.max_run_duration_s:
+            scheduling["maxRunDuration"] = {"seconds": str(cfg.max_run_duration_s)}
+    elif gpu_vm:  # GPU VMs cannot live-migrate
+        scheduling = {"onHostMaintenance": "TERMINATE", "automaticRestart": True}
+    source_image = cfg.image or (f"projects/{cfg.image_project}/global/images/family/"
+                                 f"{cfg.image_family}")
+    nic: dict[str, object] = {"network": cfg.network}
+    if cfg.subnetwork:
+        nic["subnetwork"] = cfg.subnetwork
+    if vm.network_ip:
+        nic["networkIP"] = vm.network_ip
+    if cfg.external_ip:
+        nic["accessConfigs"] = [{"name": "External NAT", "type": "ONE_TO_ONE_NAT"}]
+    machine = vm.host_ids[0]
+    watcher = watcher_script({machine: notice_path(cfg, run_id, machine)}, cfg.ssh_user)
+    metadata = [
+        {"key": "ssh-keys", "value": f"{cfg.ssh_user}:{ssh_public_key.strip()}"},
+        {"key": "enable-guest-attributes", "value": "TRUE"},
+        {"key": "startup-script", "value": startup_script(watcher, cfg.remote_root)},
+    ]
+    if gpu_vm:
+        metadata.append({"key": "install-nvidia-driver", "value": "True"})
+    body: dict[str, object] = {
+        "name": vm.name,
+        "machineType": f"zones/{zone}/machineTypes/{vm.machine_type}",
+        "labels": {**{k: label_value(v) for k, v in cfg.labels.items()},
+                   **{k: label_value(v) for k, v in vm.labels.items()}},
+        "tags": {"items": list(cfg.tags)},
+        "disks": [{"boot": True, "autoDelete": True, "initializeParams": {
+            "sourceImage": source_image, "diskSizeGb": str(cfg.boot_disk_gb),
+            "diskType": f"zones/{zone}/diskTypes/pd-balanced"}}],
+        "networkInterfaces": [nic],
+        "metadata": {"items": metadata},
+        "serviceAccounts": [{"email": cfg.service_account or "default",
+                             "scopes": list(cfg.scopes)}],
+    }
+    if accs:
+        body["guestAccelerators"] = accs
+    if scheduling:
+        body["scheduling"] = scheduling
+    return body
+
+
+def run_labels(run_id: str, sweep_id: str | None, role: str, host_id: str,
+               owner: Mapping[str, str]) -> dict[str, str]:
+    """The labels that find a VM again: tool, run, sweep, role(s), host and the owner process."""
+    labels = {"tool": TOOL_LABEL, "run-id": label_value(run_id), "role": label_value(role),
+              "host-id": label_value(host_id), **{k: label_value(v) for k, v in owner.items()}}
+    if sweep_id:
+        labels["sweep-id"] = label_value(sweep_id)
+    return labels

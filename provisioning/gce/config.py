@@ -1,0 +1,69 @@
+"""The typed configuration of `provider=gce` (the Hydra `provider` group's `gce` option).
+
+A `ProviderConfig` subclass registered with the backend (stored by the registry as `gce_schema`,
+named by `conf/provider/gce.yaml`). No Google imports: the dry run and validation read it without
+the cloud SDK. Every field is commented in `conf/provider/gce.yaml`; the README's "Running on
+Google Cloud" explains them.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from provisioning.base import ProviderConfig
+
+#: The label every VM of this tool carries (`tool=<TOOL_LABEL>`); `orchestrator.gc` finds orphans
+#: by it. Label values: lowercase letters, digits, `_` and `-`, at most 63 characters.
+TOOL_LABEL = "transient-ps"
+DEFAULT_SCOPES = ("https://www.googleapis.com/auth/cloud-platform",)
+#: Credentials values that are not a file path.
+CREDENTIALS_ADC = "adc"  # Application Default Credentials (gcloud auth application-default login)
+CREDENTIALS_ANONYMOUS = "anonymous"  # no auth header: only for a local fake (api_endpoint set)
+
+
+class TerminationAction(enum.StrEnum):
+    """What GCE does to a preempted Spot VM: DELETE (nothing left to bill) or STOP (disk kept)."""
+
+    DELETE = "DELETE"
+    STOP = "STOP"
+
+
+@dataclass
+class GceConfig(ProviderConfig):
+    """Everything the GCE backend needs beyond the plan (machine types, GPUs, zones per host)."""
+
+    name: str = "gce"
+    project: str | None = None  # GCP project id; None = $GOOGLE_CLOUD_PROJECT at run time
+    zones: list[str] = field(default_factory=list)  # fallback order after each host's plan zone
+    image_project: str = "deeplearning-platform-release"  # where image_family lives
+    image_family: str = "common-cu128-ubuntu-2204-nvidia-570"  # CUDA + driver, no framework
+    image: str | None = None  # a custom image URL (projects/P/global/images/NAME); wins if set
+    boot_disk_gb: int = 100  # boot disk size (the DLVM images need ≥ 50 GB)
+    network: str = "global/networks/default"  # VPC network
+    subnetwork: str | None = None  # regions/R/subnetworks/S for custom-mode VPCs
+    tags: list[str] = field(default_factory=lambda: ["transient-ps"])  # firewall target tags
+    external_ip: bool = True  # an ephemeral public IP (the orchestrator SSHes to it)
+    service_account: str | None = None  # e-mail; None = the project's default compute account
+    scopes: list[str] = field(default_factory=lambda: list(DEFAULT_SCOPES))
+    credentials: str = CREDENTIALS_ADC  # adc | anonymous | path to a service-account key file
+    api_endpoint: str | None = None  # Compute API root; None = compute.googleapis.com
+    ssh_user: str = "transient"  # login user created by the guest agent from ssh-keys
+    ssh_key: str = "~/.ssh/id_ed25519"  # private key; its .pub goes into the VM's ssh-keys
+    python: str | None = None  # interpreter on the VMs that has the trainer's dependencies
+    wheelhouse: str | None = None  # local wheels for VMs without `python` (gpu/cpu extra)
+    termination_action: TerminationAction = TerminationAction.DELETE
+    max_run_duration_s: int | None = None  # Spot VMs are deleted/stopped after this; None = never
+    labels: dict[str, str] = field(default_factory=dict)  # added to every VM
+    storage: str | None = None  # gs://BUCKET/PREFIX: checkpoints and results of each run there
+    remote_root: str = "/var/tmp/transient"  # run dirs on the VMs: <root>/<run_id>/hosts/<id>
+    trainer_port: int = 2222  # first gRPC port on a VM; colocated roles take the next ones
+    poll_interval_s: float = 5.0  # at most one list call per interval while watching
+    ready_poll_s: float = 2.0  # one list call per interval while VMs come up
+    operation_timeout_s: float = 300.0  # how long one insert/delete may take
+    vm_ready_timeout_s: float = 600.0  # insert until RUNNING, per VM
+    host_key_timeout_s: float = 90.0  # wait for the guest agent to publish host keys
+    host_key_poll_s: float = 6.0  # guest attributes allow about 10 queries/min per VM
+    retries: int = 4  # retries of a transient API error (rate limit, 5xx) per request
+    retry_backoff_s: float = 2.0  # first backoff; doubles per retry
+    max_parallel: int = 32  # concurrent API calls while creating or deleting

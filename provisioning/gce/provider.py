@@ -1,0 +1,534 @@
+"""`provider=gce`: one Compute Engine VM per machine of the plan, Spot for transient hosts.
+
+- acquire: VMs are journalled *before* they are inserted, then created in parallel (one
+  idempotency `request_id` per attempt), each operation waited on in a bounded loop. A failed
+  insert is classified once (`errors.py`): a stock-out blocks the zone, a quota error its region
+  (or every region for GPUS_ALL_REGIONS), and the VMs that failed move to their next zone
+  (`HostSpec.zone` first, then `provider.zones`); a bad request stops at once. When acquire
+  fails, every VM it created is deleted before the error propagates.
+- readiness: ONE label-filtered aggregatedList per tick for all VMs until RUNNING, then host
+  keys from the guest attributes (pinned into `<run dir>/known_hosts`; first-use pinning when a
+  VM publishes none).
+- poll: ONE aggregatedList per `poll_interval_s` for the whole cluster; raw GCE states are mapped
+  onto HostState in `STATE_MAP`, a VM we did not delete that is stopping, stopped or gone is
+  REVOKED (preempted: its zone's `compute.instances.preempted` operation is looked up once), and
+  so is a RUNNING VM whose SSH heartbeat stopped.
+- replace: the lost VM is deleted and a new one created the same way in the same zone with the
+  same internal IP, so the replacement keeps the TensorFlow endpoint of its slot.
+- release: deletes every VM of the run, in parallel; idempotent.
+
+- runners: the SSH backend's, over one connection per VM opened on first use (`gce/ssh.py`).
+- clean_up (after a crash, from the journal) and `python -m orchestrator.gc` delete leftovers.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from provisioning.base import (
+    STOP_GRACE_S,
+    BadRequestError,
+    CapacityError,
+    CleanUpResult,
+    Cluster,
+    ClusterRequest,
+    Host,
+    HostId,
+    HostLostError,
+    HostRunner,
+    HostSpec,
+    HostState,
+    Provider,
+    ProvisionError,
+    ResourceJournal,
+)
+from provisioning.gce.body import (
+    VmRequest,
+    has_gpu,
+    instance_body,
+    label_value,
+    remote_workdir,
+    vm_name,
+)
+from provisioning.gce.body import run_labels as make_run_labels
+from provisioning.gce.config import TOOL_LABEL, GceConfig
+from provisioning.gce.errors import (
+    QuotaError,
+    TransientApiError,
+    ZoneCapacityError,
+    region_of,
+)
+from provisioning.gce.ssh import VmSsh
+from provisioning.journal import ResourceKind, read_process_start_ticks
+
+#: Raw GCE instance status -> HostState, for VMs we have not asked to delete. Anything stopping,
+#: stopped or gone without our asking is a revocation (a Spot preemption, a maintenance event).
+STATE_MAP: dict[str, HostState] = {
+    "PROVISIONING": HostState.PENDING, "STAGING": HostState.PENDING,
+    "PENDING": HostState.PENDING, "REPAIRING": HostState.PENDING,
+    "RUNNING": HostState.RUNNING,
+    "PENDING_STOP": HostState.REVOKED, "STOPPING": HostState.REVOKED,
+    "SUSPENDING": HostState.REVOKED, "SUSPENDED": HostState.REVOKED,
+    "TERMINATED": HostState.REVOKED, "STOPPED": HostState.REVOKED,
+    "DEPROVISIONING": HostState.REVOKED,
+}
+KNOWN_HOSTS_FILE = "known_hosts"
+PIN_GUEST_ATTRIBUTES = "guest-attributes"
+PIN_FIRST_USE = "first-use"
+
+
+@dataclass
+class _Vm:
+    """One VM of a run, from before its insert to after its delete."""
+
+    request: VmRequest
+    run_id: str
+    slot: str  # plan name of the VM's first host (ps-0, worker-3), stable across replacements
+    specs: list[HostSpec]
+    internal_ip: str = ""
+    external_ip: str = ""
+    host_keys: list[tuple[str, str]] | None = None
+    created: bool = False  # its insert may have succeeded: delete it on release
+    deleted: bool = False  # we deleted it (or it never came to exist)
+    revoked_reason: str | None = None
+    ssh: VmSsh | None = None  # the SSH side, once RUNNING (connects on first runner())
+    zone_hint: str | None = None  # tried before the hosts' plan zone (a replacement's slot)
+    hosts: list[Host] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return self.request.name
+
+    @property
+    def zone(self) -> str:
+        return self.request.zone
+
+
+def owner_labels() -> dict[str, str]:
+    """Who created a VM: this machine and process, so `orchestrator.gc` can tell a live run."""
+    pid = os.getpid()
+    return {"owner-host": label_value(socket.gethostname()), "owner-pid": str(pid),
+            "owner-start": str(read_process_start_ticks(pid) or 0)}
+
+
+class GceProvider(Provider):
+    """Compute Engine VMs for trainer roles. `api`: a `ComputeApi` (built from `config` when
+    None; tests pass one bound to a fake). Runners come from the SSH backend (`gce/ssh.py`)."""
+
+    name = "gce"
+
+    def __init__(self, config: GceConfig | None = None, journal: ResourceJournal | None = None,
+                 api: Any = None, sweep_id: str | None = None, clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
+        self.config = config or GceConfig()
+        if api is None:
+            from provisioning.gce.api import ComputeApi
+
+            api = ComputeApi(self.config)
+        self.api = api
+        self._journal = journal
+        self._sweep_id = sweep_id
+        self._clock, self._sleep = clock, sleep
+        self._vms: dict[str, _Vm] = {}  # by VM name
+        self._host_vm: dict[HostId, str] = {}
+        self._workdirs: dict[str, Path] = {}  # run_id -> request.workdir
+        self._poll_cache: dict[str, tuple[float, dict[str, Any]]] = {}
+        self._serial = itertools.count()
+        self._lock = threading.RLock()
+        self._owner = owner_labels()
+        self.revocations: dict[HostId, str] = {}  # host -> "preempted" | "gone" (for reports)
+
+    # --- acquire ---------------------------------------------------------------------------
+
+    def acquire(self, request: ClusterRequest) -> Cluster:
+        self._workdirs[request.run_id] = request.workdir
+        vms = self._plan_vms(request.run_id, request.hosts)
+        try:
+            self._create(vms)
+            self._await_running(vms)
+            self._pin_host_keys(request.run_id, vms)
+        except BaseException:
+            self._delete([vm for vm in vms if vm.created])
+            raise
+        by_name = {h.spec.name: h for vm in vms for h in vm.hosts}
+        return Cluster(run_id=request.run_id, hosts=[by_name[s.name] for s in request.hosts])
+
+    def _plan_vms(self, run_id: str, specs: Sequence[HostSpec]) -> list[_Vm]:
+        """One `_Vm` per machine of the plan; colocated roles join their owner's VM."""
+        groups: dict[str, list[HostSpec]] = {}
+        for spec in specs:
+            owner = spec.colocate_with
+            if owner is None:
+                groups[spec.name] = [spec]
+            elif owner in groups:
+                groups[owner].append(spec)
+            else:
+                raise BadRequestError(f"host {spec.name!r}: colocated with {owner!r}, which "
+                                      "is not an earlier host of the request")
+        return [_Vm(request=self._vm_request(run_id, slot, group), run_id=run_id, slot=slot,
+                    specs=group) for slot, group in groups.items()]
+
+    def _vm_request(self, run_id: str, slot: str, specs: list[HostSpec],
+                    zone: str | None = None, network_ip: str | None = None) -> VmRequest:
+        """A fresh VM request (new name, new host ids) for the hosts of one machine."""
+        first = specs[0]
+        host_ids = [f"{run_id}-{s.name}-{next(self._serial)}" for s in specs]
+        labels = make_run_labels(run_id, self._sweep_id, "_".join(s.role.value for s in specs),
+                                 host_ids[0], self._owner)
+        return VmRequest(name=vm_name(run_id, slot, next(self._serial)),
+                         zone=zone or first.zone or "", machine_type=first.machine_type,
+                         gpu=first.gpu, transient=first.transient, labels=labels,
+                         host_ids=host_ids, network_ip=network_ip)
+
+    def _zones_for(self, vm: _Vm, same_region: str | None = None) -> list[str]:
+        zones = [z for z in dict.fromkeys([vm.zone_hint, vm.specs[0].zone, *self.config.zones])
+                 if z]
+        if same_region is not None:
+            zones = [z for z in zones if region_of(z) == same_region]
+        if not zones:
+            raise BadRequestError(f"provider.zones: no zone for host {vm.slot!r} (set its zone "
+                                  "in the cluster or list zones in provider.zones)")
+        return zones
+
+    def _create(self, vms: list[_Vm], same_region: str | None = None) -> None:
+        """Insert every VM, in parallel rounds; failed ones move to their next usable zone."""
+        blocked_zones: set[str] = set()
+        blocked_regions: set[str] = set()
+        everywhere_blocked = False
+        reasons: list[str] = []
+        last_error: dict[str, ProvisionError] = {}
+        candidates = {vm.slot: self._zones_for(vm, same_region) for vm in vms}
+        pending = list(vms)
+        while pending:
+            round_vms = []
+            for vm in pending:
+                usable = [z for z in candidates[vm.slot] if not everywhere_blocked
+                          and z not in blocked_zones and region_of(z) not in blocked_regions]
+                if not usable:
+                    last = last_error.get(vm.slot)
+                    if isinstance(last, QuotaError):  # a quota raise fixes it, not a zone
+                        raise last
+                    raise CapacityError(f"no zone could create {vm.slot}: " + "; ".join(reasons))
+                vm.request = replace(vm.request, zone=usable[0],
+                                     name=vm_name(vm.run_id, vm.slot, next(self._serial)))
+                round_vms.append(vm)
+            failures = self._parallel(self._insert_one, round_vms)
+            pending = []
+            bad: ProvisionError | None = None
+            for vm, error in zip(round_vms, failures, strict=True):
+                if error is None:
+                    continue
+                if isinstance(error, QuotaError):
+                    if error.region is None:
+                        everywhere_blocked = True
+                    else:
+                        blocked_regions.add(error.region)
+                elif isinstance(error, ZoneCapacityError | TransientApiError):
+                    blocked_zones.add(vm.zone)
+                elif isinstance(error, ProvisionError):
+                    bad = bad or error
+                else:
+                    raise error
+                reasons.append(str(error))
+                last_error[vm.slot] = error
+                pending.append(vm)
+            if bad is not None:
+                raise bad
+
+    def _insert_one(self, vm: _Vm) -> None:
+        cfg = self.config
+        self._journal_vm(vm, released=False)
+        body = instance_body(cfg, self.api.project, vm.request, vm.run_id, self._public_key())
+        vm.created = True  # from here on a delete is owed (404 if it never came to exist)
+        vm.deleted = False
+        try:
+            op = self.api.insert(vm.zone, body, request_id=str(uuid.uuid4()))
+            self.api.wait(vm.zone, op, cfg.operation_timeout_s)
+        except (ZoneCapacityError, QuotaError, BadRequestError):
+            vm.created = False  # the operation failed: GCE created nothing
+            self._record_released(vm)
+            raise
+        with self._lock:
+            self._vms[vm.name] = vm
+
+    def _public_key(self) -> str:
+        path = Path(os.path.expanduser(self.config.ssh_key) + ".pub")
+        try:
+            return path.read_text().strip()
+        except OSError:
+            raise BadRequestError(f"provider.ssh_key: cannot read public key {path} (create "
+                                  "one with ssh-keygen -t ed25519)") from None
+
+    def _await_running(self, vms: list[_Vm]) -> None:
+        """Until every VM is RUNNING: one list call per config.ready_poll_s for all of them."""
+        deadline = self._clock() + self.config.vm_ready_timeout_s
+        waiting = {vm.name: vm for vm in vms}
+        run_ids = {vm.run_id for vm in vms}
+        while waiting:
+            listed = {}
+            for run_id in run_ids:
+                listed.update({v.name: v for v in self.api.list_vms(self._run_filter(run_id))})
+            for name, vm in list(waiting.items()):
+                seen = listed.get(name)
+                if seen is not None and seen.status == "RUNNING":
+                    vm.internal_ip, vm.external_ip = seen.internal_ip, seen.external_ip
+                    del waiting[name]
+                elif seen is not None and STATE_MAP.get(seen.status) is HostState.REVOKED:
+                    raise ZoneCapacityError(vm.zone, f"VM {name} went {seen.status} while "
+                                            "starting (preempted during creation)")
+            if not waiting:
+                break
+            if self._clock() >= deadline:
+                raise CapacityError(f"VMs not RUNNING after {self.config.vm_ready_timeout_s:g} s: "
+                                    + ", ".join(sorted(waiting)))
+            self._sleep(self.config.ready_poll_s)
+
+    def _pin_host_keys(self, run_id: str, vms: list[_Vm]) -> None:
+        """Host keys from guest attributes (in parallel), then the Host records."""
+
+        def fetch(vm: _Vm) -> None:
+            deadline = self._clock() + self.config.host_key_timeout_s
+            while (keys := self.api.host_keys(vm.zone, vm.name)) is None:
+                if self._clock() >= deadline:
+                    break
+                self._sleep(self.config.host_key_poll_s)
+            vm.host_keys = keys
+
+        errors = self._parallel(fetch, vms)
+        for error in errors:
+            if error is not None:
+                raise error
+        self._write_known_hosts(run_id)
+        for vm in vms:
+            machine = vm.request.host_ids[0]
+            workdir = Path(PurePosixPath(remote_workdir(self.config, run_id, machine)))
+            vm.hosts = [
+                Host(id=host_id, spec=spec, address=vm.internal_ip,
+                     port=self.config.trainer_port + i, workdir=workdir,
+                     state=HostState.RUNNING, machine=machine)
+                for i, (host_id, spec) in enumerate(zip(vm.request.host_ids, vm.specs,
+                                                        strict=True))]
+            vm.ssh = VmSsh(self.config, vm.name, vm.external_ip or vm.internal_ip,
+                           has_gpu(vm.request.machine_type, vm.request.gpu),
+                           self.known_hosts_path(run_id), pinned=bool(vm.host_keys),
+                           journal=self._journal)
+            with self._lock:
+                for host in vm.hosts:
+                    self._host_vm[host.id] = vm.name
+
+    def known_hosts_path(self, run_id: str) -> Path:
+        return self._workdirs.get(run_id, Path.cwd()) / KNOWN_HOSTS_FILE
+
+    def _write_known_hosts(self, run_id: str) -> None:
+        """`<run dir>/known_hosts` with every published key of the run's live VMs (OpenSSH
+        format, paramiko's `load_host_keys` reads it; RejectPolicy stays on)."""
+        lines = []
+        with self._lock:
+            vms = [vm for vm in self._vms.values() if vm.run_id == run_id and not vm.deleted]
+        for vm in vms:
+            for kind, blob in vm.host_keys or []:
+                lines.extend(f"{addr} {kind} {blob}"
+                             for addr in dict.fromkeys([vm.external_ip, vm.internal_ip]) if addr)
+        path = self.known_hosts_path(run_id)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text("".join(line + "\n" for line in lines))
+        tmp.replace(path)
+
+    # --- runners (the SSH backend) ---------------------------------------------------------
+
+    def runner(self, host: Host) -> HostRunner:
+        """The SSH runner of `host` (the same object per host); connects to its VM on first
+        use, checking the host key pinned from guest attributes."""
+        vm = self._vm_of(host.id)
+        if vm.deleted or vm.ssh is None:
+            raise HostLostError(host.id)
+        return vm.ssh.runner(host)
+
+    # --- poll ------------------------------------------------------------------------------
+
+    def _run_filter(self, run_id: str) -> str:
+        return f'labels.tool = "{TOOL_LABEL}" AND labels.run-id = "{label_value(run_id)}"'
+
+    def poll(self, cluster: Cluster) -> dict[HostId, HostState]:
+        """States of every host from ONE list call, at most one per `poll_interval_s`."""
+        now = self._clock()
+        cached = self._poll_cache.get(cluster.run_id)
+        if cached is None or now - cached[0] >= self.config.poll_interval_s:
+            listed = {v.name: v for v in self.api.list_vms(self._run_filter(cluster.run_id))}
+            cached = (now, listed)
+            self._poll_cache[cluster.run_id] = cached
+        listed = cached[1]
+        states = {}
+        for host in cluster.hosts:
+            vm = self._vms.get(self._host_vm.get(host.id, ""))
+            if vm is None:
+                states[host.id] = HostState.REVOKED
+                continue
+            if vm.deleted:
+                states[host.id] = HostState.TERMINATED
+                continue
+            seen = listed.get(vm.name)
+            state = HostState.REVOKED if seen is None else STATE_MAP.get(seen.status,
+                                                                          HostState.REVOKED)
+            if state is HostState.RUNNING and vm.ssh is not None:
+                state = vm.ssh.state() or state  # a cut SSH heartbeat is news before GCE's
+            if state is HostState.REVOKED and vm.revoked_reason is None:
+                vm.revoked_reason = self._revocation_reason(vm)
+            if state is HostState.REVOKED:
+                self.revocations[host.id] = vm.revoked_reason or "gone"
+            states[host.id] = state
+        return states
+
+    def _revocation_reason(self, vm: _Vm) -> str:
+        """'preempted' when GCE recorded a preemption of the VM, else 'gone' (one call, once)."""
+        try:
+            return "preempted" if self.api.was_preempted(vm.zone, vm.name) else "gone"
+        except ProvisionError:
+            return "gone"
+
+    # --- replace ---------------------------------------------------------------------------
+
+    def replace(self, cluster: Cluster, lost: Sequence[HostId],
+                keep_endpoints: bool = True) -> Cluster:
+        lost_vms: dict[str, _Vm] = {}
+        for host_id in cluster.same_machine(list(lost)):  # KeyError for a stranger
+            vm = self._vm_of(host_id)
+            lost_vms[vm.name] = vm
+        old = list(lost_vms.values())
+        self._close_ssh(old)
+        self._delete(old)
+        # The slot's zone first. keep_endpoints: also the lost VM's internal IP, so the
+        # replacement has the endpoint in TensorFlow's fixed cluster spec (an internal address
+        # holds only within its region's subnet).
+        fresh = [_Vm(request=self._vm_request(
+                         vm.run_id, vm.slot, vm.specs, zone=vm.zone,
+                         network_ip=(vm.internal_ip or None) if keep_endpoints else None),
+                     run_id=vm.run_id, slot=vm.slot, specs=list(vm.specs), zone_hint=vm.zone)
+                 for vm in old]
+        try:
+            same_region = region_of(old[0].zone) if old and keep_endpoints else None
+            self._create(fresh, same_region=same_region)
+            self._await_running(fresh)
+            self._pin_host_keys(cluster.run_id, fresh)
+        except BaseException:
+            self._delete([vm for vm in fresh if vm.created])
+            raise
+        swap = {h.id: new_host for vm, new in zip(old, fresh, strict=True)
+                for h, new_host in zip(vm.hosts, new.hosts, strict=True)}
+        return Cluster(run_id=cluster.run_id, hosts=[swap.get(h.id, h) for h in cluster.hosts])
+
+    # --- release ---------------------------------------------------------------------------
+
+    def release(self, cluster: Cluster) -> None:
+        """Stop the runners and delete every VM of the run (the cluster's and any leftovers of
+        a failed replacement); waits for the deletes. Idempotent."""
+        with self._lock:
+            vms = [vm for vm in self._vms.values()
+                   if vm.run_id == cluster.run_id and not vm.deleted]
+        self._close_ssh(vms)
+        self._delete(vms)
+
+    def _close_ssh(self, vms: Sequence[_Vm]) -> None:
+        """Stop every role on these VMs and close their connections, in parallel."""
+        self._parallel(lambda vm: vm.ssh.close() if vm.ssh is not None else None, vms)
+
+    def _delete(self, vms: Sequence[_Vm]) -> None:
+        """Delete in parallel and wait; a VM that is already gone is fine. Raises the first
+        failure after every delete was tried."""
+
+        def delete(vm: _Vm) -> None:
+            op = self.api.delete(vm.zone, vm.name)
+            if op is not None:
+                self.api.wait(vm.zone, op, self.config.operation_timeout_s)
+            vm.deleted = True
+            vm.created = False
+            self._record_released(vm)
+
+        errors = [e for e in self._parallel(delete, [vm for vm in vms if not vm.deleted]) if e]
+        if errors:
+            raise errors[0]
+
+    def _record_released(self, vm: _Vm) -> None:
+        self._journal_vm(vm, released=True)
+
+    def _journal_vm(self, vm: _Vm, released: bool) -> None:
+        """Journal a VM before its insert and after its delete (`provisioning.journal.Journal`
+        records VMs; a journal of process groups only is skipped)."""
+        record = getattr(self._journal, "record_vm", None)
+        if record is not None:
+            record(backend=self.name, host_id=vm.request.host_ids[0], name=vm.name,
+                   address=vm.zone or None, released=released)
+
+    def clean_up(self, entries: Sequence[Any], grace_s: float = STOP_GRACE_S
+                 ) -> list[CleanUpResult]:
+        """After a crash: delete the VMs a run's journal still lists (found by name with one
+        list call, deleted in parallel). Processes on them end with their VM, so their entries
+        are released once every VM of the journal is gone."""
+        vm_names = {e.resource_id for e in entries if e.kind == ResourceKind.VM}
+        existing = {v.name: v for v in self.api.list_vms(f'labels.tool = "{TOOL_LABEL}"')
+                    if v.name in vm_names}
+        failed: dict[str, str] = {}
+
+        def delete(name: str) -> None:
+            listed = existing[name]
+            try:
+                op = self.api.delete(listed.zone, name)
+                if op is not None:
+                    self.api.wait(listed.zone, op, self.config.operation_timeout_s)
+            except ProvisionError as error:
+                failed[name] = str(error)
+
+        self._parallel(delete, sorted(existing))
+        results = []
+        for entry in entries:
+            if entry.kind == ResourceKind.VM:
+                name = entry.resource_id
+                if name in failed:
+                    results.append(CleanUpResult(entry, False, f"vm {name}: delete failed: "
+                                                 f"{failed[name]}"))
+                else:
+                    note = (f"deleted vm {existing[name].zone}/{name} (host {entry.host_id})"
+                            if name in existing else None)
+                    results.append(CleanUpResult(entry, True, note))
+            elif failed:
+                results.append(CleanUpResult(entry, False, f"{entry.kind} {entry.resource_id} "
+                                             f"on host {entry.host_id}: its VM may still run"))
+            else:
+                results.append(CleanUpResult(entry, True, None))
+        return results
+
+    # --- helpers ---------------------------------------------------------------------------
+
+    def _vm_of(self, host_id: HostId) -> _Vm:
+        try:
+            return self._vms[self._host_vm[host_id]]
+        except KeyError:
+            raise HostLostError(host_id, f"host {host_id} was not acquired here") from None
+
+    def _parallel(self, fn: Callable[[Any], None], vms: Sequence[Any]) -> list[BaseException | None]:
+        """Run `fn` on every VM concurrently; the exception of each (None = success). Waits for
+        all, so nothing is still being created when the caller cleans up."""
+        if not vms:
+            return []
+        if len(vms) == 1:
+            try:
+                fn(vms[0])
+                return [None]
+            except Exception as error:
+                return [error]
+        with ThreadPoolExecutor(max_workers=min(self.config.max_parallel, len(vms)),
+                                thread_name_prefix="gce") as pool:
+            futures = [pool.submit(fn, vm) for vm in vms]
+            return [f.exception() for f in futures]
+

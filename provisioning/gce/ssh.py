@@ -1,0 +1,95 @@
+"""Roles on GCE VMs run through the SSH backend (`provisioning.ssh`): one connection per VM.
+
+Each VM becomes a one-machine SSH inventory entry (its external IP, `provider.ssh_user` and
+`provider.ssh_key`) checked against `<run dir>/known_hosts`, which the GCE backend filled from the
+VM's guest attributes; RejectPolicy stays on, and only a VM that published no keys is pinned on
+first use (recorded by the SSH backend). The connection is opened on the first `runner()` call
+for a host on the VM, so watching and releasing VMs never needs SSH.
+
+Setup is the SSH backend's: this project's wheel into a cached environment on the VM, with the
+`gpu` extra on VMs with a GPU (TensorFlow with CUDA) and `cpu` elsewhere, or only the wheel when
+`provider.python` names an interpreter that already has the dependencies.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+
+from provisioning.base import Host, HostLostError, HostState, ResourceJournal
+from provisioning.gce.config import GceConfig
+
+
+def trainer_extra(has_gpu: bool) -> str:
+    """The optional-dependency group a VM installs the trainer with."""
+    return "gpu" if has_gpu else "cpu"
+
+
+class VmSsh:
+    """The SSH side of one VM: its connection (opened lazily) and the runners of its hosts."""
+
+    def __init__(self, cfg: GceConfig, vm_name: str, address: str, has_gpu: bool,
+                 known_hosts: Path, pinned: bool, journal: ResourceJournal | None) -> None:
+        self.cfg, self.vm_name, self.address = cfg, vm_name, address
+        self.has_gpu, self.known_hosts, self.pinned = has_gpu, known_hosts, pinned
+        self.journal = journal
+        self._machine = None
+        self._runners: dict[str, object] = {}
+        self._lock = threading.Lock()
+
+    def _open(self):  # type: ignore[no-untyped-def]
+        from provisioning.ssh.config import SshHostConfig, SshProviderConfig
+        from provisioning.ssh.provider import Machine, SshProvider
+
+        cfg = self.cfg
+        inventory = SshHostConfig(name=self.vm_name, address=self.address, port=22,
+                                  user=cfg.ssh_user, key_path=cfg.ssh_key, root=cfg.remote_root,
+                                  python=cfg.python)
+        ssh_config = SshProviderConfig(
+            hosts=[inventory], known_hosts=str(self.known_hosts),
+            trust_on_first_use=not self.pinned, first_port=cfg.trainer_port,
+            wheelhouse=cfg.wheelhouse, extra=trainer_extra(self.has_gpu),
+            ready_timeout_s=cfg.ready_timeout_s)
+        machine = Machine(inventory, SshProvider(ssh_config, journal=self.journal))
+        try:
+            machine.open()
+        except Exception as error:
+            raise HostLostError(self.vm_name, f"VM {self.vm_name} ({self.address}) cannot be "
+                                f"reached over SSH: {error}") from error
+        return machine
+
+    def runner(self, host: Host):  # type: ignore[no-untyped-def]
+        """The SSH runner of `host` (a host on this VM); the same object on every call."""
+        from provisioning.ssh.provider import SshHostRunner
+        from provisioning.ssh.runner import RoleLauncher
+
+        with self._lock:
+            if host.id not in self._runners:
+                if self._machine is None:
+                    self._machine = self._open()
+                runner = SshHostRunner(host, self._machine, self.journal)
+                # Journal the roles as this backend's: its clean-up (deleting the VM) owns them.
+                runner.launcher = RoleLauncher(self._machine.connection, host,
+                                               runner.launcher.python, self.journal, "gce")
+                self._runners[host.id] = runner
+            return self._runners[host.id]
+
+    def state(self) -> HostState | None:
+        """REVOKED once an opened connection lost its heartbeat; None when not opened or fine."""
+        machine = self._machine
+        if machine is not None and not machine.alive():
+            return HostState.REVOKED
+        return None
+
+    def close(self, hosts: Sequence[Host] = ()) -> None:
+        """Stop the runners' roles and close the connection (idempotent)."""
+        with self._lock:
+            runners, self._runners = list(self._runners.values()), {}
+            machine, self._machine = self._machine, None
+        for runner in runners:
+            with contextlib.suppress(Exception):  # a lost VM: its processes go with it
+                runner.stop_all()  # type: ignore[attr-defined]
+        if machine is not None:
+            machine.close()

@@ -1,0 +1,239 @@
+"""Google Cloud Storage transfers: checkpoints, results and `gs://` data, through the client.
+
+TensorFlow's own `gs://` file system cannot be pointed at an emulator and is untested here
+(gce-notes §E), so the trainer checkpoints to the host's disk and this module mirrors that folder
+to `gs://BUCKET/PREFIX/<run_id>/checkpoints`; a restart on new VMs downloads it first. Results
+(the run directory: logs, events, TensorBoard files) go to `.../<run_id>/results` at the end, and
+a `data_dir` of `gs://...` is staged onto each host before its role starts.
+
+Transfers run in parallel threads through `transfer_manager` with `raise_exception=True` (by
+default it returns exceptions inside its results list), and files above 8 MiB go as chunked
+resumable uploads. Errors surface as `StorageError` naming the object.
+
+Also a command for the hosts: `python -m provisioning.gce.storage (upload|download|mirror) SRC DST`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+#: Chunk of a resumable upload (a multiple of 256 KiB); files above 8 MiB are uploaded
+#: resumably in chunks of this size, so a dropped connection repeats one chunk, not the file.
+CHUNK_SIZE = 8 * 1024 * 1024
+MAX_WORKERS = 8
+#: TensorFlow's checkpoint state file: uploaded last, so a reader never sees it point at data
+#: that is not there yet.
+CHECKPOINT_STATE = "checkpoint"
+CHECKPOINTS, RESULTS = "checkpoints", "results"
+
+
+class StorageError(Exception):
+    """A transfer failed; the message names the object and the cause."""
+
+
+@dataclass(frozen=True)
+class GcsUrl:
+    """`gs://bucket/prefix` split; `prefix` has no leading or trailing slash."""
+
+    bucket: str
+    prefix: str = ""
+
+    @classmethod
+    def parse(cls, url: str) -> GcsUrl:
+        if not url.startswith("gs://") or not url[5:].split("/", 1)[0]:
+            raise ValueError(f"not a gs:// URL: {url!r} (expected gs://BUCKET[/PREFIX])")
+        bucket, _, prefix = url[5:].partition("/")
+        return cls(bucket, prefix.strip("/"))
+
+    def child(self, *parts: str) -> GcsUrl:
+        return GcsUrl(self.bucket, "/".join(p.strip("/") for p in (self.prefix, *parts) if p))
+
+    def __str__(self) -> str:
+        return f"gs://{self.bucket}/{self.prefix}" if self.prefix else f"gs://{self.bucket}"
+
+
+def is_gcs(path: str | os.PathLike[str] | None) -> bool:
+    return str(path or "").startswith("gs://")
+
+
+def checkpoint_url(base: str, run_id: str) -> GcsUrl:
+    """`gs://BUCKET/PREFIX/<run_id>/checkpoints` for a storage base `gs://BUCKET/PREFIX`."""
+    return GcsUrl.parse(base).child(run_id, CHECKPOINTS)
+
+
+def results_url(base: str, run_id: str) -> GcsUrl:
+    return GcsUrl.parse(base).child(run_id, RESULTS)
+
+
+def make_client(project: str | None = None) -> Any:
+    """A `storage.Client`. Honours `STORAGE_EMULATOR_HOST` (then no credentials are needed)."""
+    from google.auth import exceptions as auth_exceptions
+    from google.cloud import storage
+
+    try:
+        return storage.Client(project=project)
+    except auth_exceptions.DefaultCredentialsError:
+        from provisioning.gce.api import AUTH_HINT
+
+        raise StorageError("no Google credentials for Cloud Storage; " + AUTH_HINT) from None
+
+
+class GcsStore:
+    """Parallel directory-tree transfers to and from one bucket."""
+
+    def __init__(self, client: Any = None, max_workers: int = MAX_WORKERS) -> None:
+        self.client = client if client is not None else make_client()
+        self.max_workers = max_workers
+
+    def _bucket(self, url: GcsUrl) -> Any:
+        return self.client.bucket(url.bucket)
+
+    def list(self, url: GcsUrl) -> dict[str, int]:
+        """Relative name -> size of every object under `url`."""
+        prefix = url.prefix + "/" if url.prefix else ""
+        try:
+            return {b.name[len(prefix):]: b.size or 0
+                    for b in self.client.list_blobs(url.bucket, prefix=prefix)}
+        except Exception as error:
+            raise StorageError(f"cannot list {url}: {error}") from error
+
+    def upload(self, local_dir: Path, url: GcsUrl, names: Sequence[str] | None = None) -> list[str]:
+        """Upload `names` (relative paths; default: every file below `local_dir`) in parallel.
+        Returns the uploaded names."""
+        from google.cloud.storage import transfer_manager
+
+        local_dir = Path(local_dir)
+        if names is None:
+            names = sorted(p.relative_to(local_dir).as_posix()
+                           for p in local_dir.rglob("*") if p.is_file())
+        if not names:
+            return []
+        prefix = url.prefix + "/" if url.prefix else ""
+        try:
+            transfer_manager.upload_many_from_filenames(
+                self._bucket(url), list(names), source_directory=str(local_dir),
+                blob_name_prefix=prefix, blob_constructor_kwargs={"chunk_size": CHUNK_SIZE},
+                raise_exception=True, worker_type=transfer_manager.THREAD,
+                max_workers=self.max_workers)
+        except Exception as error:
+            raise StorageError(f"upload of {local_dir} to {url} failed: "
+                               f"{type(error).__name__}: {error}") from error
+        return list(names)
+
+    def download(self, url: GcsUrl, local_dir: Path) -> list[str]:
+        """Download every object under `url` into `local_dir` (folders created) in parallel."""
+        from google.cloud.storage import transfer_manager
+
+        names = sorted(self.list(url))
+        if not names:
+            return []
+        Path(local_dir).mkdir(parents=True, exist_ok=True)
+        prefix = url.prefix + "/" if url.prefix else ""
+        try:
+            transfer_manager.download_many_to_path(
+                self._bucket(url), names, destination_directory=str(local_dir),
+                blob_name_prefix=prefix, raise_exception=True,
+                worker_type=transfer_manager.THREAD, max_workers=self.max_workers)
+        except Exception as error:
+            raise StorageError(f"download of {url} to {local_dir} failed: "
+                               f"{type(error).__name__}: {error}") from error
+        return names
+
+    def delete(self, url: GcsUrl, names: Sequence[str]) -> None:
+        bucket = self._bucket(url)
+        for name in names:
+            blob_name = f"{url.prefix}/{name}" if url.prefix else name
+            try:
+                bucket.blob(blob_name).delete()
+            except Exception as error:
+                if getattr(error, "code", None) != 404:
+                    raise StorageError(f"cannot delete {url.bucket}/{blob_name}: "
+                                       f"{error}") from error
+
+
+class CheckpointMirror:
+    """Keeps `gs://.../checkpoints` equal to a local checkpoint folder, incrementally: changed
+    files are uploaded (the `checkpoint` state file last), files gone locally (old checkpoints
+    TensorFlow rotated out) are deleted remotely. `restore` brings it back onto a new host."""
+
+    def __init__(self, store: GcsStore, local_dir: Path, url: GcsUrl) -> None:
+        self.store, self.local_dir, self.url = store, Path(local_dir), url
+        self._sent: dict[str, tuple[int, int]] = {}  # name -> (size, mtime_ns) uploaded
+
+    def sync(self) -> list[str]:
+        """Upload what changed since the last call; returns the names uploaded."""
+        current = {}
+        if self.local_dir.is_dir():
+            for path in self.local_dir.rglob("*"):
+                if path.is_file() and not path.name.endswith(".tmp"):
+                    stat = path.stat()
+                    current[path.relative_to(self.local_dir).as_posix()] = (stat.st_size,
+                                                                             stat.st_mtime_ns)
+        changed = sorted(n for n, sig in current.items() if self._sent.get(n) != sig)
+        data = [n for n in changed if Path(n).name != CHECKPOINT_STATE]
+        state = [n for n in changed if Path(n).name == CHECKPOINT_STATE]
+        self.store.upload(self.local_dir, self.url, data)
+        self.store.upload(self.local_dir, self.url, state)
+        removed = sorted(set(self._sent) - set(current))
+        self.store.delete(self.url, removed)
+        self._sent = {n: current[n] for n in current}
+        return changed
+
+    def restore(self) -> list[str]:
+        """Download the mirrored checkpoints into the local folder (empty remote: nothing)."""
+        names = self.store.download(self.url, self.local_dir)
+        for name in names:
+            stat = (self.local_dir / name).stat()
+            self._sent[name] = (stat.st_size, stat.st_mtime_ns)
+        return names
+
+    def watch(self, interval_s: float, stop_file: Path | None = None) -> None:
+        """Sync every `interval_s` until `stop_file` exists (then one last sync)."""
+        while stop_file is None or not stop_file.exists():
+            self.sync()
+            time.sleep(interval_s)
+        self.sync()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Host-side transfers: stage data, restore or mirror checkpoints, upload results."""
+    parser = argparse.ArgumentParser(prog="python -m provisioning.gce.storage")
+    sub = parser.add_subparsers(dest="verb", required=True)
+    up = sub.add_parser("upload", help="upload a directory tree: LOCAL gs://...")
+    up.add_argument("src", type=Path)
+    up.add_argument("dst")
+    down = sub.add_parser("download", help="download a prefix: gs://... LOCAL")
+    down.add_argument("src")
+    down.add_argument("dst", type=Path)
+    mirror = sub.add_parser("mirror", help="keep gs://... equal to LOCAL until --stop-file")
+    mirror.add_argument("src", type=Path)
+    mirror.add_argument("dst")
+    mirror.add_argument("--interval-s", type=float, default=10.0)
+    mirror.add_argument("--stop-file", type=Path)
+    args = parser.parse_args(argv)
+    try:
+        store = GcsStore()
+        if args.verb == "upload":
+            done = store.upload(args.src, GcsUrl.parse(args.dst))
+        elif args.verb == "download":
+            done = store.download(GcsUrl.parse(args.src), args.dst)
+        else:
+            CheckpointMirror(store, args.src, GcsUrl.parse(args.dst)).watch(
+                args.interval_s, args.stop_file)
+            done = []
+    except (StorageError, ValueError) as error:
+        print(f"storage: {error}", file=sys.stderr)
+        return 1
+    print(f"{args.verb}: {len(done)} file(s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

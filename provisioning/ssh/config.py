@@ -1,0 +1,102 @@
+"""`provider=ssh` options: a static inventory of machines reached over SSH, and how to use them.
+
+Stored in Hydra's ConfigStore as `ssh_schema` by the registry; `conf/provider/ssh.yaml` is the
+commented example. `check()` is the semantic validation the type schema cannot make (run
+before anything is provisioned, so a wrong key path is a one-line config error).
+"""
+
+from __future__ import annotations
+
+import getpass
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from provisioning.base import STOP_GRACE_S, ProviderConfig
+
+
+@dataclass
+class SshHostConfig:
+    """One machine of the inventory."""
+
+    name: str = ""  # inventory name, used by `placement` and in messages
+    address: str = ""  # hostname or IP: the orchestrator connects to it, roles serve gRPC on it
+    port: int = 22  # sshd port
+    user: str | None = None  # login user; None = the orchestrator's user
+    key_path: str = "~/.ssh/id_ed25519"  # private key file on the orchestrator (never sent)
+    root: str = ".transient"  # host directory for environments and runs (relative: to $HOME)
+    python: str | None = None  # interpreter whose env has the trainer's deps; None = wheelhouse
+    labels: dict[str, str] = field(default_factory=dict)  # e.g. {gpu: T4}: roles wanting a GPU type
+    spare: bool = False  # only used to replace lost machines, never placed at start
+
+    def login(self) -> str:
+        return self.user or getpass.getuser()
+
+    def key_file(self) -> Path:
+        return Path(os.path.expanduser(self.key_path))
+
+
+@dataclass
+class SshProviderConfig(ProviderConfig):
+    """`provider=ssh`: roles run on the inventory's machines over SSH (paramiko)."""
+
+    name: str = "ssh"
+    hosts: list[SshHostConfig] = field(default_factory=list)  # the inventory
+    placement: dict[str, str] = field(default_factory=dict)  # plan host (ps-0) -> inventory name
+    known_hosts: str = "~/.ssh/known_hosts"  # host keys checked (and pinned) here
+    trust_on_first_use: bool = False  # accept and pin an unknown host key (recorded)
+    connect_timeout_s: float = 10.0  # TCP connect, SSH banner and auth, each
+    command_timeout_s: float = 60.0  # one short remote command (setup installs get longer)
+    heartbeat_interval_s: float = 2.0  # liveness check of every machine
+    heartbeat_timeout_s: float = 6.0  # unanswered this long = machine lost
+    max_parallel_handshakes: int = 8  # below sshd's MaxStartups (10)
+    first_port: int = 23400  # roles on a machine listen on first_port, first_port + 1, ...
+    wheelhouse: str | None = None  # local dir of wheels for hosts without `python`
+    extra: str = "cpu"  # optional-dependency group installed from the wheelhouse (cpu, gpu)
+    stop_grace_s: float = STOP_GRACE_S  # SIGTERM-to-SIGKILL grace when roles are stopped
+
+    def check(self) -> list[tuple[str, str]]:
+        """(field, problem) for every semantic mistake, fields as the user types them."""
+        problems: list[tuple[str, str]] = []
+        if not self.hosts:
+            problems.append(("provider.hosts", "the inventory is empty; list at least one "
+                             "machine (name, address, key_path)"))
+        names: set[str] = set()
+        for i, host in enumerate(self.hosts):
+            where = f"provider.hosts.{i}"
+            if not host.name:
+                problems.append((f"{where}.name", "must be set"))
+            elif host.name in names:
+                problems.append((f"{where}.name", f"duplicate name {host.name!r}"))
+            names.add(host.name)
+            if not host.address:
+                problems.append((f"{where}.address", "must be set"))
+            if not 0 < host.port < 65536:
+                problems.append((f"{where}.port", f"{host.port} is not a TCP port"))
+            key = host.key_file()
+            if not key.is_file():
+                problems.append((f"{where}.key_path", f"no such key file {str(key)!r}"))
+            elif not os.access(key, os.R_OK):
+                problems.append((f"{where}.key_path", f"key file {str(key)!r} is not readable"))
+        for role, target in self.placement.items():
+            if target not in names:
+                problems.append((f"provider.placement.{role}",
+                                 f"{target!r} is not an inventory host ({', '.join(sorted(names))})"))
+        if not self.trust_on_first_use and not Path(os.path.expanduser(self.known_hosts)).is_file():
+            problems.append(("provider.known_hosts",
+                             f"no such file {self.known_hosts!r}: host keys are checked against it "
+                             "(or set provider.trust_on_first_use=true to pin them on first use)"))
+        for name in ("connect_timeout_s", "command_timeout_s", "heartbeat_interval_s",
+                     "heartbeat_timeout_s"):
+            if getattr(self, name) <= 0:
+                problems.append((f"provider.{name}", "must be > 0"))
+        if self.max_parallel_handshakes < 1:
+            problems.append(("provider.max_parallel_handshakes", "must be >= 1"))
+        if not 1024 <= self.first_port < 65000:
+            problems.append(("provider.first_port", "must be in 1024..64999"))
+        if self.wheelhouse is None and any(h.python is None for h in self.hosts):
+            first = next(i for i, h in enumerate(self.hosts) if h.python is None)
+            problems.append((f"provider.hosts.{first}.python",
+                             "not set, and provider.wheelhouse is not set either: a host needs "
+                             "an interpreter with the trainer's dependencies, or a wheelhouse"))
+        return problems

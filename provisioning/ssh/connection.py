@@ -1,0 +1,379 @@
+"""One SSH connection per machine (paramiko), with bounded commands and a liveness heartbeat.
+
+paramiko's traps (gce-notes §F) and what this module does about each:
+- `recv_exit_status()` and `global_request(wait=True)` can wait forever: every command here has
+  a deadline, and the heartbeat waits for its reply in a helper thread, at most
+  `heartbeat_timeout_s`.
+- `set_keepalive` never gives up on a dead peer, and TCP notices a cut link only after minutes:
+  the heartbeat (an OpenSSH `keepalive@openssh.com` global request, answered by every sshd)
+  declares the machine lost after one unanswered beat, and the socket itself has TCP keepalive
+  and `TCP_USER_TIMEOUT` as a second line. A cut link is reported within
+  `heartbeat_interval_s + heartbeat_timeout_s`.
+- sshd's `MaxStartups` drops handshakes beyond 10 at once: a process-wide semaphore caps
+  concurrent handshakes, and banner/EOF errors are retried with backoff.
+- One `SSHClient` must not be shared carelessly across threads: channels are opened under a
+  lock, SFTP is used under its own lock, and no channel is read by two threads.
+
+Host keys are checked against `known_hosts` with paramiko's `RejectPolicy` unless first-use
+pinning is opted in; authentication is by key file only (no agent, no password, no key search).
+No key material, passphrase or key content is ever put into a message: errors name the key
+*path* the user configured, never its contents.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import paramiko
+
+from provisioning.base import BadRequestError, ProvisionError
+
+log = logging.getLogger(__name__)
+# paramiko logs every handshake and SFTP session at INFO; a run's log keeps our own lines only.
+logging.getLogger("paramiko").setLevel(logging.WARNING)
+
+#: paramiko's exceptions that mean "the handshake was dropped, try again" (sshd MaxStartups).
+_RETRYABLE = (paramiko.SSHException, EOFError, ConnectionResetError)
+_KEEPALIVE_REQUEST = "keepalive@openssh.com"
+
+
+class HostKeyError(BadRequestError):
+    """The host's key is unknown (and pinning is off) or differs from the pinned one."""
+
+
+class SshUnreachableError(ProvisionError):
+    """The machine could not be reached or refused us; the message says which and why."""
+
+
+@dataclass(frozen=True)
+class SshTarget:
+    """Where and as whom to connect. `label` names the machine in messages."""
+
+    label: str
+    address: str
+    port: int
+    user: str
+    key_path: str
+
+
+@dataclass(frozen=True)
+class SshTimeouts:
+    connect_s: float = 10.0  # TCP connect, banner and auth, each
+    command_s: float = 60.0  # one short command (not a role, not setup)
+    heartbeat_interval_s: float = 2.0
+    heartbeat_timeout_s: float = 6.0
+    connect_attempts: int = 4  # handshakes tried on banner/EOF errors, with backoff
+
+
+class _PinningPolicy(paramiko.MissingHostKeyPolicy):
+    """Trust on first use: accept an unknown host's key, save it to known_hosts, log its
+    fingerprint (the pinned key is recorded). A *changed* key still fails (BadHostKeyException
+    comes before any policy)."""
+
+    def __init__(self, known_hosts: Path, on_pin: Callable[[str, str], None]) -> None:
+        self.known_hosts = known_hosts
+        self.on_pin = on_pin
+        self._lock = threading.Lock()
+
+    def missing_host_key(self, client: paramiko.SSHClient, hostname: str,
+                         key: paramiko.PKey) -> None:
+        with self._lock:
+            self.known_hosts.parent.mkdir(parents=True, exist_ok=True)
+            with open(self.known_hosts, "a") as f:
+                f.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
+        self.on_pin(hostname, key.fingerprint)  # "SHA256:...", a public fact
+
+
+_handshake_slots = threading.BoundedSemaphore(8)  # below sshd's default MaxStartups of 10
+
+
+def set_handshake_limit(limit: int) -> None:
+    """Cap concurrent SSH handshakes of this process (all machines together)."""
+    global _handshake_slots
+    _handshake_slots = threading.BoundedSemaphore(max(1, limit))
+
+
+def _keepalive_socket(target: SshTarget, timeout_s: float) -> socket.socket:
+    sock = socket.create_connection((target.address, target.port), timeout=timeout_s)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for name, value in (("TCP_KEEPIDLE", 2), ("TCP_KEEPINTVL", 2), ("TCP_KEEPCNT", 3),
+                        ("TCP_USER_TIMEOUT", 10_000)):
+        if hasattr(socket, name):
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
+    return sock
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    exit_code: int
+    stdout: str
+    stderr: str
+
+
+class CommandTimeout(ProvisionError):
+    """A short command did not finish within its deadline (the machine hangs or is cut off)."""
+
+
+class SshConnection:
+    """The connection to one machine. Marks itself lost (and closes) on a missed heartbeat or a
+    dead transport; `lost` is then set and `lost_reason` says why."""
+
+    def __init__(self, target: SshTarget, known_hosts: Path, trust_on_first_use: bool,
+                 timeouts: SshTimeouts, on_pin: Callable[[str, str], None] | None = None,
+                 on_lost: Callable[[SshConnection], None] | None = None) -> None:
+        self.target = target
+        self.known_hosts = Path(known_hosts).expanduser()
+        self.trust_on_first_use = trust_on_first_use
+        self.timeouts = timeouts
+        self._on_pin = on_pin or (lambda host, fp: None)
+        self._on_lost = on_lost
+        self.lost = threading.Event()
+        self.lost_reason = ""
+        self._client: paramiko.SSHClient | None = None
+        self._channel_lock = threading.Lock()
+        self._sftp_lock = threading.Lock()
+        self._sftp: paramiko.SFTPClient | None = None
+        self._closed = threading.Event()
+        self._heartbeat: threading.Thread | None = None
+
+    # --- connecting ---------------------------------------------------------------------------
+
+    def connect(self) -> None:
+        """Handshake, check the host key, authenticate by key; start the heartbeat.
+
+        Raises HostKeyError, SshUnreachableError or BadRequestError (the key file cannot be
+        read or is refused), each with a one-line message naming the machine."""
+        delay = 0.5
+        for attempt in range(1, self.timeouts.connect_attempts + 1):
+            try:
+                with _handshake_slots:
+                    self._client = self._handshake()
+                break
+            except (HostKeyError, BadRequestError, SshUnreachableError):
+                raise
+            except _RETRYABLE as error:
+                if attempt == self.timeouts.connect_attempts:
+                    raise SshUnreachableError(
+                        f"ssh host {self._where()}: handshake failed {attempt} times: "
+                        f"{_one_line(error)}") from None
+                time.sleep(delay)
+                delay *= 2
+        transport = self._client.get_transport()
+        assert transport is not None
+        self._heartbeat = threading.Thread(target=self._beat, name=f"ssh-heartbeat-{self.target.label}",
+                                           daemon=True)
+        self._heartbeat.start()
+
+    def _where(self) -> str:
+        t = self.target
+        return f"{t.label} ({t.user}@{t.address}:{t.port})"
+
+    def _handshake(self) -> paramiko.SSHClient:
+        t = self.target
+        client = paramiko.SSHClient()
+        if self.known_hosts.exists():
+            client.load_host_keys(str(self.known_hosts))
+        if self.trust_on_first_use:
+            client.set_missing_host_key_policy(_PinningPolicy(self.known_hosts, self._on_pin))
+        else:
+            client.set_missing_host_key_policy(paramiko.RejectPolicy())
+        try:
+            sock = _keepalive_socket(t, self.timeouts.connect_s)
+        except OSError as error:
+            raise SshUnreachableError(
+                f"ssh host {self._where()} unreachable: {_one_line(error) or 'timed out'} "
+                f"(after {self.timeouts.connect_s:g} s)") from None
+        try:
+            client.connect(
+                t.address, port=t.port, username=t.user, key_filename=t.key_path, sock=sock,
+                look_for_keys=False, allow_agent=False, timeout=self.timeouts.connect_s,
+                banner_timeout=self.timeouts.connect_s, auth_timeout=self.timeouts.connect_s,
+                channel_timeout=self.timeouts.connect_s)
+        except paramiko.BadHostKeyException as error:
+            sock.close()
+            raise HostKeyError(
+                f"ssh host {self._where()}: host key CHANGED ({error.key.get_name()} presented, "
+                f"{self.known_hosts} pins another): refusing to connect; if the machine was "
+                f"reinstalled, remove its line from {self.known_hosts}") from None
+        except paramiko.AuthenticationException:
+            sock.close()
+            raise BadRequestError(
+                f"ssh host {self._where()}: key {t.key_path} was refused (is its public key in "
+                f"the host's authorized_keys?)") from None
+        except (OSError, paramiko.PasswordRequiredException, paramiko.SSHException,
+                ValueError) as error:
+            sock.close()
+            message = _one_line(error)
+            if "not found in known_hosts" in message:
+                raise HostKeyError(
+                    f"ssh host {self._where()}: host key not in {self.known_hosts}; add it "
+                    f"(ssh-keyscan -p {t.port} {t.address} >> {self.known_hosts}) or set "
+                    f"provider.trust_on_first_use=true") from None
+            if isinstance(error, paramiko.PasswordRequiredException) or "private key" in message:
+                raise BadRequestError(
+                    f"ssh host {self._where()}: key {t.key_path} cannot be used (encrypted "
+                    f"keys and unsupported formats are not supported)") from None
+            if isinstance(error, OSError) and not isinstance(error, (socket.timeout, EOFError)):
+                if isinstance(error, FileNotFoundError | PermissionError):
+                    raise BadRequestError(
+                        f"ssh host {self._where()}: key {t.key_path} cannot be read") from None
+                raise SshUnreachableError(f"ssh host {self._where()}: {message}") from None
+            raise
+        return client
+
+    # --- commands -----------------------------------------------------------------------------
+
+    def _transport(self) -> paramiko.Transport:
+        if self.lost.is_set() or self._client is None:
+            raise SshUnreachableError(f"ssh host {self._where()} is lost: {self.lost_reason}")
+        transport = self._client.get_transport()
+        if transport is None or not transport.is_active():
+            self.mark_lost("connection closed")
+            raise SshUnreachableError(f"ssh host {self._where()} is lost: connection closed")
+        return transport
+
+    def open_channel(self, command: str) -> paramiko.Channel:
+        """A session channel running `command` (the caller reads it, from one thread only)."""
+        with self._channel_lock:
+            try:
+                channel = self._transport().open_session(timeout=self.timeouts.connect_s)
+                channel.exec_command(command)
+            except (paramiko.SSHException, EOFError, OSError) as error:
+                if isinstance(error, SshUnreachableError):
+                    raise
+                self.mark_lost(f"channel failed: {_one_line(error)}")
+                raise SshUnreachableError(f"ssh host {self._where()}: {_one_line(error)}") from None
+        return channel
+
+    def run(self, command: str, timeout_s: float | None = None, check: bool = True) -> CommandResult:
+        """Run a short shell command; its output is read as it comes (no window stall).
+
+        Raises CommandTimeout after `timeout_s` (default: the command timeout), and
+        ProvisionError for a non-zero exit when `check`."""
+        timeout_s = self.timeouts.command_s if timeout_s is None else timeout_s
+        channel = self.open_channel(command)
+        out, err = bytearray(), bytearray()
+        deadline = time.monotonic() + timeout_s
+        try:
+            while True:
+                got = False
+                while channel.recv_ready():
+                    out += channel.recv(65536)
+                    got = True
+                while channel.recv_stderr_ready():
+                    err += channel.recv_stderr(65536)
+                    got = True
+                if channel.exit_status_ready() and not channel.recv_ready() \
+                        and not channel.recv_stderr_ready():
+                    break
+                if self.lost.is_set():
+                    raise SshUnreachableError(
+                        f"ssh host {self._where()} is lost: {self.lost_reason}")
+                if time.monotonic() > deadline:
+                    raise CommandTimeout(
+                        f"ssh host {self._where()}: command did not finish in {timeout_s:g} s")
+                if not got:
+                    channel.status_event.wait(0.02)
+            code = channel.recv_exit_status()
+        finally:
+            channel.close()
+        result = CommandResult(code, out.decode(errors="replace"), err.decode(errors="replace"))
+        if check and code != 0:
+            raise ProvisionError(
+                f"ssh host {self.target.label}: command failed with exit code {code}: "
+                f"{_one_line(result.stderr or result.stdout)[-400:]}")
+        return result
+
+    @contextlib.contextmanager
+    def sftp(self):  # type: ignore[no-untyped-def]
+        """The machine's SFTP session, one user at a time."""
+        with self._sftp_lock:
+            if self._sftp is None:
+                with self._channel_lock:
+                    try:
+                        self._sftp = paramiko.SFTPClient.from_transport(self._transport())
+                    except (paramiko.SSHException, EOFError, OSError) as error:
+                        if isinstance(error, SshUnreachableError):
+                            raise
+                        raise SshUnreachableError(
+                            f"ssh host {self._where()}: sftp: {_one_line(error)}") from None
+                assert self._sftp is not None
+                self._sftp.get_channel().settimeout(self.timeouts.command_s)
+            yield self._sftp
+
+    # --- liveness -----------------------------------------------------------------------------
+
+    def _beat(self) -> None:
+        """Every interval, one global request that sshd must answer within the timeout."""
+        while not self._closed.wait(self.timeouts.heartbeat_interval_s):
+            client = self._client
+            transport = client.get_transport() if client is not None else None
+            if transport is None or not transport.is_active():
+                self.mark_lost("connection closed by the host")
+                return
+            replied = threading.Event()
+
+            def ask(tr: paramiko.Transport = transport, done: threading.Event = replied) -> None:
+                with contextlib.suppress(Exception):
+                    tr.global_request(_KEEPALIVE_REQUEST, wait=True)
+                    if tr.is_active():
+                        done.set()
+
+            threading.Thread(target=ask, daemon=True, name="ssh-beat").start()
+            if not replied.wait(self.timeouts.heartbeat_timeout_s):
+                if self._closed.is_set():
+                    return
+                self.mark_lost(f"no heartbeat reply within {self.timeouts.heartbeat_timeout_s:g} s")
+                return
+
+    def check_alive(self) -> bool:
+        """False (and the machine marked lost) once the transport is dead: a closed channel
+        says so before the next heartbeat does."""
+        if self.lost.is_set():
+            return False
+        client = self._client
+        transport = client.get_transport() if client is not None else None
+        if transport is None or not transport.is_active():
+            if not self._closed.is_set():
+                self.mark_lost("connection closed by the host")
+            return False
+        return True
+
+    def mark_lost(self, reason: str) -> None:
+        """Declare the machine unreachable: close the connection (so every stream ends) and
+        tell the owner once."""
+        if self.lost.is_set() or self._closed.is_set():
+            return
+        self.lost_reason = reason
+        self.lost.set()
+        log.warning("ssh host %s lost: %s", self._where(), reason)
+        self._close_client()
+        if self._on_lost is not None:
+            self._on_lost(self)
+
+    def close(self) -> None:
+        """Close on purpose (release); not a loss. Idempotent."""
+        self._closed.set()
+        self._close_client()
+
+    def _close_client(self) -> None:
+        client, self._client = self._client, None
+        sftp, self._sftp = self._sftp, None
+        if sftp is not None:
+            with contextlib.suppress(Exception):
+                sftp.close()
+        if client is not None:
+            # Closing a transport whose peer vanished can block on its socket: do it aside.
+            threading.Thread(target=client.close, daemon=True, name="ssh-close").start()
+
+
+def _one_line(error: object) -> str:
+    return " ".join(str(error).split())

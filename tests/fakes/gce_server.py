@@ -1,0 +1,713 @@
+"""A fake Compute Engine v1 REST server for tests and benchmarks, spoken to by the REAL client.
+
+`google.cloud.compute_v1` (REST transport) talks to it with
+`ClientOptions(api_endpoint=fake.endpoint)` and `AnonymousCredentials()`. It implements the
+surface our GCE backend uses, with the JSON shapes and error placements of the real API
+(gce-notes.md §A, §B, §C; platform-notes.md §6):
+
+- instances insert / get / delete / list (AIP-160 label filters) / aggregatedList /
+  getGuestAttributes (host keys under `hostkeys/`, only with `enable-guest-attributes`);
+- zone operations get / wait (returns early, like the real one) / list (filters);
+- PROVISIONING → STAGING → RUNNING on a clock with configurable delays; delete goes through
+  STOPPING and then the VM is gone (404);
+- a stock-out (`ZONE_RESOURCE_POOL_EXHAUSTED`, 503) and quota errors (`QUOTA_EXCEEDED`, 403, with
+  `quotaInfo.metricName`) surface inside the finished insert operation, as they do on GCE; an
+  accelerator the zone does not offer is a synchronous 400;
+- `request_id` makes a repeated insert return the first operation (idempotency);
+- `preempt()` (also `POST .../instances/NAME/preempt`) flips the guest-visible `preempted` flag,
+  runs the termination action (DELETE: gone; STOP: TERMINATED) and records a
+  `compute.instances.preempted` zone operation;
+- a per-instance metadata server under `/_metadata/ZONE/NAME/computeMetadata/v1/...` with
+  `wait_for_change`/`last_etag`, so the VM-side preemption watcher can run against it;
+- `calls` counts API calls per endpoint (what a benchmark of API calls per minute reads).
+
+Stdlib only. Everything happens on 127.0.0.1; nothing leaves the machine.
+"""
+
+from __future__ import annotations
+
+import base64
+import collections
+import contextlib
+import itertools
+import json
+import re
+import threading
+import time
+import urllib.parse
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+API = "https://www.googleapis.com/compute/v1"
+DEFAULT_ZONES = ("us-central1-a", "us-central1-b", "us-east1-c", "us-west1-b")
+#: The real `wait` returns after at most about 2 minutes; the fake's cap is short so the
+#: client's bounded wait loop is exercised.
+WAIT_CAP_S = 1.0
+#: Accelerators every fake zone offers unless told otherwise (K80 was retired on 2024-05-01).
+DEFAULT_ACCELERATORS = frozenset({"nvidia-tesla-t4", "nvidia-tesla-v100", "nvidia-tesla-p100",
+                                  "nvidia-l4", "nvidia-tesla-a100"})
+_GPU_QUOTA_NAMES = {"nvidia-tesla-t4": "T4", "nvidia-tesla-v100": "V100",
+                    "nvidia-tesla-p100": "P100", "nvidia-tesla-p4": "P4", "nvidia-l4": "L4",
+                    "nvidia-tesla-a100": "A100", "nvidia-tesla-k80": "K80"}
+_BUILT_IN_GPUS = {"a2": "nvidia-tesla-a100", "g2": "nvidia-l4"}
+
+
+def region_of(zone: str) -> str:
+    return zone.rsplit("-", 1)[0]
+
+
+class FakeHttpError(Exception):
+    def __init__(self, code: int, message: str, reason: str = "invalid",
+                 status: str = "INVALID_ARGUMENT") -> None:
+        super().__init__(message)
+        self.code, self.message, self.reason, self.status = code, message, reason, status
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"code": self.code, "message": self.message, "status": self.status,
+                          "errors": [{"message": self.message, "domain": "global",
+                                      "reason": self.reason}]}}
+
+
+@dataclass
+class FakeOperation:
+    name: str
+    zone: str
+    operation_type: str
+    target: str  # instance name
+    project: str
+    created: float
+    done_at: float
+    error: dict[str, Any] | None = None  # {"code", "message", "status", "errors": [...]}
+    on_done: Callable[[], None] | None = None
+    finished: bool = False
+
+    def refresh(self, now: float) -> None:
+        if not self.finished and now >= self.done_at:
+            self.finished = True
+            if self.on_done is not None:
+                self.on_done()
+
+    def to_json(self, now: float) -> dict[str, Any]:
+        self.refresh(now)
+        status = "DONE" if self.finished else ("RUNNING" if now > self.created else "PENDING")
+        zone_url = f"{API}/projects/{self.project}/zones/{self.zone}"
+        body: dict[str, Any] = {
+            "kind": "compute#operation", "id": str(abs(hash(self.name)) % 10**12),
+            "name": self.name, "zone": zone_url, "operationType": self.operation_type,
+            "targetLink": f"{zone_url}/instances/{self.target}", "status": status,
+            "progress": 100 if status == "DONE" else 0,
+            "selfLink": f"{zone_url}/operations/{self.name}",
+        }
+        if status == "DONE" and self.error is not None:
+            body["httpErrorStatusCode"] = self.error["code"]
+            body["httpErrorMessage"] = self.error["status"]
+            body["error"] = {"errors": self.error["errors"]}
+        return body
+
+
+@dataclass
+class FakeInstance:
+    name: str
+    zone: str
+    project: str
+    body: dict[str, Any]  # the inserted resource (REST JSON)
+    ip: str
+    created: float
+    provision_s: float
+    staging_s: float
+    host_keys: list[tuple[str, str]]
+    id: int = 0
+    deleting_at: float | None = None  # STOPPING since; gone after stop_s
+    stopped_at: float | None = None  # STOP action: STOPPING since; TERMINATED after stop_s
+    preempted: bool = False
+    preempted_etag: int = 1
+    gone: bool = False
+    guest_attr_delay_s: float = 0.0
+    watchers: threading.Condition = field(default_factory=threading.Condition)
+
+    def status(self, now: float, stop_s: float) -> str:
+        for since in (self.deleting_at, self.stopped_at):
+            if since is not None:
+                return "STOPPING" if now < since + stop_s else "TERMINATED"
+        age = now - self.created
+        if age < self.provision_s:
+            return "PROVISIONING"
+        if age < self.provision_s + self.staging_s:
+            return "STAGING"
+        return "RUNNING"
+
+    def running_since(self) -> float:
+        return self.created + self.provision_s + self.staging_s
+
+    def to_json(self, now: float, stop_s: float) -> dict[str, Any]:
+        zone_url = f"{API}/projects/{self.project}/zones/{self.zone}"
+        body = json.loads(json.dumps(self.body))
+        body.update({
+            "kind": "compute#instance", "id": str(self.id), "name": self.name,
+            "zone": zone_url, "status": self.status(now, stop_s),
+            "selfLink": f"{zone_url}/instances/{self.name}",
+            "creationTimestamp": time.strftime("%Y-%m-%dT%H:%M:%S.000-00:00",
+                                               time.gmtime(self.created)),
+        })
+        nics = body.get("networkInterfaces") or [{}]
+        nics[0]["networkIP"] = self.ip
+        for access in nics[0].get("accessConfigs", []):
+            access["natIP"] = self.ip
+        body["networkInterfaces"] = nics
+        return body
+
+    def metadata(self) -> dict[str, str]:
+        return {i["key"]: i.get("value", "") for i in self.body.get("metadata", {}).get("items", [])}
+
+    def accelerators(self) -> list[tuple[str, int]]:
+        """(accelerator name, count), attached or built into the machine type."""
+        out = [(a["acceleratorType"].rsplit("/", 1)[-1], int(a.get("acceleratorCount", 1)))
+               for a in self.body.get("guestAccelerators", [])]
+        machine = self.body.get("machineType", "").rsplit("/", 1)[-1]
+        family = machine.split("-", 1)[0]
+        if family in _BUILT_IN_GPUS:
+            out.append((_BUILT_IN_GPUS[family], 1))
+        return out
+
+    def spot(self) -> bool:
+        return self.body.get("scheduling", {}).get("provisioningModel") == "SPOT"
+
+
+# --- the filter language: the subset of AIP-160 the client docs show --------------------------
+
+_TERM = re.compile(r'^\s*([A-Za-z][\w.\-]*)\s*(=|!=|:)\s*(.+?)\s*$')
+
+
+def _lookup(obj: dict[str, Any], path: str) -> Any:
+    node: Any = obj
+    for part in path.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
+    return node
+
+
+def matches_filter(obj: dict[str, Any], expression: str) -> bool:
+    """`a = b AND (c:* ) AND d != "e"`; OR, NOT and regex forms are a 400 (we never send them)."""
+    expression = expression.strip()
+    if not expression:
+        return True
+    if re.search(r"\b(OR|NOT)\b|\b(eq|ne)\b", expression):
+        raise FakeHttpError(400, f"Invalid value for field 'filter': '{expression}'. "
+                            "The fake supports AND of simple terms only.")
+    for raw in re.split(r"\bAND\b", expression):
+        term = raw.strip().strip("()").strip()
+        match = _TERM.match(term)
+        if match is None:
+            raise FakeHttpError(400, f"Invalid value for field 'filter': '{expression}'.")
+        path, op, value = match.groups()
+        value = value.strip('"')
+        actual = _lookup(obj, path)
+        if op == ":":
+            ok = actual is not None and (value == "*" or value in str(actual))
+        elif op == "=":
+            ok = actual is not None and str(actual) == value
+        else:
+            ok = actual is None or str(actual) != value
+        if not ok:
+            return False
+    return True
+
+
+class FakeGce:
+    """The fake's state and its HTTP server. Use as a context manager, or start()/stop().
+
+    Delays are in seconds of wall time: `provision_s` (PROVISIONING), `staging_s` (STAGING),
+    `insert_op_s` (insert operation until DONE), `delete_op_s` / `stop_s` (STOPPING until gone).
+    `ip_pool`: addresses handed to instances in order (e.g. namespace SSH hosts); default
+    10.128.0.2, .3, ... `host_keys_for(ip)`: the (keytype, base64 blob) pairs the guest agent
+    would publish for a VM at `ip`; default: a fresh ed25519 key per VM.
+    """
+
+    def __init__(self, project: str = "test-project", zones: tuple[str, ...] = DEFAULT_ZONES,
+                 provision_s: float = 0.2, staging_s: float = 0.1, insert_op_s: float = 0.1,
+                 delete_op_s: float = 0.1, stop_s: float = 0.1, wait_cap_s: float = WAIT_CAP_S,
+                 guest_attr_delay_s: float = 0.0, ip_pool: list[str] | None = None,
+                 host_keys_for: Callable[[str], list[tuple[str, str]]] | None = None) -> None:
+        self.project = project
+        self.zones = list(zones)
+        self.provision_s, self.staging_s = provision_s, staging_s
+        self.insert_op_s, self.delete_op_s, self.stop_s = insert_op_s, delete_op_s, stop_s
+        self.wait_cap_s = wait_cap_s
+        self.guest_attr_delay_s = guest_attr_delay_s
+        self.accelerators: dict[str, set[str]] = {z: set(DEFAULT_ACCELERATORS) for z in zones}
+        self.stockouts: dict[str, int | None] = {}  # zone -> remaining failing inserts (None: all)
+        self.quotas: dict[tuple[str, str | None], int] = {}  # (metric, region|None) -> limit
+        self.instances: dict[tuple[str, str], FakeInstance] = {}  # (zone, name)
+        self.operations: dict[tuple[str, str], FakeOperation] = {}
+        self.request_ids: dict[str, FakeOperation] = {}
+        self.calls: collections.Counter[str] = collections.Counter()
+        self._ip_pool = list(ip_pool) if ip_pool else None
+        self._host_keys_for = host_keys_for or _random_host_keys
+        self._ids = itertools.count(1000)
+        self._lock = threading.RLock()
+        self._server: ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+
+    # --- lifecycle -------------------------------------------------------------------------
+
+    def start(self) -> FakeGce:
+        handler = type("Handler", (_Handler,), {"fake": self})
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, name="fake-gce",
+                                        daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+    def __enter__(self) -> FakeGce:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    @property
+    def endpoint(self) -> str:
+        assert self._server is not None, "start() the fake first"
+        return f"http://127.0.0.1:{self._server.server_address[1]}"
+
+    def metadata_url(self, zone: str, name: str) -> str:
+        """Base URL of the fake metadata server of one instance (…/computeMetadata/v1)."""
+        return f"{self.endpoint}/_metadata/{zone}/{name}/computeMetadata/v1"
+
+    # --- scripting hooks -------------------------------------------------------------------
+
+    def stockout(self, zone: str, inserts: int | None = None) -> None:
+        """The next `inserts` inserts in `zone` (None: all, until cleared) fail with a stock-out."""
+        with self._lock:
+            self.stockouts[zone] = inserts
+
+    def clear_stockout(self, zone: str) -> None:
+        with self._lock:
+            self.stockouts.pop(zone, None)
+
+    def set_quota(self, metric: str, limit: int, region: str | None = None) -> None:
+        """E.g. ("PREEMPTIBLE_NVIDIA_T4_GPUS", 2, "us-central1") or ("GPUS_ALL_REGIONS", 4)."""
+        with self._lock:
+            self.quotas[(metric, region)] = limit
+
+    def live_instances(self) -> list[FakeInstance]:
+        """Instances that exist (any status but gone), i.e. what would be billed."""
+        with self._lock:
+            return [i for i in self.instances.values() if not self._is_gone(i)]
+
+    def preempt(self, zone: str, name: str) -> None:
+        """Preempt a Spot VM as GCE does: `preempted` flips to TRUE, the termination action runs,
+        a `compute.instances.preempted` operation is recorded."""
+        with self._lock:
+            inst = self._instance(zone, name)
+            now = time.time()
+            action = inst.body.get("scheduling", {}).get("instanceTerminationAction", "STOP")
+            inst.preempted = True
+            inst.preempted_etag += 1
+            if action == "DELETE":
+                inst.deleting_at = now
+            else:
+                inst.stopped_at = now
+            op = self._new_operation(zone, name, "compute.instances.preempted", now)
+            op.done_at = now
+        with inst.watchers:
+            inst.watchers.notify_all()
+
+    def api_calls(self) -> int:
+        with self._lock:
+            return sum(self.calls.values())
+
+    # --- internals -------------------------------------------------------------------------
+
+    def _is_gone(self, inst: FakeInstance) -> bool:
+        if inst.gone:
+            return True
+        if inst.deleting_at is not None and time.time() >= inst.deleting_at + self.stop_s:
+            inst.gone = True
+        return inst.gone
+
+    def _instance(self, zone: str, name: str) -> FakeInstance:
+        self._check_zone(zone)
+        inst = self.instances.get((zone, name))
+        if inst is None or self._is_gone(inst):
+            raise FakeHttpError(404, f"The resource 'projects/{self.project}/zones/{zone}/"
+                                f"instances/{name}' was not found", "notFound", "NOT_FOUND")
+        return inst
+
+    def _check_zone(self, zone: str) -> None:
+        if zone not in self.zones:
+            raise FakeHttpError(400, f"Invalid value for field 'zone': '{zone}'. Unknown zone.")
+
+    def _new_operation(self, zone: str, target: str, kind: str, now: float,
+                       delay: float = 0.0) -> FakeOperation:
+        op = FakeOperation(name=f"operation-{next(self._ids)}-{kind.rsplit('.', 1)[-1]}",
+                           zone=zone, operation_type=kind, target=target, project=self.project,
+                           created=now, done_at=now + delay)
+        self.operations[(zone, op.name)] = op
+        return op
+
+    def _next_ip(self, requested: str | None) -> str:
+        used = {i.ip for i in self.instances.values() if not self._is_gone(i)}
+        if requested:
+            if requested in used:
+                raise FakeHttpError(400, f"IP '{requested}' is already being used by another "
+                                    "resource.", "ipInUseByAnotherResource")
+            return requested
+        if self._ip_pool is not None:
+            for ip in self._ip_pool:
+                if ip not in used:
+                    return ip
+            raise FakeHttpError(503, "fake: no free address in ip_pool", "backendError",
+                                "UNAVAILABLE")
+        for n in itertools.count(2):
+            ip = f"10.128.{n // 250}.{n % 250 + 2}"
+            if ip not in used:
+                return ip
+        raise AssertionError("unreachable")
+
+    def _quota_error(self, zone: str, inst_body: dict[str, Any]) -> dict[str, Any] | None:
+        probe = FakeInstance("probe", zone, self.project, inst_body, "", 0, 0, 0, [])
+        wanted = probe.accelerators()
+        if not wanted:
+            return None
+        for (metric, q_region), limit in sorted(self.quotas.items(), key=str):
+            if q_region is not None and q_region != region_of(zone):
+                continue
+            used = 0
+            for inst in self.live_instances():
+                if q_region is not None and region_of(inst.zone) != q_region:
+                    continue
+                used += sum(n for gpu, n in inst.accelerators()
+                            if _counts_against(metric, gpu, inst.spot()))
+            add = sum(n for gpu, n in wanted if _counts_against(metric, gpu, probe.spot()))
+            if add and used + add > limit:
+                where = f"in region {q_region}" if q_region else "globally"
+                message = f"Quota '{metric}' exceeded.  Limit: {float(limit)} {where}."
+                info = {"metricName": f"compute.googleapis.com/{metric.lower()}",
+                        "limitName": f"{metric}-per-project" + ("-region" if q_region else ""),
+                        "dimensions": {"region": q_region} if q_region else {},
+                        "limit": float(limit)}
+                return {"code": 403, "status": "FORBIDDEN", "errors": [
+                    {"code": "QUOTA_EXCEEDED", "message": message,
+                     "errorDetails": [{"quotaInfo": info}]}]}
+        return None
+
+    def insert(self, zone: str, body: dict[str, Any], request_id: str | None) -> FakeOperation:
+        with self._lock:
+            self._check_zone(zone)
+            if request_id and request_id in self.request_ids:
+                return self.request_ids[request_id]
+            name = body.get("name", "")
+            if not re.fullmatch(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?", name):
+                raise FakeHttpError(400, f"Invalid value for field 'resource.name': '{name}'. "
+                                    "Must be a match of regex '(?:[a-z](?:[-a-z0-9]{0,61}"
+                                    "[a-z0-9])?|[1-9][0-9]{0,19})'")
+            for key, value in body.get("labels", {}).items():
+                if not re.fullmatch(r"[a-z][a-z0-9_-]{0,62}", key) or \
+                        not re.fullmatch(r"[a-z0-9_-]{0,63}", value):
+                    raise FakeHttpError(400, f"Invalid value for field 'resource.labels': "
+                                        f"'{key}={value}'")
+            for acc in body.get("guestAccelerators", []):
+                gpu = acc["acceleratorType"].rsplit("/", 1)[-1]
+                if gpu not in self.accelerators[zone]:
+                    raise FakeHttpError(400, f"Invalid value for field 'resource.guestAccelerators"
+                                        f"[0].acceleratorType': '{acc['acceleratorType']}'. The "
+                                        f"resource 'projects/{self.project}/zones/{zone}/"
+                                        f"acceleratorTypes/{gpu}' was not found", "invalid")
+            existing = self.instances.get((zone, name))
+            if existing is not None and not self._is_gone(existing):
+                raise FakeHttpError(409, f"The resource 'projects/{self.project}/zones/{zone}/"
+                                    f"instances/{name}' already exists", "alreadyExists",
+                                    "ALREADY_EXISTS")
+            now = time.time()
+            op = self._new_operation(zone, name, "insert", now, self.insert_op_s)
+            if request_id:
+                self.request_ids[request_id] = op
+            if zone in self.stockouts:
+                left = self.stockouts[zone]
+                if left is not None:
+                    if left <= 1:
+                        del self.stockouts[zone]
+                    else:
+                        self.stockouts[zone] = left - 1
+                message = (f"The zone 'projects/{self.project}/zones/{zone}' does not have enough "
+                           "resources available to fulfill the request.  Try a different zone, "
+                           "or try again later.")
+                op.error = {"code": 503, "status": "SERVICE UNAVAILABLE", "errors": [
+                    {"code": "ZONE_RESOURCE_POOL_EXHAUSTED", "message": message}]}
+                return op
+            quota = self._quota_error(zone, body)
+            if quota is not None:
+                op.error = quota
+                return op
+            nics = body.get("networkInterfaces") or [{}]
+            ip = self._next_ip(nics[0].get("networkIP"))
+            self.instances[(zone, name)] = FakeInstance(
+                name=name, zone=zone, project=self.project, body=body, ip=ip, created=now,
+                provision_s=self.provision_s, staging_s=self.staging_s,
+                host_keys=self._host_keys_for(ip), id=next(self._ids),
+                guest_attr_delay_s=self.guest_attr_delay_s)
+            return op
+
+    def delete(self, zone: str, name: str, request_id: str | None) -> FakeOperation:
+        with self._lock:
+            if request_id and request_id in self.request_ids:
+                return self.request_ids[request_id]
+            inst = self._instance(zone, name)
+            now = time.time()
+            if inst.deleting_at is None:
+                inst.deleting_at = now
+                inst.stopped_at = None
+            # The operation is DONE when the VM is gone (STOPPING lasts stop_s).
+            op = self._new_operation(zone, name, "delete", now,
+                                     max(self.delete_op_s, self.stop_s))
+            if request_id:
+                self.request_ids[request_id] = op
+            return op
+
+    def list_instances(self, zone: str, expression: str) -> list[dict[str, Any]]:
+        with self._lock:
+            self._check_zone(zone)
+            now = time.time()
+            bodies = [i.to_json(now, self.stop_s) for i in self.instances.values()
+                      if i.zone == zone and not self._is_gone(i)]
+        return [b for b in bodies if matches_filter(b, expression)]
+
+    def guest_attributes(self, zone: str, name: str, query_path: str) -> dict[str, Any]:
+        with self._lock:
+            inst = self._instance(zone, name)
+            if inst.metadata().get("enable-guest-attributes", "").upper() != "TRUE":
+                raise FakeHttpError(400, "Guest attributes are disabled for this instance "
+                                    "(metadata enable-guest-attributes is not TRUE)")
+            ready = time.time() >= inst.running_since() + inst.guest_attr_delay_s
+            if inst.status(time.time(), self.stop_s) != "RUNNING" or not ready \
+                    or not inst.host_keys or query_path.rstrip("/") != "hostkeys":
+                raise FakeHttpError(404, f"The resource '{query_path}' of type 'Guest Attribute' "
+                                    "was not found.", "notFound", "NOT_FOUND")
+            items = [{"namespace": "hostkeys", "key": k, "value": v} for k, v in inst.host_keys]
+        return {"kind": "compute#guestAttributes", "queryPath": query_path,
+                "queryValue": {"items": items}}
+
+
+def _counts_against(metric: str, gpu: str, spot: bool) -> bool:
+    if metric == "GPUS_ALL_REGIONS":
+        return True
+    short = _GPU_QUOTA_NAMES.get(gpu)
+    if short is None:
+        return False
+    return metric == (f"PREEMPTIBLE_NVIDIA_{short}_GPUS" if spot else f"NVIDIA_{short}_GPUS")
+
+
+def _random_host_keys(ip: str) -> list[tuple[str, str]]:
+    """A fresh ed25519 public key in OpenSSH's blob form, as the guest agent publishes it."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    public = Ed25519PrivateKey.generate().public_key().public_bytes(
+        serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
+    kind, blob = public.decode().split()[:2]
+    base64.b64decode(blob)  # well-formed
+    return [(kind, blob)]
+
+
+# --- HTTP ----------------------------------------------------------------------------------
+
+_ZONE = r"/compute/v1/projects/(?P<project>[^/]+)/zones/(?P<zone>[^/]+)"
+_ROUTES: list[tuple[str, re.Pattern[str], str]] = [
+    ("GET", re.compile(r"/compute/v1/projects/(?P<project>[^/]+)/aggregated/instances$"),
+     "instances.aggregatedList"),
+    ("POST", re.compile(_ZONE + r"/instances$"), "instances.insert"),
+    ("GET", re.compile(_ZONE + r"/instances$"), "instances.list"),
+    ("GET", re.compile(_ZONE + r"/instances/(?P<name>[^/]+)/getGuestAttributes$"),
+     "instances.getGuestAttributes"),
+    ("POST", re.compile(_ZONE + r"/instances/(?P<name>[^/]+)/preempt$"), "test.preempt"),
+    ("GET", re.compile(_ZONE + r"/instances/(?P<name>[^/]+)$"), "instances.get"),
+    ("DELETE", re.compile(_ZONE + r"/instances/(?P<name>[^/]+)$"), "instances.delete"),
+    ("GET", re.compile(_ZONE + r"/operations$"), "zoneOperations.list"),
+    ("GET", re.compile(_ZONE + r"/operations/(?P<op>[^/]+)$"), "zoneOperations.get"),
+    ("POST", re.compile(_ZONE + r"/operations/(?P<op>[^/]+)/wait$"), "zoneOperations.wait"),
+    ("GET", re.compile(r"/_metadata/(?P<zone>[^/]+)/(?P<name>[^/]+)/computeMetadata/v1/"
+                       r"instance/preempted$"), "metadata.preempted"),
+]
+
+
+class _Handler(BaseHTTPRequestHandler):
+    fake: FakeGce
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: Any) -> None:  # quiet
+        pass
+
+    def do_GET(self) -> None:
+        self._dispatch("GET")
+
+    def do_POST(self) -> None:
+        self._dispatch("POST")
+
+    def do_DELETE(self) -> None:
+        self._dispatch("DELETE")
+
+    def _dispatch(self, method: str) -> None:
+        url = urllib.parse.urlsplit(self.path)
+        query = {k: v[-1] for k, v in urllib.parse.parse_qs(url.query).items()}
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length) if length else b""
+        for verb, pattern, endpoint in _ROUTES:
+            match = pattern.match(url.path)
+            if verb != method or match is None:
+                continue
+            args = match.groupdict()
+            if not endpoint.startswith(("test.", "metadata.")):
+                with self.fake._lock:
+                    self.fake.calls[endpoint] += 1
+            try:
+                if args.get("project", self.fake.project) != self.fake.project:
+                    raise FakeHttpError(404, f"The resource 'projects/{args['project']}' was not "
+                                        "found", "notFound", "NOT_FOUND")
+                status, body = getattr(self, "_" + endpoint.replace(".", "_"))(
+                    args, query, json.loads(raw) if raw else {})
+            except FakeHttpError as err:
+                status, body = err.code, err.body()
+            except _AlreadySent:
+                return
+            self._send(status, body)
+            return
+        self._send(404, FakeHttpError(404, f"fake: no route for {method} {url.path}",
+                                      "notFound", "NOT_FOUND").body())
+
+    def _send(self, status: int, body: Any, headers: dict[str, str] | None = None) -> None:
+        data = body.encode() if isinstance(body, str) else json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json" if not isinstance(body, str)
+                         else "application/text")
+        self.send_header("Content-Length", str(len(data)))
+        for key, value in (headers or {}).items():
+            self.send_header(key, value)
+        self.end_headers()
+        self.wfile.write(data)
+
+    # --- endpoints ---------------------------------------------------------------------------
+
+    def _instances_insert(self, a: dict[str, str], q: dict[str, str],
+                          body: dict[str, Any]) -> tuple[int, Any]:
+        op = self.fake.insert(a["zone"], body, q.get("requestId"))
+        return 200, op.to_json(time.time())
+
+    def _instances_get(self, a: dict[str, str], q: dict[str, str], _: Any) -> tuple[int, Any]:
+        with self.fake._lock:
+            inst = self.fake._instance(a["zone"], a["name"])
+            return 200, inst.to_json(time.time(), self.fake.stop_s)
+
+    def _instances_delete(self, a: dict[str, str], q: dict[str, str], _: Any) -> tuple[int, Any]:
+        op = self.fake.delete(a["zone"], a["name"], q.get("requestId"))
+        return 200, op.to_json(time.time())
+
+    def _instances_list(self, a: dict[str, str], q: dict[str, str], _: Any) -> tuple[int, Any]:
+        items = self.fake.list_instances(a["zone"], q.get("filter", ""))
+        return 200, _page(items, q, {"kind": "compute#instanceList"})
+
+    def _instances_aggregatedList(self, a: dict[str, str], q: dict[str, str],
+                                  _: Any) -> tuple[int, Any]:
+        scoped: dict[str, Any] = {}
+        for zone in self.fake.zones:
+            items = self.fake.list_instances(zone, q.get("filter", ""))
+            scoped[f"zones/{zone}"] = {"instances": items} if items else {"warning": {
+                "code": "NO_RESULTS_ON_PAGE", "message": "There are no results for scope "
+                f"'zones/{zone}' on this page."}}
+        return 200, {"kind": "compute#instanceAggregatedList", "items": scoped}
+
+    def _instances_getGuestAttributes(self, a: dict[str, str], q: dict[str, str],
+                                      _: Any) -> tuple[int, Any]:
+        return 200, self.fake.guest_attributes(a["zone"], a["name"], q.get("queryPath", ""))
+
+    def _test_preempt(self, a: dict[str, str], q: dict[str, str], _: Any) -> tuple[int, Any]:
+        self.fake.preempt(a["zone"], a["name"])
+        return 200, {}
+
+    def _operation(self, a: dict[str, str]) -> FakeOperation:
+        op = self.fake.operations.get((a["zone"], a["op"]))
+        if op is None:
+            raise FakeHttpError(404, f"The resource 'projects/{self.fake.project}/zones/"
+                                f"{a['zone']}/operations/{a['op']}' was not found",
+                                "notFound", "NOT_FOUND")
+        return op
+
+    def _zoneOperations_get(self, a: dict[str, str], q: dict[str, str],
+                            _: Any) -> tuple[int, Any]:
+        with self.fake._lock:
+            return 200, self._operation(a).to_json(time.time())
+
+    def _zoneOperations_wait(self, a: dict[str, str], q: dict[str, str],
+                             _: Any) -> tuple[int, Any]:
+        with self.fake._lock:
+            op = self._operation(a)
+        deadline = time.time() + self.fake.wait_cap_s
+        while time.time() < min(deadline, op.done_at):
+            time.sleep(min(0.01, max(0.0, op.done_at - time.time())))
+        with self.fake._lock:
+            return 200, op.to_json(time.time())
+
+    def _zoneOperations_list(self, a: dict[str, str], q: dict[str, str],
+                             _: Any) -> tuple[int, Any]:
+        with self.fake._lock:
+            self.fake._check_zone(a["zone"])
+            now = time.time()
+            ops = [op.to_json(now) for (zone, _), op in self.fake.operations.items()
+                   if zone == a["zone"]]
+        items = [o for o in ops if matches_filter(o, q.get("filter", ""))]
+        return 200, _page(items, q, {"kind": "compute#operationList"})
+
+    def _metadata_preempted(self, a: dict[str, str], q: dict[str, str],
+                            _: Any) -> tuple[int, Any]:
+        """The guest's view: `TRUE`/`FALSE`, long-poll with wait_for_change and last_etag."""
+        with self.fake._lock:
+            inst = self.fake.instances.get((a["zone"], a["name"]))
+        if inst is None:
+            raise FakeHttpError(404, "no such instance")
+        if q.get("wait_for_change", "").lower() == "true":
+            timeout = float(q.get("timeout_sec", "60"))
+            with inst.watchers:
+                inst.watchers.wait_for(lambda: str(inst.preempted_etag) != q.get("last_etag"),
+                                       timeout=timeout)
+        value = "TRUE" if inst.preempted else "FALSE"
+        data = value.encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/text")
+        self.send_header("Metadata-Flavor", "Google")
+        self.send_header("ETag", str(inst.preempted_etag))
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+        raise _AlreadySent
+
+
+class _AlreadySent(Exception):
+    pass
+
+
+def _page(items: list[dict[str, Any]], q: dict[str, str], base: dict[str, Any]) -> dict[str, Any]:
+    size = int(q.get("maxResults") or 500)
+    start = int(q.get("pageToken") or 0)
+    page = dict(base, items=items[start:start + size])
+    if start + size < len(items):
+        page["nextPageToken"] = str(start + size)
+    return page
+
+
+@contextlib.contextmanager
+def running_fake(**options: Any) -> Iterator[FakeGce]:
+    """`with running_fake(provision_s=...) as fake:` — started and stopped around the block."""
+    fake = FakeGce(**options).start()
+    try:
+        yield fake
+    finally:
+        fake.stop()

@@ -1,0 +1,196 @@
+"""End to end over SSH: the real CLI trains digits on namespace hosts running real sshds.
+
+`+experiment=ssh_digits` with a provider file written for the test bed: ps-0 with the chief and
+the evaluator colocated on machine h0, workers on h1 and h2, h3 a spare. The hosts declare this
+venv's interpreter (it has TensorFlow), so setup installs only this project's wheel there, and
+the roles import the trainer from that wheel, not from the checkout.
+
+Faults: a worker's link cut mid-run (the cluster shrinks and finishes), the PS machine's sshd
+and processes killed (restart from the latest checkpoint on the spare), the orchestrator
+SIGKILLed (then `python -m orchestrator.release` leaves nothing on any host).
+"""
+
+# ruff: noqa: F811  (the test bed fixture is imported, then requested by name)
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.orchestrator.test_run_local import check_run_dir, read_events
+from tests.testbed import SshTestBed, TestHost
+from tests.testbed.fixtures import provider_options, ssh_testbed  # noqa: F401
+
+pytestmark = pytest.mark.slow
+
+ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONUNBUFFERED": "1"}
+SMALL = ["job.train_steps=400", "job.checkpoint_frequency=100", "job.eval_frequency=200",
+         "progress=false"]
+RUN_TIMEOUT_S = 420
+EVENT_WAIT_S = 240
+
+
+def provider_dir(bed: SshTestBed, tmp_path: Path) -> Path:
+    """A Hydra search dir holding `provider/testbed.yaml`: the bed's 4 hosts, the last a spare."""
+    root = tmp_path / "conf"
+    (root / "provider").mkdir(parents=True)
+    options = {"name": "ssh", **provider_options(bed, bed.hosts[:4], spares=1)}
+    (root / "provider" / "testbed.yaml").write_text(
+        "defaults:\n  - ssh_schema\n  - _self_\n" + yaml.safe_dump(options))
+    return root
+
+
+def start_run(repo_root: Path, bed: SshTestBed, tmp_path: Path, *extra: str
+              ) -> tuple[subprocess.Popen[str], Path]:
+    run_dir = tmp_path / "run"
+    argv = [sys.executable, "-m", "orchestrator", "+experiment=ssh_digits", "provider=testbed",
+            *SMALL, *extra, f"hydra.searchpath=[file://{provider_dir(bed, tmp_path)}]",
+            f"hydra.run.dir={run_dir}"]
+    proc = subprocess.Popen(argv, cwd=repo_root, env=ENV, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    return proc, run_dir
+
+
+def finish(proc: subprocess.Popen[str]) -> str:
+    try:
+        out, _ = proc.communicate(timeout=RUN_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        pytest.fail(f"run did not finish in {RUN_TIMEOUT_S} s:\n{out[-4000:]}")
+    return out
+
+
+def wait_for(run_dir: Path, predicate, what: str) -> dict:
+    """The first event satisfying `predicate` (the run is live, the file grows)."""
+    deadline = time.monotonic() + EVENT_WAIT_S
+    while time.monotonic() < deadline:
+        path = run_dir / "events.jsonl"
+        if path.exists():
+            for line in path.read_text().splitlines():
+                try:
+                    event = json.loads(line)
+                except ValueError:
+                    continue
+                if predicate(event):
+                    return event
+        time.sleep(0.2)
+    pytest.fail(f"no {what} event within {EVENT_WAIT_S} s")
+
+
+def completed(proc: subprocess.Popen[str], out: str, run_dir: Path) -> tuple[dict, list[dict]]:
+    """The summary and events of a run that must have completed."""
+    assert proc.returncode == 0, out[-4000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "completed", summary["error"]
+    return summary, read_events(run_dir)
+
+
+def step_at_least(n: int):
+    return lambda e: e.get("kind") == "step" and e.get("step", 0) >= n
+
+
+def assert_nothing_left(bed: SshTestBed, hosts: list[TestHost]) -> None:
+    deadline = time.monotonic() + 10
+    while any(bed.role_pids(h) for h in hosts) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert {h.name: bed.role_pids(h) for h in hosts} == {h.name: [] for h in hosts}
+
+
+def assert_no_key_material(bed: SshTestBed, run_dir: Path) -> None:
+    secret = [ln for ln in bed.client_key.read_text().splitlines()
+              if ln and not ln.startswith("-----")]
+    for path in run_dir.rglob("*"):
+        if path.is_file() and path.stat().st_size < 50_000_000:
+            text = path.read_bytes().decode(errors="replace")
+            for line in secret:
+                assert line not in text, f"key material in {path}"
+
+
+def test_digits_over_ssh_matches_a_local_run(repo_root: Path, ssh_testbed: SshTestBed,
+                                             tmp_path: Path) -> None:
+    proc, run_dir = start_run(repo_root, ssh_testbed, tmp_path)
+    out = finish(proc)
+    assert proc.returncode == 0, out[-4000:]
+    summary = check_run_dir(run_dir)  # the local run's checks: same files, schema, accuracy
+    assert summary["provider"] == "ssh"
+    provisioned = next(e for e in read_events(run_dir) if e["kind"] == "provisioned")
+    addresses = {h.name: h.address for h in ssh_testbed.hosts}
+    hosts = dict(item.split("=") for item in provisioned["hosts"])
+    assert hosts["ps-0"].split(":")[0] == addresses["h0"]
+    assert hosts["chief-0"].split(":")[0] == addresses["h0"] != hosts["worker-0"].split(":")[0]
+    assert len({hosts["ps-0"], hosts["chief-0"], hosts["evaluator-0"]}) == 3  # own ports
+    env_root = ssh_testbed.hosts[1].root / "envs"  # the inventory root of h1
+    assert any(env_root.glob("*/site/trainer")), "the wheel was not installed on the host"
+    assert_no_key_material(ssh_testbed, run_dir)
+    assert_nothing_left(ssh_testbed, ssh_testbed.hosts[:4])
+
+
+def test_cut_worker_link_shrinks_and_completes(repo_root: Path, ssh_testbed: SshTestBed,
+                                               tmp_path: Path) -> None:
+    worker_host = ssh_testbed.hosts[2]  # worker-1
+    proc, run_dir = start_run(repo_root, ssh_testbed, tmp_path)
+    try:
+        wait_for(run_dir, step_at_least(100), "step >= 100")
+        ssh_testbed.cut(worker_host)
+        out = finish(proc)
+    finally:
+        ssh_testbed.restore(worker_host)
+    summary, events = completed(proc, out, run_dir)
+    assert summary["restarts"] == 0 and summary["final_accuracy"] >= 0.9
+    lost = [e for e in events if e["kind"] in ("revocation", "server_failure")]
+    assert [e.get("role") for e in lost] == ["worker"], lost  # only the cut worker was lost
+    assert any(e["kind"] == "recovery_start" for e in events)
+    # The cut machine's roles outlived the link; release after the link is back stops them.
+    subprocess.run([sys.executable, "-m", "orchestrator.release", str(run_dir)], cwd=repo_root,
+                   env=ENV, check=True, capture_output=True, timeout=120)
+    assert_nothing_left(ssh_testbed, ssh_testbed.hosts[:4])
+
+
+def test_lost_ps_machine_restarts_from_checkpoint_on_the_spare(
+        repo_root: Path, ssh_testbed: SshTestBed, tmp_path: Path) -> None:
+    ps_host, spare = ssh_testbed.hosts[0], ssh_testbed.hosts[3]
+    proc, run_dir = start_run(repo_root, ssh_testbed, tmp_path)
+    try:
+        wait_for(run_dir, lambda e: e.get("kind") == "checkpoint" and e.get("step", 0) > 0,
+                 "checkpoint")
+        deadline = time.monotonic() + EVENT_WAIT_S  # ...and it reached the orchestrator's store
+        while not (run_dir / "checkpoints" / "checkpoint").exists():
+            assert time.monotonic() < deadline, "no checkpoint synced to the run directory"
+            time.sleep(0.2)
+        ssh_testbed.kill_sshd(ps_host)
+        ssh_testbed.kill_processes(ps_host)  # the machine is gone: sshd, PS, chief, evaluator
+        out = finish(proc)
+    finally:
+        ssh_testbed.start_sshd(ps_host)
+    summary, events = completed(proc, out, run_dir)
+    assert summary["restarts"] == 1 and summary["final_accuracy"] >= 0.9
+    starts = [e for e in events if e["kind"] == "train_start"]
+    assert starts[-1].get("resumed_from") not in (None, 0), starts  # resumed from a checkpoint
+    moved = [e for e in events if e["kind"] == "replacement_ready" and e.get("host") == "ps-0"]
+    assert moved and moved[-1]["endpoint"].startswith(spare.address + ":"), moved  # the spare
+    assert_nothing_left(ssh_testbed, ssh_testbed.hosts[:4])
+
+
+def test_orchestrator_killed_then_release_leaves_nothing(repo_root: Path,
+                                                        ssh_testbed: SshTestBed,
+                                                        tmp_path: Path) -> None:
+    proc, run_dir = start_run(repo_root, ssh_testbed, tmp_path)
+    wait_for(run_dir, step_at_least(50), "step >= 50")
+    os.killpg(proc.pid, signal.SIGKILL)  # no finally, no teardown: only the journal remains
+    proc.communicate()
+    assert any(ssh_testbed.role_pids(h) for h in ssh_testbed.hosts[:3]), "nothing was running"
+    result = subprocess.run([sys.executable, "-m", "orchestrator.release", str(run_dir)],
+                            cwd=repo_root, env=ENV, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert_nothing_left(ssh_testbed, ssh_testbed.hosts[:4])
+    again = subprocess.run([sys.executable, "-m", "orchestrator.release", str(run_dir)],
+                           cwd=repo_root, env=ENV, capture_output=True, text=True, timeout=120)
+    assert "0 resource(s)" in again.stdout, again.stdout  # idempotent

@@ -1,0 +1,277 @@
+"""The provider conformance suite: the launch contract (provisioning/base.py) checked the same
+way on every backend in tests/provisioning/backends.py (local here; ssh and gce add a bed).
+
+Only the contract's own verbs are used: nothing reaches into a backend's private state, and
+every check looks at the host through the runner (its files, its processes' output).
+"""
+
+from __future__ import annotations
+
+import json
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from provisioning.base import (
+    PREEMPTION_NOTICE_ENV,
+    Cluster,
+    ClusterRequest,
+    HostLostError,
+    HostRunner,
+    HostSpec,
+    HostState,
+    Role,
+)
+from provisioning.journal import clean_up, list_unreleased
+from tests.provisioning.backends import BACKENDS, SLOW_BACKENDS, Bed
+
+WAIT_S = 10.0
+#: Ignores SIGTERM, keeps a grandchild in its group; both bump a heartbeat file on the host.
+STUBBORN = textwrap.dedent(
+    """
+    import os, signal, subprocess, sys, time
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    beat = sys.argv[1]
+    code = ("import sys, time\\n"
+            "while True:\\n"
+            "    open(sys.argv[1], 'a').write('g')\\n"
+            "    time.sleep(0.1)\\n")
+    subprocess.Popen([sys.executable, "-c", code, beat + ".child"])
+    print("up", flush=True)
+    while True:
+        open(beat, "a").write("p")
+        time.sleep(0.1)
+    """
+)
+REPORT = textwrap.dedent(
+    """
+    import json, os, sys
+    print(json.dumps({"cwd": os.getcwd(), "notice": os.environ.get(sys.argv[1]),
+                      "extra": os.environ.get("CONFORMANCE_EXTRA")}), flush=True)
+    print("to stderr", file=sys.stderr, flush=True)
+    """
+)
+
+
+@pytest.fixture(params=[pytest.param(name, marks=[pytest.mark.slow] if name in SLOW_BACKENDS
+                                     else []) for name in sorted(BACKENDS)])
+def bed(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Bed]:
+    with BACKENDS[request.param](tmp_path) as made:
+        yield made
+
+
+@pytest.fixture
+def cluster(bed: Bed) -> Iterator[Cluster]:
+    """ps-0 with the chief colocated on its machine, two workers."""
+    hosts = [HostSpec("ps-0", Role.PS), HostSpec("chief-0", Role.CHIEF, colocate_with="ps-0"),
+             HostSpec("worker-0", Role.WORKER, transient=True),
+             HostSpec("worker-1", Role.WORKER, transient=True)]
+    made = bed.provider.acquire(ClusterRequest("conf", hosts, bed.workdir))
+    yield made
+    bed.provider.release(made)
+
+
+def host(cluster: Cluster, name: str):
+    return next(h for h in cluster.hosts if h.spec.name == name)
+
+
+def run_python(bed: Bed, runner: HostRunner, code: str, *args: str, **start: object):
+    return runner.start([bed.python, "-c", code, *args], **start)  # type: ignore[arg-type]
+
+
+def read_host_file(runner: HostRunner, remote: str, into: Path) -> str | None:
+    """The host file's text, fetched through the runner (None if it does not exist)."""
+    into.unlink(missing_ok=True)
+    return into.read_text() if runner.fetch(Path(remote), into) else None
+
+
+def wait_until(check, what: str, timeout_s: float = WAIT_S) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
+
+
+def assert_heartbeat_stopped(runner: HostRunner, beat: str, tmp: Path) -> None:
+    """The process (and its grandchild) bumping `beat` on the host are gone."""
+    for name in (beat, beat + ".child"):
+        first = read_host_file(runner, name, tmp / "beat-a")
+        time.sleep(0.6)
+        second = read_host_file(runner, name, tmp / "beat-b")
+        assert first is not None and first == second, f"{name} still growing: alive"
+
+
+# --- acquire ----------------------------------------------------------------------------------
+
+
+def test_acquire_gives_running_hosts_in_order_with_colocation(bed: Bed, cluster: Cluster):
+    assert [h.spec.name for h in cluster.hosts] == ["ps-0", "chief-0", "worker-0", "worker-1"]
+    assert len({h.id for h in cluster.hosts}) == 4
+    assert set(bed.provider.poll(cluster).values()) == {HostState.RUNNING}
+    ps, chief = host(cluster, "ps-0"), host(cluster, "chief-0")
+    assert chief.machine == ps.id and chief.colocated and not ps.colocated
+    assert (chief.address, chief.workdir) == (ps.address, ps.workdir)
+    endpoints = [h.endpoint for h in cluster.hosts]
+    assert len(set(endpoints)) == 4, "every role needs its own port"
+    assert bed.provider.runner(ps) is bed.provider.runner(ps)
+
+
+# --- start, stdout, stderr, notice, cwd --------------------------------------------------------
+
+
+def test_start_pipes_stdout_appends_stderr_and_sets_the_notice_path(bed: Bed, cluster: Cluster):
+    worker = host(cluster, "worker-0")
+    runner = bed.provider.runner(worker)
+    log = bed.workdir / "logs" / "report.log"
+    process = run_python(bed, runner, REPORT, PREEMPTION_NOTICE_ENV,
+                         env={"CONFORMANCE_EXTRA": "yes"}, log_path=log)
+    report = json.loads(process.readline())
+    assert process.wait(WAIT_S) == 0 and process.readline() == ""
+    assert report["notice"] == str(runner.notice_path)
+    assert Path(report["notice"]).is_absolute()
+    assert report["cwd"] == str(worker.workdir)
+    assert report["extra"] == "yes"
+    wait_until(lambda: "to stderr" in (log.read_text() if log.exists() else ""), "stderr")
+
+
+# --- copy and fetch ---------------------------------------------------------------------------
+
+
+def test_copy_write_text_and_fetch_round_trip(bed: Bed, cluster: Cluster, tmp_path: Path):
+    runner = bed.provider.runner(host(cluster, "worker-1"))
+    source = tmp_path / "src"
+    (source / "sub").mkdir(parents=True)
+    (source / "sub" / "a.txt").write_text("alpha")
+    runner.copy(source, Path("tree"))
+    runner.write_text(Path("control.json"), '{"seq": 1}\n')
+    runner.write_text(Path("control.json"), '{"seq": 2}\n')  # replaced, not appended
+    process = run_python(bed, runner, "import pathlib; print(pathlib.Path('tree/sub/a.txt')"
+                         ".read_text() + pathlib.Path('control.json').read_text(), end='')")
+    assert process.readline() == 'alpha{"seq": 2}\n'
+    assert process.wait(WAIT_S) == 0
+    back = tmp_path / "back"
+    assert runner.fetch(Path("tree"), back) and (back / "sub" / "a.txt").read_text() == "alpha"
+    assert runner.fetch(Path("control.json"), tmp_path / "c.json")
+    assert (tmp_path / "c.json").read_text() == '{"seq": 2}\n'
+    assert runner.fetch(Path("no-such-file"), tmp_path / "nothing") is False
+    assert runner.trainer_command(), "the host must say how the trainer starts there"
+
+
+# --- stop_all ---------------------------------------------------------------------------------
+
+
+def test_stop_all_kills_a_process_that_ignores_sigterm_and_its_group(bed: Bed, cluster: Cluster,
+                                                                      tmp_path: Path):
+    runner = bed.provider.runner(host(cluster, "worker-0"))
+    process = run_python(bed, runner, STUBBORN, "beat")
+    assert process.readline() == "up\n"
+    wait_until(lambda: read_host_file(runner, "beat.child", tmp_path / "probe"), "grandchild")
+    runner.stop_all(grace_s=0.5)
+    assert process.poll() is not None
+    assert_heartbeat_stopped(runner, "beat", tmp_path)
+    runner.stop_all(grace_s=0.5)  # idempotent
+
+
+# --- revoke, poll after a loss ----------------------------------------------------------------
+
+
+def test_revoke_with_notice_then_poll_reports_the_machine_revoked(bed: Bed, cluster: Cluster):
+    ps, chief = host(cluster, "ps-0"), host(cluster, "chief-0")
+    if not bed.provider.can_revoke:
+        with pytest.raises(NotImplementedError, match="cannot revoke"):
+            bed.provider.revoke(ps, 1.0)
+        return
+    runner = bed.provider.runner(chief)
+    watcher = run_python(bed, runner, textwrap.dedent("""
+        import os, sys, time
+        path = os.environ[sys.argv[1]]
+        print("watching", flush=True)
+        while not os.path.exists(path):
+            time.sleep(0.05)
+        print(open(path).read().strip(), flush=True)
+        time.sleep(60)
+        """), PREEMPTION_NOTICE_ENV)
+    assert watcher.readline() == "watching\n"  # started (a remote host takes a moment)
+    bed.provider.revoke(ps, notice_s=1.0)
+    notice = json.loads(watcher.readline())
+    assert notice["host_id"] == ps.id and notice["deadline"] > time.time() - 1.0
+    assert watcher.wait(WAIT_S) != 0  # killed without a goodbye, with its machine
+    wait_until(lambda: bed.provider.poll(cluster)[ps.id] == HostState.REVOKED, "REVOKED")
+    states = bed.provider.poll(cluster)
+    assert states[chief.id] == HostState.REVOKED  # the colocated role went with the machine
+    assert states[host(cluster, "worker-0").id] == HostState.RUNNING
+    with pytest.raises(HostLostError):
+        run_python(bed, runner, "print(1)")
+
+
+# --- release ----------------------------------------------------------------------------------
+
+
+def test_release_is_idempotent_and_stops_everything(bed: Bed, cluster: Cluster, tmp_path: Path):
+    processes = [run_python(bed, bed.provider.runner(h), STUBBORN, f"beat-{h.spec.name}")
+                 for h in cluster.hosts]
+    assert all(p.readline() == "up\n" for p in processes)
+    bed.provider.release(cluster)
+    bed.provider.release(cluster)
+    assert all(p.poll() is not None for p in processes)
+    assert all(s.is_terminal() for s in bed.provider.poll(cluster).values())
+    with pytest.raises(HostLostError):
+        run_python(bed, bed.provider.runner(cluster.hosts[0]), "print(1)")
+
+
+# --- replace ----------------------------------------------------------------------------------
+
+
+def test_replace_gives_a_fresh_host_in_the_same_slot(bed: Bed, cluster: Cluster):
+    lost = host(cluster, "worker-0")
+    new_cluster = bed.provider.replace(cluster, [lost.id])
+    try:
+        new = new_cluster.hosts_for(Role.WORKER)[0]
+        assert new.id != lost.id and new.spec.name == "worker-0"
+        assert new_cluster.index_of(new) == 0 and new.endpoint == lost.endpoint
+        assert [h.id for h in new_cluster.hosts if h.spec.name != "worker-0"] == [
+            h.id for h in cluster.hosts if h.spec.name != "worker-0"]
+        states = bed.provider.poll(new_cluster)
+        assert states[new.id] == HostState.RUNNING
+        assert bed.provider.poll(cluster)[lost.id].is_terminal()
+        process = run_python(bed, bed.provider.runner(new), "print('fresh')")
+        assert process.readline() == "fresh\n" and process.wait(WAIT_S) == 0
+        with pytest.raises(KeyError):
+            bed.provider.replace(new_cluster, ["no-such-host"])
+    finally:
+        bed.provider.release(new_cluster)
+
+
+def test_replacing_a_machine_replaces_the_roles_colocated_on_it(bed: Bed, cluster: Cluster):
+    ps, chief = host(cluster, "ps-0"), host(cluster, "chief-0")
+    new_cluster = bed.provider.replace(cluster, [ps.id], keep_endpoints=False)
+    try:
+        new_ps, new_chief = host(new_cluster, "ps-0"), host(new_cluster, "chief-0")
+        assert {new_ps.id, new_chief.id}.isdisjoint({ps.id, chief.id})
+        assert new_chief.machine == new_ps.id
+        assert set(bed.provider.poll(new_cluster).values()) == {HostState.RUNNING}
+    finally:
+        bed.provider.release(new_cluster)
+
+
+# --- clean-up from the journal ----------------------------------------------------------------
+
+
+def test_clean_up_from_the_journal_after_a_crash(bed: Bed, cluster: Cluster, tmp_path: Path):
+    """The orchestrator 'crashed' (it never released): the journal's clean-up, with a provider
+    built afresh from the run's config, stops what it left on the hosts; a second pass finds
+    nothing."""
+    runner = bed.provider.runner(host(cluster, "worker-1"))
+    process = run_python(bed, runner, STUBBORN, "left")
+    assert process.readline() == "up\n"
+    entries = list_unreleased(bed.journal_path)
+    assert [(e.backend, e.host_id, e.pid) for e in entries] == [
+        (bed.name, host(cluster, "worker-1").id, process.pid)]
+    report = clean_up(bed.journal_path, grace_s=0.5, configs={bed.name: bed.config})
+    assert len(report) == 1 and str(process.pid) in report[0]
+    assert_heartbeat_stopped(runner, "left", tmp_path)
+    assert clean_up(bed.journal_path, configs={bed.name: bed.config}) == []
+    assert list_unreleased(bed.journal_path) == []

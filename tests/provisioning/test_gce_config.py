@@ -1,0 +1,83 @@
+"""Catalog truth and the headline experiment with provider=gce, through the real configs."""
+
+from __future__ import annotations
+
+import pytest
+
+from orchestrator.config.errors import ConfigError
+from orchestrator.plan import make_plan
+from orchestrator.validate import compose_experiment
+from provisioning.catalog import retirement
+from provisioning.gce.preview import preview_vms
+
+
+def test_k80_on_gce_is_a_config_error_naming_the_replacement() -> None:
+    with pytest.raises(ConfigError) as info:
+        compose_experiment("icac19_k80", ["provider=gce"])
+    line = info.value.line()
+    assert line.startswith("config error: cluster.worker_groups.0.gpu: K80 was retired on GCE "
+                           "on 2024-05-01"), line
+    assert "use t4" in line and "\n" not in line
+
+
+def test_papers_k80_cluster_stays_valid_for_dry_runs_and_analysis() -> None:
+    plan = make_plan(compose_experiment("icac19_k80"))  # provider=local
+    assert {h.gpu for h in plan.hosts if h.role == "worker"} == {"k80"}
+    assert retirement("local", "k80") is None and retirement("gce", "t4") is None
+
+
+@pytest.mark.parametrize("workers", [4, 8, 16])
+def test_headline_sweep_points_validate_and_preview_vms_per_zone(workers: int) -> None:
+    plan = make_plan(compose_experiment("cifar10_res32", [f"cluster.workers={workers}"]))
+    vms = preview_vms(plan.hosts)
+    assert len(vms) == workers + 1  # chief and evaluator ride on ps-0's VM
+    assert vms[0].hosts == ["ps-0", "chief-0", "evaluator-0"] and not vms[0].spot
+    assert all(vm.gpu == "t4 (attached)" and vm.spot and vm.zone == "us-west1-b"
+               for vm in vms[1:])
+
+
+def test_provider_gce_composes_its_typed_config() -> None:
+    cfg = compose_experiment("cifar10_res32", ["provider.zones=[us-east1-c]",
+                                               "provider.termination_action=STOP"])
+    from provisioning.gce.config import GceConfig, TerminationAction
+
+    assert isinstance(cfg.provider, GceConfig)
+    assert cfg.provider.zones == ["us-east1-c"]
+    assert cfg.provider.termination_action is TerminationAction.STOP
+    with pytest.raises(ConfigError) as info:
+        compose_experiment("cifar10_res32", ["provider.termination_action=HIBERNATE"])
+    assert info.value.line().startswith("config error: provider.termination_action: ")
+
+
+def test_real_run_without_credentials_fails_at_once_in_one_line(tmp_path, monkeypatch) -> None:
+    """The headline command without Google credentials: exit 2, one line saying what to do."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("GOOGLE_APPLICATION_CREDENTIALS", "GOOGLE_CLOUD_PROJECT")}
+    env.update(HOME=str(tmp_path), PYTHONPATH=str(repo), CLOUDSDK_CONFIG=str(tmp_path / "gc"))
+    proc = subprocess.run(
+        [sys.executable, "-m", "orchestrator", "+experiment=cifar10_res32",
+         f"job.data_dir={tmp_path}", "provider.project=my-project",
+         f"hydra.run.dir={tmp_path / 'run'}"],
+        cwd=repo, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("config error: provider.credentials: no Google credentials")
+    assert "gcloud auth application-default login" in lines[0]
+    assert "provider=local" in lines[0]
+    assert not (tmp_path / "run" / "journal.jsonl").exists()  # nothing was provisioned
+
+
+def test_gs_data_dir_is_refused_at_run_start_with_how_to_stage_it(tmp_path) -> None:
+    from orchestrator.config.validation import validate_data_dir
+
+    cfg = compose_experiment("cifar10_res32", ["job.data_dir=gs://bucket/cifar10"])
+    with pytest.raises(ConfigError) as info:
+        validate_data_dir(cfg)
+    assert "python -m provisioning.gce.storage download gs://bucket/cifar10" in info.value.line()

@@ -1,0 +1,103 @@
+"""The GCE backend end to end at the provider level: VMs from the fake Compute API, each backed by
+a namespace sshd host of the SSH test bed, roles started over SSH with the host key pinned from
+guest attributes, a preemption detected and the VM replaced at the same address, nothing left."""
+
+# ruff: noqa: F811  (the test bed fixture is imported, then requested by name)
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from provisioning.base import PREEMPTION_NOTICE_FILE, HostState, Role
+from provisioning.gce.provider import GceProvider
+from provisioning.journal import (
+    Journal,
+    ResourceKind,
+    clean_up,
+    list_unreleased,
+    read_journal,
+)
+from tests.fakes.gce_server import FakeGce
+from tests.provisioning.gce_fixtures import PROJECT, ZONES, gce_config, small_request
+from tests.testbed import SshTestBed
+from tests.testbed.fixtures import host_python, ssh_testbed  # noqa: F401
+
+pytestmark = pytest.mark.slow
+
+
+def fake_on_bed(bed: SshTestBed, vms: int, **options: object) -> FakeGce:
+    """A fake Compute API whose VMs are the bed's first `vms` namespace hosts (their address is
+    the VM's internal and external IP) publishing their sshd host keys as guest attributes."""
+    keys = {}
+    for host in bed.hosts:
+        kind, blob = host.host_key.with_suffix(".pub").read_text().split()[:2]
+        keys[host.address] = [(kind, blob)]
+    return FakeGce(ip_pool=[h.address for h in bed.hosts[:vms]],
+                   host_keys_for=lambda ip: keys[ip], **options)  # type: ignore[arg-type]
+
+
+def test_vms_run_roles_over_ssh_survive_a_preemption_and_leave_nothing(
+        ssh_testbed: SshTestBed, tmp_path: Path) -> None:
+    bed = ssh_testbed
+    by_address = {h.address: h for h in bed.hosts}
+    with fake_on_bed(bed, 2, project=PROJECT, zones=tuple(ZONES), provision_s=0.05,
+                     staging_s=0.05, insert_op_s=0.05, delete_op_s=0.05, stop_s=0.05,
+                     wait_cap_s=0.2) as fake:
+        cfg = gce_config(fake, tmp_path, ssh_user="root", ssh_key=str(bed.client_key),
+                         python=host_python(), remote_root=str(tmp_path / "vms"))
+        provider = GceProvider(cfg, journal=Journal(tmp_path / "run" / "journal.jsonl"))
+        cluster = provider.acquire(small_request("gce-ssh", tmp_path / "run", workers=1))
+        try:
+            worker = cluster.hosts_for(Role.WORKER)[0]
+            chief = cluster.hosts_for(Role.CHIEF)[0]
+            # Known hosts come from guest attributes: the connection keeps RejectPolicy.
+            assert provider._vm_of(worker.id).ssh.pinned
+            proc = provider.runner(worker).start(
+                ["sh", "-c", 'echo "$TRANSIENT_PREEMPTION_NOTICE"; exec sleep 60'])
+            notice = proc.readline().strip()
+            assert notice == f"{worker.workdir}/{PREEMPTION_NOTICE_FILE}"
+            vm = provider._vm_of(worker.id)
+            script = {i["key"]: i["value"] for i in
+                      fake.instances[(vm.zone, vm.name)].body["metadata"]["items"]}
+            assert notice in script["startup-script"]  # the VM's watcher writes that very file
+            # The chief shares ps-0's VM: same address and work dir, its own port.
+            ps = cluster.hosts_for(Role.PS)[0]
+            assert (chief.address, chief.workdir) == (ps.address, ps.workdir)
+            echo = provider.runner(chief).start(["sh", "-c", "pwd"])
+            assert echo.readline().strip() == str(ps.workdir) and echo.wait(30) == 0
+
+            # GCE preempts the worker's VM: its processes die with it, the VM goes away.
+            bed_host = by_address[worker.address]
+            fake.preempt(vm.zone, vm.name)
+            for pid in bed.role_pids(bed_host):
+                os.kill(pid, signal.SIGKILL)
+            assert proc.wait(30) < 0
+            deadline = time.monotonic() + 30
+            while provider.poll(cluster)[worker.id] is not HostState.REVOKED:
+                assert time.monotonic() < deadline, "preemption not noticed"
+                time.sleep(0.1)
+            new = provider.replace(cluster, [worker.id])
+            replacement = new.hosts_for(Role.WORKER)[0]
+            assert replacement.endpoint == worker.endpoint  # same slot, same address and port
+            again = provider.runner(replacement).start(["sh", "-c", "echo back; sleep 60"])
+            assert again.readline().strip() == "back"
+            assert provider.poll(new)[replacement.id] is HostState.RUNNING
+            groups = [e for e in read_journal(tmp_path / "run" / "journal.jsonl")
+                      if e.kind is ResourceKind.PROCESS_GROUP]
+            assert groups and {e.backend for e in groups} == {"gce"}
+        finally:
+            provider.release(cluster)
+            provider.release(new if "new" in locals() else cluster)
+        assert fake.live_instances() == []
+        # What the preempted VM ran is still listed (it died with its VM, unobserved); the
+        # journal's clean-up (`python -m orchestrator.release`) settles it: its VM is gone.
+        journal = tmp_path / "run" / "journal.jsonl"
+        assert {e.kind for e in list_unreleased(journal)} <= {ResourceKind.PROCESS_GROUP}
+        clean_up(journal, configs={"gce": cfg})
+        assert list_unreleased(journal) == []
+        for host in bed.hosts[:2]:
+            assert bed.role_pids(host) == [], f"processes left on {host.name}"

@@ -1,0 +1,162 @@
+"""GCS transfers through the real google-cloud-storage client against gcp-storage-emulator."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from provisioning.gce.storage import (
+    CheckpointMirror,
+    GcsStore,
+    GcsUrl,
+    StorageError,
+    checkpoint_url,
+    main,
+    results_url,
+)
+
+BUCKET = "lab-bucket"
+
+
+@pytest.fixture(name="emulator")
+def emulator_fixture(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """gcp-storage-emulator in memory on 127.0.0.1 (a free port), STORAGE_EMULATOR_HOST set."""
+    server_module = pytest.importorskip("gcp_storage_emulator.server",
+                                        reason="gcp-storage-emulator (dev extra) not installed")
+    logging.getLogger("gcp_storage_emulator").setLevel(logging.WARNING)
+    server = server_module.create_server("127.0.0.1", 0, in_memory=True, default_bucket=BUCKET)
+    server.start()
+    port = server._api._httpd.server_address[1]
+    url = f"http://127.0.0.1:{port}"
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", url)
+    monkeypatch.setenv("GOOGLE_CLOUD_PROJECT", "test-project")
+    try:
+        yield url
+    finally:
+        server.stop()
+
+
+def make_tree(root: Path) -> dict[str, bytes]:
+    files = {"a.txt": b"alpha\n", "logs/worker-0.log": b"x" * 1000,
+             "tb/events.out": os.urandom(4096),
+             "big.bin": os.urandom(20 * 1024 * 1024 + 17)}  # > 8 MiB: resumable, in chunks
+    for name, data in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_bytes(data)
+    return files
+
+
+def read_tree(root: Path) -> dict[str, bytes]:
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+
+def test_urls() -> None:
+    assert str(checkpoint_url("gs://b/exp/", "run-1")) == "gs://b/exp/run-1/checkpoints"
+    assert str(results_url("gs://b", "r")) == "gs://b/r/results"
+    with pytest.raises(ValueError, match="gs://"):
+        GcsUrl.parse("s3://b/x")
+
+
+def test_tree_round_trip_in_parallel_with_a_resumable_large_file(emulator: str,
+                                                                 tmp_path: Path) -> None:
+    files = make_tree(tmp_path / "src")
+    store = GcsStore()
+    url = results_url(f"gs://{BUCKET}/exp", "run-1")
+    assert sorted(store.upload(tmp_path / "src", url)) == sorted(files)
+    assert store.list(url) == {n: len(d) for n, d in files.items()}
+    store.download(url, tmp_path / "dst")
+    assert read_tree(tmp_path / "dst") == files
+
+
+def test_errors_surface_naming_the_target(emulator: str, tmp_path: Path) -> None:
+    make_tree(tmp_path / "src")
+    with pytest.raises(StorageError, match="gs://no-such-bucket/x"):
+        GcsStore().upload(tmp_path / "src", GcsUrl.parse("gs://no-such-bucket/x"))
+
+
+def test_checkpoint_mirror_follows_rotation_and_restores_on_a_new_host(emulator: str,
+                                                                     tmp_path: Path) -> None:
+    local = tmp_path / "ckpt"
+    local.mkdir()
+    url = checkpoint_url(f"gs://{BUCKET}/exp", "run-2")
+    mirror = CheckpointMirror(GcsStore(), local, url)
+    (local / "ckpt-1.index").write_bytes(b"i1")
+    (local / "ckpt-1.data-00000-of-00001").write_bytes(b"d1" * 100)
+    (local / "checkpoint").write_text('model_checkpoint_path: "ckpt-1"\n')
+    assert mirror.sync() == ["checkpoint", "ckpt-1.data-00000-of-00001", "ckpt-1.index"]
+    assert mirror.sync() == []  # nothing changed: nothing sent
+    (local / "ckpt-2.index").write_bytes(b"i2")
+    (local / "ckpt-2.data-00000-of-00001").write_bytes(b"d2" * 100)
+    (local / "checkpoint").write_text('model_checkpoint_path: "ckpt-2"\n')
+    for old in local.glob("ckpt-1.*"):
+        old.unlink()  # CheckpointManager rotated ckpt-1 out
+    mirror.sync()
+    assert sorted(GcsStore().list(url)) == ["checkpoint", "ckpt-2.data-00000-of-00001",
+                                            "ckpt-2.index"]
+    fresh = tmp_path / "new-host" / "ckpt"
+    CheckpointMirror(GcsStore(), fresh, url).restore()
+    assert read_tree(fresh) == read_tree(local)
+
+
+def test_cli_stages_a_gs_data_dir(emulator: str, tmp_path: Path, capsys) -> None:
+    data = {"data_batch_1.bin": os.urandom(3073 * 10), "test_batch.bin": os.urandom(3073 * 2)}
+    for name, blob in data.items():
+        (tmp_path / "cifar" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "cifar" / name).write_bytes(blob)
+    assert main(["upload", str(tmp_path / "cifar"), f"gs://{BUCKET}/data/cifar10"]) == 0
+    assert main(["download", f"gs://{BUCKET}/data/cifar10", str(tmp_path / "staged")]) == 0
+    assert read_tree(tmp_path / "staged") == data
+    assert "download: 2 file(s)" in capsys.readouterr().out
+
+
+def test_without_credentials_the_error_says_how_to_authenticate(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.delenv("STORAGE_EMULATOR_HOST", raising=False)
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(tmp_path / "missing.json"))
+    with pytest.raises(StorageError, match="gcloud auth application-default login"):
+        GcsStore()
+
+
+def test_run_checkpoint_store_mirrors_to_the_bucket_and_restores(emulator: str,
+                                                                 tmp_path: Path) -> None:
+    """The store run.py uses with provider.storage=gs://...: a chief on a real (local) host
+    writes checkpoints, sync mirrors them, finish uploads the run directory, and a store on an
+    empty folder (a new orchestrator machine) restores them before the chief starts."""
+    from orchestrator.runtime.gcs_store import GcsCheckpointStore, checkpoint_store
+    from provisioning.base import ClusterRequest, HostSpec, Role
+    from provisioning.gce.config import GceConfig
+    from provisioning.local import LocalProvider
+
+    provider = LocalProvider()
+    cluster = provider.acquire(ClusterRequest("run-3", [HostSpec("chief-0", Role.CHIEF)],
+                                              tmp_path / "run"))
+    try:
+        chief = provider.runner(cluster.hosts[0])
+        store = checkpoint_store(GceConfig(storage=f"gs://{BUCKET}/exp"),
+                                 tmp_path / "run", "run-3", tmp_path / "run" / "checkpoints")
+        assert isinstance(store, GcsCheckpointStore)
+        store.before_start(chief)  # nothing anywhere yet
+        folder = Path(store.location(chief))
+        (folder / "ckpt-1.index").write_bytes(b"i")
+        (folder / "checkpoint").write_text('model_checkpoint_path: "ckpt-1"\n')
+        assert store.sync(chief)
+        (tmp_path / "run" / "summary.json").write_text("{}\n")
+        store.finish(tmp_path / "run")
+    finally:
+        provider.release(cluster)
+    listed = GcsStore().list(results_url(f"gs://{BUCKET}/exp", "run-3"))
+    assert "summary.json" in listed and "checkpoints/checkpoint" in listed
+    fresh = GcsCheckpointStore(tmp_path / "elsewhere", f"gs://{BUCKET}/exp", "run-3")
+    other = LocalProvider()
+    again = other.acquire(ClusterRequest("run-3b", [HostSpec("chief-0", Role.CHIEF)],
+                                         tmp_path / "run-b"))
+    try:
+        fresh.before_start(other.runner(again.hosts[0]))
+    finally:
+        other.release(again)
+    assert read_tree(tmp_path / "elsewhere") == {"ckpt-1.index": b"i",
+                                                 "checkpoint": b'model_checkpoint_path: "ckpt-1"\n'}

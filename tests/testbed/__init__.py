@@ -1,0 +1,310 @@
+"""A test bed of real SSH hosts: one OpenSSH server per Linux network namespace, on a bridge.
+
+Each host is a namespace `tb<tag>n<i>` joined to the bridge `tb<tag>br` by a veth pair
+(`tb<tag>v<i>` on the host side), with its own address in a test-only /24 of 10.231.0.0/16,
+its own host key, sshd config, pid file and root directory. `<tag>` is random per `SshTestBed`,
+so parallel test sessions never collide. The namespaces have no default route: nothing leaves
+the machine. They share this machine's filesystem and pid table (platform-notes §5).
+
+`SshTestBed.close()` removes everything it created even after a failure: every process inside
+each namespace (`ip netns pids`), the sshds, the namespaces, veths and the bridge.
+
+Needs root, `ip` (iproute2) and `/usr/sbin/sshd` (openssh-server); `missing_requirements()` says
+which is missing so tests can skip loudly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+SSHD = Path("/usr/sbin/sshd")
+SSH_KEYGEN = "ssh-keygen"
+SUBNET_PREFIX = "10.231"
+SSHD_START_TIMEOUT_S = 10.0
+HOST_ADDRESS_OFFSET = 10  # host i gets 10.231.X.(10 + i)
+
+_SSHD_CONFIG = """\
+ListenAddress {address}
+Port 22
+HostKey {host_key}
+PidFile {pid_file}
+AuthorizedKeysFile {authorized_keys}
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+PubkeyAuthentication yes
+UsePAM no
+StrictModes no
+PermitRootLogin prohibit-password
+Subsystem sftp internal-sftp
+MaxStartups 100:30:200
+MaxSessions 64
+LogLevel ERROR
+"""
+
+
+def missing_requirements() -> list[str]:
+    """What this machine lacks to run the test bed (empty when it can)."""
+    missing = []
+    if os.geteuid() != 0:
+        missing.append("root (network namespaces need CAP_NET_ADMIN)")
+    if shutil.which("ip") is None:
+        missing.append("`ip` (apt-get install iproute2)")
+    if not SSHD.exists():
+        missing.append(f"{SSHD} (apt-get install openssh-server)")
+    if shutil.which(SSH_KEYGEN) is None:
+        missing.append("ssh-keygen (apt-get install openssh-client)")
+    return missing
+
+
+def skip_reason() -> str | None:
+    """A loud pytest skip reason when the test bed cannot run here, else None."""
+    missing = missing_requirements()
+    if not missing:
+        return None
+    return ("SSH TEST BED NOT RUN: real sshd hosts in network namespaces need "
+            + ", ".join(missing) + " -- run .ci/run as root on Debian to install them")
+
+
+def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["ip", *args], check=check, capture_output=True, text=True)
+
+
+def _keygen(path: Path) -> None:
+    subprocess.run([SSH_KEYGEN, "-q", "-t", "ed25519", "-N", "", "-C", "", "-f", str(path)],
+                   check=True, capture_output=True)
+
+
+def _free_subnet() -> int:
+    """A third octet X such that 10.231.X.0/24 is on no interface of this machine."""
+    used = _ip("-o", "-4", "addr", "show").stdout
+    for _ in range(200):
+        octet = secrets.randbelow(240) + 10
+        if f" {SUBNET_PREFIX}.{octet}." not in used:
+            return octet
+    raise RuntimeError("no free 10.231.X.0/24 subnet for the SSH test bed")
+
+
+@dataclass
+class TestHost:
+    """One namespace host. `root` is its private directory (what a lab server's home would be)."""
+
+    __test__ = False  # not a pytest test class
+
+    index: int
+    name: str  # inventory name, h<index>
+    netns: str
+    veth: str
+    address: str
+    root: Path
+    host_key: Path
+    config: Path
+    pid_file: Path
+    log: Path
+    sshd: subprocess.Popen[bytes] | None = None
+
+
+class SshTestBed:
+    """N sshd hosts in network namespaces. Use as a context manager or call `close()`."""
+
+    def __init__(self, scratch: Path, hosts: int = 3) -> None:
+        reason = skip_reason()
+        if reason:
+            raise RuntimeError(reason)
+        self.tag = secrets.token_hex(2)
+        self.scratch = Path(scratch)
+        self.scratch.mkdir(parents=True, exist_ok=True)
+        self.bridge = f"tb{self.tag}br"
+        self.octet = _free_subnet()
+        self.gateway = f"{SUBNET_PREFIX}.{self.octet}.1"
+        self.client_key = self.scratch / "client_ed25519"
+        self.known_hosts = self.scratch / "known_hosts"
+        self.hosts: list[TestHost] = []
+        self._created_links: list[str] = []
+        try:
+            _keygen(self.client_key)
+            _ip("link", "add", self.bridge, "type", "bridge")
+            self._created_links.append(self.bridge)
+            _ip("addr", "add", f"{self.gateway}/24", "dev", self.bridge)
+            _ip("link", "set", self.bridge, "up")
+            for _ in range(hosts):
+                self.add_host()
+        except BaseException:
+            self.close()
+            raise
+
+    # --- building -----------------------------------------------------------------------------
+
+    def add_host(self) -> TestHost:
+        """Create one more namespace host with a running sshd and return it."""
+        i = len(self.hosts)
+        root = self.scratch / f"h{i}"
+        host = TestHost(
+            index=i, name=f"h{i}", netns=f"tb{self.tag}n{i}", veth=f"tb{self.tag}v{i}",
+            address=f"{SUBNET_PREFIX}.{self.octet}.{HOST_ADDRESS_OFFSET + i}",
+            root=root / "home", host_key=root / "ssh_host_ed25519_key",
+            config=root / "sshd_config", pid_file=root / "sshd.pid", log=root / "sshd.log")
+        host.root.mkdir(parents=True, exist_ok=True)
+        self.hosts.append(host)
+        _ip("netns", "add", host.netns)
+        _ip("link", "add", host.veth, "type", "veth", "peer", "name", "eth0", "netns", host.netns)
+        self._created_links.append(host.veth)
+        _ip("link", "set", host.veth, "master", self.bridge, "up")
+        _ip("-n", host.netns, "addr", "add", f"{host.address}/24", "dev", "eth0")
+        _ip("-n", host.netns, "link", "set", "eth0", "up")
+        _ip("-n", host.netns, "link", "set", "lo", "up")
+        _keygen(host.host_key)
+        (root / "authorized_keys").write_text(self.client_key.with_suffix(".pub").read_text())
+        host.config.write_text(_SSHD_CONFIG.format(
+            address=host.address, host_key=host.host_key, pid_file=host.pid_file,
+            authorized_keys=root / "authorized_keys"))
+        self.pin_host_key(host)
+        self.start_sshd(host)
+        return host
+
+    def pin_host_key(self, host: TestHost) -> None:
+        """(Re)write `host`'s line in the test bed's known_hosts from its current host key."""
+        public = host.host_key.with_suffix(".pub").read_text().split()
+        lines = [ln for ln in (self.known_hosts.read_text().splitlines()
+                               if self.known_hosts.exists() else [])
+                 if ln.split(" ", 1)[0] != host.address]
+        lines.append(f"{host.address} {public[0]} {public[1]}")
+        self.known_hosts.write_text("\n".join(lines) + "\n")
+
+    def start_sshd(self, host: TestHost) -> None:
+        """Start `host`'s sshd (foreground, logging to its file) and wait until it listens."""
+        Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # privilege-separation dir
+        subprocess.run([str(SSHD), "-t", "-f", str(host.config)], check=True,
+                       capture_output=True)
+        with open(host.log, "ab") as log:
+            host.sshd = subprocess.Popen(
+                ["ip", "netns", "exec", host.netns, str(SSHD), "-D", "-e", "-f", str(host.config)],
+                stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+        deadline = time.monotonic() + SSHD_START_TIMEOUT_S
+        while not _accepts(host.address, 22):
+            if host.sshd.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"sshd on {host.name} did not start: {host.log.read_text()}")
+            time.sleep(0.05)
+
+    # --- faults -------------------------------------------------------------------------------
+
+    def cut(self, host: TestHost) -> None:
+        """Cut the host's link: packets vanish, no RST, no FIN (a dead VM or a pulled cable)."""
+        _ip("link", "set", host.veth, "down")
+
+    def restore(self, host: TestHost) -> None:
+        _ip("link", "set", host.veth, "up")
+
+    def kill_sshd(self, host: TestHost) -> None:
+        """SIGKILL the host's sshd (and every session it serves)."""
+        if host.sshd is not None and host.sshd.poll() is None:
+            host.sshd.kill()
+            host.sshd.wait()
+
+    def pids(self, host: TestHost) -> list[int]:
+        """Live (non-zombie) processes inside the host's namespace, sshd included."""
+        out = _ip("netns", "pids", host.netns, check=False).stdout.split()
+        return [int(p) for p in out if _is_live(int(p))]
+
+    def role_pids(self, host: TestHost) -> list[int]:
+        """Live processes inside the namespace other than its sshd and sshd's sessions."""
+        return [p for p in self.pids(host) if not _comm(p).startswith("sshd")]
+
+    def kill_processes(self, host: TestHost, sig: int = signal.SIGKILL) -> None:
+        """Send `sig` to every process inside the namespace (sshd included)."""
+        for pid in self.pids(host):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+
+    def freeze(self, host: TestHost) -> None:
+        """SIGSTOP every process of the host: it hangs, its TCP connections stay open."""
+        self.kill_processes(host, signal.SIGSTOP)
+
+    def thaw(self, host: TestHost) -> None:
+        self.kill_processes(host, signal.SIGCONT)
+
+    def change_host_key(self, host: TestHost) -> None:
+        """Give the host a new host key (a reinstalled server) and restart its sshd; the test
+        bed's known_hosts keeps the old one."""
+        self.kill_sshd(host)
+        host.host_key.unlink()
+        host.host_key.with_suffix(".pub").unlink()
+        _keygen(host.host_key)
+        self.start_sshd(host)
+
+    # --- inventory ----------------------------------------------------------------------------
+
+    def inventory(self, hosts: list[TestHost] | None = None) -> list[dict[str, object]]:
+        """The hosts as `provider=ssh` inventory entries (the config's `hosts` list)."""
+        return [{"name": h.name, "address": h.address, "port": 22, "user": "root",
+                 "key_path": str(self.client_key), "root": str(h.root)}
+                for h in (self.hosts if hosts is None else hosts)]
+
+    # --- teardown -----------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Remove every process, sshd, namespace, veth and the bridge. Idempotent."""
+        for host in self.hosts:
+            for sig in (signal.SIGCONT, signal.SIGKILL):
+                self.kill_processes(host, sig)
+            if host.sshd is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    host.sshd.kill()
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    host.sshd.wait(5)
+            _ip("netns", "del", host.netns, check=False)
+        for link in reversed(self._created_links):
+            _ip("link", "del", link, check=False)
+        self._created_links.clear()
+
+    def leftovers(self) -> list[str]:
+        """Namespaces and links of this test bed that still exist (empty after close())."""
+        names = _ip("netns", "list", check=False).stdout + _ip("-o", "link", check=False).stdout
+        return sorted({w.split("@")[0].rstrip(":") for w in names.split()
+                       if w.startswith(f"tb{self.tag}")})
+
+    def __enter__(self) -> SshTestBed:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __iter__(self) -> Iterator[TestHost]:
+        return iter(self.hosts)
+
+
+def _accepts(address: str, port: int) -> bool:
+    try:
+        with socket.create_connection((address, port), timeout=0.3):
+            return True
+    except OSError:
+        return False
+
+
+def _stat_fields(pid: int) -> list[str]:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return []
+    return stat[stat.rindex(")") + 2:].split()
+
+
+def _is_live(pid: int) -> bool:
+    fields = _stat_fields(pid)
+    return bool(fields) and fields[0] != "Z"
+
+
+def _comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
