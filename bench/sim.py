@@ -1,7 +1,7 @@
 """Benchmark: a 1,000-configuration simulated sweep, batched in one process vs parallel processes.
 
 ``section()`` measures, in this call: the same 1,000-point sweep (``cluster.workers`` × 5 ×
-``sim.seed`` × 200 of ``cifar10_res32``, each point a full run directory and a ``runs.csv``
+``sim.seed`` × 200 of ``icac19_k80``, each point a full run directory and a ``runs.csv``
 row) batched in one process and split over two processes, each repeated ``REPEATS`` times; and,
 as the baseline, Hydra's own ``python -m orchestrator -m ... provider=sim`` on a few points,
 whose per-run time is scaled to 1,000 runs. Wall and CPU seconds are both reported: CPU
@@ -21,7 +21,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 REPEATS = 3
-BASE = ["+experiment=cifar10_res32", "provider=sim"]
+BASE = ["+experiment=icac19_k80", "provider=sim"]
 SWEEP = ["cluster.workers=1,2,4,8,16", "sim.seed=range(0,200)"]  # 1,000 points
 HYDRA_POINTS = 4
 
@@ -70,7 +70,7 @@ def section(repeats: int = REPEATS) -> list[str]:
     """Markdown lines: the measured table (see the module docstring)."""
     from orchestrator.simulate.sweep import base_config
 
-    base_config(("+experiment=cifar10_res32", "provider=sim"))  # compose once, outside timing
+    base_config(("+experiment=icac19_k80", "provider=sim"))  # compose once, outside timing
     results: dict[str, tuple[list[float], list[float]]] = {}
     for label, processes in (("batched, 1 process", 1), ("parallel, 2 processes", 2)):
         walls, cpus = [], []
@@ -84,7 +84,7 @@ def section(repeats: int = REPEATS) -> list[str]:
     lines = [
         "## Simulated sweeps (provider=sim)",
         "",
-        f"A 1,000-configuration sweep of `cifar10_res32` (`{' '.join(SWEEP)}`), every point "
+        f"A 1,000-configuration sweep of `icac19_k80` (`{' '.join(SWEEP)}`), every point "
         "simulated and written as a run directory plus a `runs.csv` row, measured "
         f"{repeats}× per mode on {os.cpu_count()} cores; baseline: Hydra's `-m` launcher with "
         f"`provider=sim` on {HYDRA_POINTS} points, scaled to 1,000 runs.",

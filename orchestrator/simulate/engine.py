@@ -54,11 +54,10 @@ from orchestrator.transient.revocation import (
     zone_to_region,
 )
 from orchestrator.transient.stragglers import InjectionSchedule, StragglerDetector, get_sync_policy
-from provisioning.base import ClusterRequest, HostSpec, Role
+from provisioning.base import ClusterRequest, Host, HostState, Role
 from provisioning.sim import SimProvider
 
 _EPS = 1e-9
-COLOCATED = "on ps-0"  # HostPlan.machine_type of a role sharing the first PS's VM (plan.py)
 
 
 def stream(seed: int, *parts: object) -> random.Random:
@@ -72,7 +71,10 @@ class CloudLifetimes(LifetimeModel):
 
     Preemptible: the Kaplan–Meier CDF (24 h cap = never revoked). Spot: no cap, so the fitted
     Weibull is sampled without it (the measurements end at 24 h; past it the Weibull's tail is
-    an extrapolation). Same sampler as ``revocation=trace`` with a model file."""
+    an extrapolation). Same sampler as ``revocation=trace`` with a model file. A GPU nobody
+    measured (T4, L4, A100) is revoked by the measured GPUs pooled: each draw picks a measured
+    GPU with the odds of its share of the VMs measured (in the host's region where measured),
+    so the band reflects preemption as measured, not a figure made up for that GPU."""
 
     name = "cloud"
 
@@ -89,8 +91,14 @@ class CloudLifetimes(LifetimeModel):
 
         region = self.region if self.region else zone_to_region(host.zone)
         region = None if region == "all" else region
-        return _sample_fitted(self.models, (host.gpu or "K80").upper(), region,
-                              TraceSampling(self.sampling), rng)
+        gpus = self.models["gpus"]
+        gpu = (host.gpu or "K80").upper()
+        if gpu not in {g.upper() for g in gpus}:  # unmeasured: the measured GPUs pooled
+            names = sorted(gpus)
+            weights = [(gpus[g].get(region or "all") or gpus[g]["all"]).get("vms", 1)
+                       for g in names]
+            gpu = rng.choices(names, weights)[0]
+        return _sample_fitted(self.models, gpu, region, TraceSampling(self.sampling), rng)
 
 
 @dataclass
@@ -121,9 +129,8 @@ class Simulation:
                             for h in plan.hosts if h.role == "worker"}
         self.ckpt_s = self.models.checkpoint_s(self.hparam)
         self.provider = SimProvider()
-        self.cluster = self.provider.acquire(ClusterRequest(
-            f"sim-{seed}", [HostSpec(h.name, Role(h.role), h.machine_type, h.gpu, h.zone,
-                                     h.transient) for h in plan.hosts], Path(".")))
+        self.cluster = self.provider.acquire(ClusterRequest(f"sim-{seed}", plan.host_specs(),
+                                                            Path(".")))
         self.by_name = {h.name: h for h in plan.hosts}
         self.alive: set[str] = set()
         self.billed: list[tuple[str, float, float]] = []  # (slot, start, end) of every VM
@@ -169,7 +176,7 @@ class Simulation:
         # roles sharing ps-0's VM go with it (see revoke)
         cloud.cfg = dataclasses.replace(cloud.cfg, include_ps=False, include_chief=False)
         return RevocationSchedule(cloud, [h for h in self.plan.hosts
-                                          if h.machine_type != COLOCATED])
+                                          if h.colocate_with is None])
 
     def now_s(self) -> float:
         """Run seconds (since train_start), the clock of revocations, injections and policies."""
@@ -238,7 +245,7 @@ class Simulation:
         ready = 0.0
         for h in self.plan.hosts:
             self.bill_start(h.name)
-            if h.machine_type != COLOCATED:  # a colocated role starts with ps-0's VM
+            if h.colocate_with is None:  # a colocated role starts with its owner's VM
                 ready = max(ready, self.models.vm_startup_s(h.transient, rng))
         yield self.env.timeout(ready)
         self.alive = {h.name for h in self.plan.hosts}
@@ -377,8 +384,8 @@ class Simulation:
         host = self.by_name[name]
         if event.notice_s > 0:
             self.record("revocation_notice", host=name, role=host.role, notice_s=event.notice_s)
-            chief_vm = host.role == "chief" or (name == "ps-0" and any(
-                h.role == "chief" and h.machine_type == COLOCATED for h in self.plan.hosts))
+            chief_vm = host.role == "chief" or any(
+                h.role == "chief" and h.colocate_with == name for h in self.plan.hosts)
             if chief_vm and event.notice_s >= self.ckpt_s:
                 self.ckpt_request = True  # the chief checkpoints on its own host's notice
                 self.kick()
@@ -386,8 +393,8 @@ class Simulation:
         if name not in self.alive or self.done.triggered:
             return
         self.advance()
-        names = [name] + ([h.name for h in self.plan.hosts if h.machine_type == COLOCATED
-                           and h.name in self.alive] if name == "ps-0" else [])
+        names = [name] + [h.name for h in self.plan.hosts
+                          if h.colocate_with == name and h.name in self.alive]
         losses = []
         for lost in names:
             self.alive.discard(lost)
@@ -427,14 +434,13 @@ class Simulation:
         yield self.env.timeout(max(0.0, decision.execute_at_s - self.now_s()))
         if self.error is not None or self.done.triggered:
             return
-        result = self.planner.complete(decision, self.provider, self.cluster, self.now_s())
-        self.record_all(result.events)
-        self.cluster = result.cluster
+        new_hosts = self.replace_hosts(decision, restart)
+        self.record_all(self.planner.replaced(decision, new_hosts, self.now_s()))
         if restart:  # every role restarts: TF starts cold on new VMs, warm on the others
             rng = stream(self.seed, "restart", decision.attempt)
-            yield self.env.timeout(self.models.tf_start_s(bool(result.new_hosts), rng))
+            yield self.env.timeout(self.models.tf_start_s(bool(new_hosts), rng))
         self.advance()
-        for new in result.new_hosts:
+        for new in new_hosts:
             name = new.spec.name
             self.alive.add(name)
             self.billing_since[name] = self.env.now - max(
@@ -442,12 +448,27 @@ class Simulation:
             self.revocations.on_replacement(name, self.now_s())
         if not self.sched_wake.triggered:
             self.sched_wake.succeed()
-        self.record_all([self.planner.end(decision, self.now_s(), ok=result.ok)])
+        self.record_all([self.planner.end(decision, self.now_s())])
         if restart:
             self.paused = False
             self.record("train_start", role="chief", step=int(self.step),
                         workers=len(self.worker_times()), resumed_from=decision.resume_step)
         self.kick()
+
+    def replace_hosts(self, decision: RecoveryDecision, restart: bool) -> list[Host]:
+        """What the real run's Fleet does with the provider (the simulated cloud always has
+        capacity): a replacement keeps the lost host's endpoint (a worker joining the live
+        job); a restart replaces every host that is not running, at any endpoint."""
+        known = {h.id for h in self.cluster.hosts}
+        ids = [i for i in decision.replace_host_ids if i in known]
+        if restart:
+            states = self.provider.poll(self.cluster)
+            ids = [h.id for h in self.cluster.hosts
+                   if h.id in ids or states.get(h.id) != HostState.RUNNING]
+        if not ids:
+            return []
+        self.cluster = self.provider.replace(self.cluster, ids, keep_endpoints=not restart)
+        return [h for h in self.cluster.hosts if h.id not in known]
 
     # --- stragglers and the sync policy ---------------------------------------------------
     def stragglers(self) -> Any:

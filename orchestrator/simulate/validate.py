@@ -65,7 +65,7 @@ def cases() -> list[Case]:
     from analysis.syncswitch import load_reference_runs, summarize
 
     out = []
-    common = ("+experiment=cifar10_res32", "provider=sim", "sim.lifetimes=icac19",
+    common = ("+experiment=icac19_k80", "provider=sim", "sim.lifetimes=icac19",
               "sim.lifetime_region=all", "cluster.recovery.on_revocation=shrink")
     for r in icac19_k80_table().itertuples():
         out.append(Case("ICAC'19", str(r.config), (*common, f"cluster.workers={r.workers}",

@@ -16,7 +16,7 @@ from orchestrator.simulate.engine import CloudLifetimes, Simulation, simulate
 from orchestrator.simulate.models import NoModelError, SimModels
 from orchestrator.simulate.validate import compose
 
-BASE = ["+experiment=cifar10_res32", "provider=sim"]
+BASE = ["+experiment=icac19_k80", "provider=sim"]
 MODELS = SimModels.load()
 
 

@@ -22,7 +22,7 @@ def test_planner_finds_the_papers_cheapest_k80_cluster_within_an_hour(tmp_path: 
     $1.11, 8 on-demand cost $3.01 and 16 workers saturate the PS. So the cheapest K80 cluster
     that finishes 64k ResNet-32 steps within 1 h is 8 transient workers."""
     ranked, out = plan_experiment(parse_args([
-        "+experiment=cifar10_res32", "pricing=papers_2019", "deadline_h=1",
+        "+experiment=icac19_k80", "pricing=papers_2019", "deadline_h=1",
         "planner.gpus=[k80]", "planner.min_p_deadline=0.9", "planner.zones=first",
         "sim.repeats=8", "objective=cost"]), tmp_path)
     best = ranked[0]
