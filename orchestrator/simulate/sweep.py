@@ -6,7 +6,7 @@ simulation itself (≈ 15 ms). Here the sweep is expanded with Hydra's own parse
 product (:func:`orchestrator.sweep.expand_sweep`), each distinct choice of config *groups* is
 composed once, and the value overrides are applied to a copy of the validated dataclasses::
 
-    python -m orchestrator.simulate.sweep +experiment=cifar10_res32 \
+    python -m orchestrator.simulate.sweep +experiment=icac19_k80 \
         cluster.workers=1,2,4,8,16 sim.seed='range(0,200)' [--processes 2] [--out DIR]
 
 Every point is validated before the first runs (as :class:`orchestrator.sweep.SweepValidator`
