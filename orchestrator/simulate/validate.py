@@ -48,15 +48,14 @@ def compose(overrides: list[str]) -> Any:
     """Compose and convert a config (Hydra's compose API, same files as the CLI)."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
 
     from orchestrator.config.schema import register_configs, to_experiment
     from orchestrator.paths import CONF_DIR
 
     register_configs()
-    if not GlobalHydra.instance().is_initialized():
-        initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3")
-    return to_experiment(hydra_compose(config_name="config", overrides=overrides))
+    # scoped: Hydra is left as found, so later compose_experiment calls can initialize it
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return to_experiment(hydra_compose(config_name="config", overrides=overrides))
 
 
 def cases() -> list[Case]:
