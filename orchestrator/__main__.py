@@ -50,6 +50,7 @@ def _run_one(cfg: DictConfig) -> dict[str, Any] | None:
     from orchestrator.display import cost_text, render_plan, say_provider_note
     from orchestrator.plan import make_plan
     from orchestrator.run import execute_run
+    from orchestrator.simulate.band import predict_band
 
     try:
         exp = to_experiment(cfg)
@@ -57,6 +58,7 @@ def _run_one(cfg: DictConfig) -> dict[str, Any] | None:
         raise from_omegaconf(ex) from ex
     validate(exp)
     plan = make_plan(exp)
+    plan.prediction = predict_band(exp, plan)  # None when no fitted model covers this setup
     hc = HydraConfig.get()
     overrides = list(hc.overrides.task)
     multirun = hc.mode is not None and hc.mode.name == "MULTIRUN"
@@ -68,8 +70,9 @@ def _run_one(cfg: DictConfig) -> dict[str, Any] | None:
         render_plan(plan, Console(), title=f"Plan: {title} (dry run: nothing provisioned)",
                     data=data.describe(exp))
         return None
-    validate_run_start(exp)  # cloud credentials: before a download or anything provisioned
-    data.prepare(exp)  # a bad job.data_dir or a failed download stops here, before provisioning
+    if exp.provider.name != "sim":  # a simulated run provisions nothing and reads no data
+        validate_run_start(exp)  # cloud credentials: before a download or anything provisioned
+        data.prepare(exp)  # a bad job.data_dir or a failed download stops here, before provisioning
     say_provider_note(plan, Console(), once=True)
     run_dir = Path(hc.runtime.output_dir)
     sweep.mark_killed_siblings(run_dir)  # earlier runs here whose orchestrator was killed

@@ -85,6 +85,14 @@ def render_plan(plan: RunPlan, console: Console | None = None, title: str | None
     cost = f"${plan.est_cost_usd:.4f}" if plan.est_cost_usd is not None else "n/a"
     console.print(f"cost: [bold]${plan.hourly_usd:.4f}/h[/bold]   est. speed: {speed}   "
                   f"est. train time: {_duration(plan.est_train_time_s)}   est. cost: {cost}")
+    b = plan.prediction  # simulated band (orchestrator/simulate/band.py)
+    if b and "unavailable" in b:
+        console.print(f"simulated: n/a ({b['unavailable']})")
+    elif b:
+        console.print(f"simulated (p10–p90 of {b['runs']}): time {_duration(b['wall_time_s']['p10'])}"
+                      f" – {_duration(b['wall_time_s']['p90'])}   cost ${b['cost_usd']['p10']:.2f}"
+                      f" – ${b['cost_usd']['p90']:.2f}   revocations {b['revocations']['p10']:g}"
+                      f" – {b['revocations']['p90']:g}   P(completes) {b['p_complete']:.0%}")
     if data:
         console.print(f"data: {data}", highlight=False)
     say_provider_note(plan, console)

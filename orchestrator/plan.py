@@ -66,6 +66,7 @@ class RunPlan:
     planned_revocations: list[dict[str, Any]] = field(default_factory=list)  # within the horizon
     risks: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    prediction: dict[str, Any] | None = None  # simulated band (orchestrator.simulate.band)
 
     @property
     def total_steps(self) -> int:
@@ -206,3 +207,9 @@ def make_plan(cfg: ExperimentConfig) -> RunPlan:
         planned_revocations=planned,
         risks=risks,
     )
+
+
+if __name__ == "__main__":  # python -m orchestrator.plan: the planner (orchestrator/simulate/)
+    from orchestrator.simulate.planner import main
+
+    main()

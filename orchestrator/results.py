@@ -35,6 +35,7 @@ import yaml
 from trainer.layout import CHECKPOINT_DIR, LOGS_DIR, SPEC_FILE, TENSORBOARD_DIR  # noqa: F401
 
 SCHEMA_VERSION = 1
+_YAML_DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 
 CONFIG_FILE = "config.yaml"
 PLAN_FILE = "plan.json"
@@ -250,8 +251,9 @@ class RunRecorder:
                 self._lost(name, "removed" if size is None else "truncated", size or 0)
 
     def write_config(self, resolved: Mapping[str, Any]) -> None:
-        self._write_whole(CONFIG_FILE, yaml.safe_dump(_plain(resolved), sort_keys=True,
-                                                      default_flow_style=False))
+        self._write_whole(CONFIG_FILE,  # libyaml's dumper: 10x faster, same text
+                          yaml.dump(_plain(resolved), Dumper=_YAML_DUMPER, sort_keys=True,
+                                    default_flow_style=False))
 
     def write_json(self, name: str, data: Mapping[str, Any]) -> None:
         self._write_whole(name, json.dumps(_plain(data), indent=2, sort_keys=True) + "\n")

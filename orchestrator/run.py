@@ -18,6 +18,7 @@ from typing import Any
 from orchestrator import results
 from orchestrator.config.schema import ExperimentConfig
 from orchestrator.plan import RunPlan
+from orchestrator.preflight import LOCAL_PROVIDERS, run_preflight
 from orchestrator.runtime.control import ControlChannel
 from orchestrator.runtime.fleet import Fleet
 from orchestrator.runtime.gcs_store import checkpoint_store
@@ -85,6 +86,10 @@ def execute_run(cfg: ExperimentConfig, plan: RunPlan, run_dir: Path,
     Never raises for a failed training run: the status says so. KeyboardInterrupt (Ctrl-C,
     SIGTERM via the entry point) is recorded as ``interrupted`` and re-raised after clean-up.
     """
+    if cfg.provider.name == "sim":  # simulated: nothing is provisioned (orchestrator/simulate)
+        from orchestrator.simulate.run import execute_sim
+
+        return execute_sim(cfg, plan, run_dir, resolved_config)
     run_dir.mkdir(parents=True, exist_ok=True)
     rec = results.RunRecorder(run_dir)
     run_id = make_run_id(cfg.name)
@@ -107,6 +112,8 @@ def execute_run(cfg: ExperimentConfig, plan: RunPlan, run_dir: Path,
             progress.status("provisioning")
             rec.event("provision", hosts=len(plan.hosts), provider=provider.name,
                       planned_revocations=[e.to_record() for e in revocations.pending])
+            if cfg.preflight and provider.name not in LOCAL_PROVIDERS:
+                run_preflight(cfg)  # one local training step before paying for servers
             cluster = provider.acquire(cluster_request(plan, run_id, run_dir))
             fleet = Fleet(provider, cluster, run_dir, build_trainer_spec(cfg, plan, cluster,
                                                                          run_id),
@@ -191,4 +198,5 @@ def make_summary(cfg: ExperimentConfig, plan: RunPlan, run_id: str, status: str,
         "cost_usd": round(plan.hourly_usd * wall / 3600.0, 6),
         "error": error,
         **extras,
+        "predicted": plan.prediction,  # the plan's simulated band, beside the measurement
     }

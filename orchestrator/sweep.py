@@ -105,6 +105,7 @@ def append_run_row(csv_path: Path, overrides: Sequence[str], run_dir: Path,
         if header is None:
             writer.writeheader()
         writer.writerow(row)
+        fh.flush()  # before the unlock: the next writer must see this header and row
         fcntl.flock(fh, fcntl.LOCK_UN)
 
 

@@ -100,6 +100,16 @@ RANGES: dict[str, Range] = {
     "straggler.injections.*.repeats": AT_LEAST_ONE,
     "straggler.detection.k": Range(1, low_open=True),
     "straggler.detection.m": AT_LEAST_ONE,
+    "sim.seed": SEED,
+    "sim.repeats": AT_LEAST_ONE,
+    "planner.deadline_h": POSITIVE,
+    "planner.budget_usd": POSITIVE,
+    "planner.workers.*": AT_LEAST_ONE,
+    "planner.bsp_fractions.*": Range(0, 1, high_open=False),
+    "planner.top": AT_LEAST_ONE,
+    "planner.min_p_deadline": Range(0, 1, high_open=False),
+    "queue.quota_gpus": AT_LEAST_ONE,
+    "queue.las_threshold_gpu_h": POSITIVE,
 }
 
 

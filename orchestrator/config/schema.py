@@ -22,6 +22,7 @@ from orchestrator.config.transient import (
     SyncPolicyConfig,
     register_transient_configs,
 )
+from orchestrator.simulate.config import PlannerConfig, QueueConfig, SimConfig
 from provisioning.base import ProviderConfig
 from provisioning.catalog import PricingConfig
 from provisioning.registry import all_backends, backend, provider_names
@@ -145,6 +146,10 @@ class ExperimentConfig:
     pricing: PricingConfig = MISSING
     revocation: RevocationConfig = MISSING
     straggler: StragglerConfig = MISSING
+    preflight: bool = True  # remote providers: one local training step first, fail fast
+    sim: SimConfig = field(default_factory=SimConfig)  # provider=sim and bands (simulate/)
+    planner: PlannerConfig = field(default_factory=PlannerConfig)  # python -m orchestrator.planner
+    queue: QueueConfig = field(default_factory=QueueConfig)  # sweeps under a GPU quota
 
 
 def register_configs() -> None:

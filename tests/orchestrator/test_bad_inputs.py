@@ -107,6 +107,7 @@ CONCRETE: dict[str, tuple[dict[str, Any], str]] = {
                                       "sync.phase_hparams.1.momentum"),
     "revocation.events.*.at_step": ({}, "revocation.events.1.at_step"),
     "straggler.injections.*.workers.*": ({}, "straggler.injections.0.workers.0"),
+    "planner.bsp_fractions.*": ({"planner.bsp_fractions": [0.5, 0.25]}, "planner.bsp_fractions.1"),
 }
 
 

@@ -1,0 +1,1 @@
+"""Plan before you pay: the simulated run (provider=sim), the planner and the quota queue."""

@@ -1,0 +1,79 @@
+"""Config schemas of the simulator, the planner and the quota queue (top-level ``sim``,
+``planner`` and ``queue`` keys of :class:`orchestrator.config.schema.ExperimentConfig`).
+
+Kept here, beside the code that reads them; ``schema.py`` only mounts them. Every default is a
+choice of the user interface (how many repeats, which objective), not a model figure.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+
+class Market(StrEnum):
+    """How transient VMs are sold; decides whether the legacy 24 h cap applies."""
+
+    preemptible = "preemptible"  # GCE preemptible: stopped after 24 h at the latest
+    spot = "spot"  # GCE Spot: no 24 h cap (lifetimes past 24 h follow the fitted Weibull)
+
+
+class LifetimeData(StrEnum):
+    """Which measured lifetimes the simulated cloud revokes by."""
+
+    cmdare = "cmdare"  # CM-DARE (ICDCS'20), 396 VMs: the default
+    icac19 = "icac19"  # ICAC'19, February 2019: the period of ICAC'19's training runs
+
+
+class QueuePolicy(StrEnum):
+    """Order in which a sweep's runs get GPUs under a quota."""
+
+    fifo = "fifo"  # in sweep order
+    spf = "spf"  # shortest predicted first (the plan's predicted GPU-hours)
+    las = "las"  # Tiresias' discretized 2D least-attained-service (GPUs × time received)
+
+
+class Objective(StrEnum):
+    """What the planner ranks by (among configurations that meet the constraints)."""
+
+    cost = "cost"  # cheapest expected cost
+    time = "time"  # fastest expected time
+    deadline = "deadline"  # highest P(finish before planner.deadline_h), then cost
+
+
+@dataclass
+class SimConfig:
+    """``provider=sim``: how the simulated cloud behaves and how often to draw it."""
+
+    seed: int = 0  # seeds every draw of a simulated run (start-up, lifetimes, delays)
+    repeats: int = 20  # simulations per configuration for bands (dry run, planner)
+    market: Market = Market.preemptible  # preemptible (24 h cap) or spot (no cap)
+    lifetimes: LifetimeData = LifetimeData.cmdare  # measured lifetimes to revoke by
+    lifetime_region: str | None = None  # null = each host's region; "all" = pooled regions
+
+
+@dataclass
+class PlannerConfig:
+    """``python -m orchestrator.planner``: the search space and the objective."""
+
+    deadline_h: float | None = None  # hours; P(finish before it) is reported; null = none
+    budget_usd: float | None = None  # configurations whose mean cost exceeds it are dropped
+    objective: Objective = Objective.cost  # cost | time | deadline
+    gpus: list[str] = field(default_factory=list)  # catalog GPUs to try; [] = all with a model
+    workers: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16])  # worker counts
+    transient: list[bool] = field(default_factory=lambda: [True, False])  # pricing to try
+    zones: str = "region"  # "region": one zone per region offering the GPU; "first": one zone
+    bsp_fractions: list[float] = field(default_factory=list)  # [] = the experiment's sync; else
+    #   one Sync-Switch schedule per value (0 = ASP, 1 = BSP), job.train_steps = BSP budget
+    top: int = 15  # rows printed
+    min_p_deadline: float = 0.0  # drop configurations less likely than this to meet the deadline
+
+
+@dataclass
+class QueueConfig:
+    """Runs of a sweep sharing a GPU quota (simulated sweeps today; see README)."""
+
+    policy: QueuePolicy = QueuePolicy.spf  # fifo | spf | las; spf was best (docs/simulation.md)
+    quota_gpus: int | None = None  # GPUs the project may hold at once; null = no quota
+    las_threshold_gpu_h: float = 1.0  # 2D-LAS: GPU-hours after which a run drops a queue
+    compare: bool = True  # also report every other policy on the same sweep
