@@ -12,6 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from trainer.registry import Registry
+
 ModelBuilder = Callable[..., Any]  # returns a keras.Model
 
 
@@ -21,7 +23,7 @@ class _Entry:
     hparam_sets: dict[str, dict[str, Any]]
 
 
-_MODELS: dict[str, _Entry] = {}
+_MODELS: Registry[_Entry] = Registry("model")
 
 
 def register_model(name: str, hparam_sets: dict[str, dict[str, Any]]) -> Callable:
@@ -29,14 +31,14 @@ def register_model(name: str, hparam_sets: dict[str, dict[str, Any]]) -> Callabl
 
     def wrap(builder: ModelBuilder) -> ModelBuilder:
         assert name not in _MODELS, f"model {name!r} registered twice"
-        _MODELS[name] = _Entry(builder, hparam_sets)
+        _MODELS.register(name, _Entry(builder, hparam_sets))
         return builder
 
     return wrap
 
 
 def list_models() -> list[str]:
-    return sorted(_MODELS)
+    return _MODELS.names()
 
 
 def hparam_sets(name: str) -> list[str]:
@@ -55,9 +57,7 @@ def build_model(name: str, hparam_set: str, input_shape: tuple[int, ...],
 
 
 def _get(name: str) -> _Entry:
-    if name not in _MODELS:
-        raise ValueError(f"unknown model {name!r} (valid: {', '.join(list_models())})")
-    return _MODELS[name]
+    return _MODELS.get(name)  # UnknownNameError (a ValueError) listing the valid names
 
 
 # --- cnn: small and fast, for 8x8 digits and throughput tests --------------------------------

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
+from trainer.registry import Registry
+
 SHUFFLE_BUFFER = 10_000
 CIFAR_SIDE = 32
 CIFAR_RECORD_PIXELS = 3 * CIFAR_SIDE * CIFAR_SIDE  # 3072 bytes, channel-major (R, G, B planes)
@@ -54,7 +56,7 @@ class Problem:
     defaults: dict = field(default_factory=dict)
 
 
-_PROBLEMS: dict[str, Problem] = {}
+_PROBLEMS: Registry[Problem] = Registry("problem")
 
 
 def register_problem(name: str, requires_data_dir: bool, description: str = "") -> Callable:
@@ -62,21 +64,19 @@ def register_problem(name: str, requires_data_dir: bool, description: str = "") 
 
     def wrap(load: Callable[[str | None, int], Arrays]) -> Callable:
         assert name not in _PROBLEMS, f"problem {name!r} registered twice"
-        _PROBLEMS[name] = Problem(name, load, requires_data_dir, description)
+        _PROBLEMS.register(name, Problem(name, load, requires_data_dir, description))
         return load
 
     return wrap
 
 
 def list_problems() -> list[str]:
-    return sorted(_PROBLEMS)
+    return _PROBLEMS.names()
 
 
 def get_problem(name: str) -> Problem:
-    """The registered problem; ValueError listing the valid names for a typo."""
-    if name not in _PROBLEMS:
-        raise ValueError(f"unknown problem {name!r} (valid: {', '.join(list_problems())})")
-    return _PROBLEMS[name]
+    """The registered problem; UnknownNameError (a ValueError) listing the valid names."""
+    return _PROBLEMS.get(name)
 
 
 # --- tf.data pipelines -----------------------------------------------------------------------

@@ -45,6 +45,7 @@ from orchestrator.config.errors import ConfigError
 from orchestrator.config.transient import RevocationConfig, RevocationModel, TraceSampling
 from orchestrator.paths import REFERENCE_DATA_DIR
 from trainer import layout
+from trainer.registry import Registry
 
 #: CM-DARE's per-region lifetimes of 396 preemptible GPU VMs (hour bins, 24 h cap).
 LIFETIMES_CSV = REFERENCE_DATA_DIR / "cmdare/derived/lifetimes_by_region.csv"
@@ -118,13 +119,12 @@ def is_revocable(host: HostLike, cfg: RevocationConfig) -> bool:
 # --- the model registry -------------------------------------------------------------------
 
 
-_MODELS: dict[str, type[RevocationModelBase]] = {}
+_MODELS: Registry[type[RevocationModelBase]] = Registry("revocation model")
 
 
 def register_revocation_model(cls: type[RevocationModelBase]) -> type[RevocationModelBase]:
     """Class decorator: make ``cls`` selectable as ``revocation.model=<cls.name>``."""
-    _MODELS[cls.name] = cls
-    return cls
+    return _MODELS.register(cls.name, cls)
 
 
 def get_revocation_model(cfg: RevocationConfig) -> RevocationModelBase:
@@ -135,8 +135,8 @@ def get_revocation_model(cfg: RevocationConfig) -> RevocationModelBase:
     name = str(cfg.model)
     if name not in _MODELS:
         raise ConfigError("revocation.model", f"unknown model '{name}'",
-                          "one of: " + ", ".join(sorted(_MODELS)))
-    return _MODELS[name](cfg)
+                          "one of: " + ", ".join(_MODELS.names()))
+    return _MODELS.get(name)(cfg)
 
 
 class RevocationModelBase(abc.ABC):

@@ -29,6 +29,7 @@ from orchestrator.config.transient import (
     SyncPolicyName,
 )
 from orchestrator.transient.recovery import RecordedEvent
+from trainer.registry import Registry
 
 EVENT_STRAGGLER_START = "straggler_start"  # worker, step_time_s, peer_median_s
 EVENT_STRAGGLER_END = "straggler_end"  # worker, step_time_s, peer_median_s, duration_s
@@ -183,20 +184,17 @@ class PolicyDecision:
     event: RecordedEvent | None = None
 
 
-_SYNC_POLICIES: dict[str, type[SyncPolicy]] = {}
+_SYNC_POLICIES: Registry[type[SyncPolicy]] = Registry("sync policy")
 
 
 def register_sync_policy(cls: type[SyncPolicy]) -> type[SyncPolicy]:
-    _SYNC_POLICIES[cls.name] = cls
-    return cls
+    return _SYNC_POLICIES.register(cls.name, cls)
 
 
 def get_sync_policy(cfg: SyncPolicyConfig) -> SyncPolicy:
-    """The policy named by ``cfg.policy``; ValueError naming the valid ones otherwise."""
-    name = str(cfg.policy)
-    if name not in _SYNC_POLICIES:
-        raise ValueError(f"unknown sync policy {name!r} ({', '.join(sorted(_SYNC_POLICIES))})")
-    return _SYNC_POLICIES[name](cfg)
+    """The policy named by ``cfg.policy``; UnknownNameError (a ValueError) naming the valid
+    ones otherwise."""
+    return _SYNC_POLICIES.get(str(cfg.policy))(cfg)
 
 
 class SyncPolicy(abc.ABC):
