@@ -31,6 +31,7 @@ run: setup
 	$(PY) -m orchestrator +experiment=digits_local
 
 test: setup
+	bash .ci/testbed-deps  # sshd + iproute2 for the SSH test bed, when missing
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 test-fast: setup
