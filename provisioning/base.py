@@ -49,6 +49,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
+from provisioning.catalog import Market
 from trainer import layout
 
 HostId = str
@@ -124,6 +125,11 @@ class ProviderConfig:
         """Backend-specific semantic problems as (field as the user types it, what is wrong);
         validation reports the first as a config error before anything is provisioned."""
         return []
+
+    def transient_lifetime_cap_s(self) -> float | None:
+        """Seconds after which this backend's own transient VMs end whatever the market (GCE's
+        max run duration); None: no such limit. The simulated band revokes them then."""
+        return None
 
 
 # --- records ----------------------------------------------------------------------------------
@@ -421,6 +427,12 @@ class Provider(abc.ABC):
 
     name: str
     can_revoke: ClassVar[bool] = False
+
+    #: How the cloud behind this backend sells the transient VMs it creates (GCE: Spot); None
+    #: when no cloud revokes its hosts (local processes, an SSH inventory): a prediction then
+    #: revokes only what the `revocation` model injects. Validation requires the pricing
+    #: catalog's `transient_market` to agree, so a dry run cannot predict another market.
+    transient_market: ClassVar[Market | None] = None
 
     #: False for a stand-in whose hosts cost nothing (local processes): a run's price is then
     #: what the planned cluster would cost, not money spent.

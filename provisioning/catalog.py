@@ -6,11 +6,21 @@ catalog is plain YAML: GCE list prices by default, the papers' 2019 constants as
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
 
 from omegaconf import MISSING
 
 SECONDS_PER_HOUR = 3600.0
+#: GCE stops a preemptible VM after 24 h at the latest (legacy model; Spot VMs have no cap).
+PREEMPTIBLE_CAP_H = 24.0
+
+
+class Market(enum.StrEnum):
+    """How a cloud sells its transient VMs: decides whether the 24 h cap applies to them."""
+
+    preemptible = "preemptible"  # GCE preemptible (the only kind in 2019): stopped after 24 h
+    spot = "spot"  # GCE Spot (since 2021): no cap, unless the VM asks for a max run duration
 
 
 @dataclass
@@ -34,6 +44,7 @@ class PricingConfig:
     name: str = MISSING
     source: str = ""  # where the prices come from, and when
     gpu_price_includes_machine: bool = False  # the papers' constants are whole-VM prices
+    transient_market: Market = MISSING  # how the priced cloud sells transient VMs (24 h cap?)
     gpus: dict[str, GpuOffer] = field(default_factory=dict)
     machine_types: dict[str, MachineOffer] = field(default_factory=dict)
     zones: list[str] = field(default_factory=list)  # zones known besides those of the GPUs

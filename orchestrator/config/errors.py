@@ -11,6 +11,11 @@ from omegaconf.errors import (
 )
 
 CONFIG_ERROR_EXIT_CODE = 2
+#: Keys that were settings once, and what decides them now.
+REMOVED_KEYS = {
+    "sim.market": "the simulated market follows pricing.transient_market (preemptible in "
+                  "pricing=papers_2019, spot in pricing=gce), as a real run's would",
+}
 
 
 class ConfigError(Exception):
@@ -80,6 +85,8 @@ def describe(path: str, msg: str, key_error: bool = False,
     m = re.search(r"Key '([^']+)' (?:not in|is not in struct)", msg)
     if key_error or m:
         key = m.group(1) if m else path.rsplit(".", 1)[-1]
+        if path in REMOVED_KEYS:
+            return ConfigError(path, "no longer a setting", REMOVED_KEYS[path])
         return ConfigError(path, f"unknown key '{key}'", _valid_keys_hint(path))
     m = re.search(r"Invalid value '([^']*)', expected one of \[([^\]]*)\]", msg)
     if m:

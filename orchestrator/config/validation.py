@@ -152,6 +152,13 @@ def validate_provider(cfg: ExperimentConfig) -> None:
         raise ConfigError("revocation.model", f"provider '{cfg.provider.name}' cannot revoke "
                           "hosts on demand", "use revocation=none, or a provider that can "
                           "(local)")
+    market = backend(cfg.provider.name).provider.transient_market
+    if market is not None and market != cfg.pricing.transient_market:
+        raise ConfigError("pricing.transient_market",
+                          f"provider={cfg.provider.name} creates {market} VMs, but pricing "
+                          f"'{cfg.pricing.name}' sells {cfg.pricing.transient_market} ones, so "
+                          "prices and predicted revocations would be another market's",
+                          f"a pricing whose transient_market is {market}")
     for path, problem in cfg.provider.check()[:1]:  # the backend's own checks (ssh: key files)
         raise ConfigError(path, problem)
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from orchestrator.config.schema import ExperimentConfig
 from orchestrator.plan import RunPlan
-from orchestrator.simulate.engine import simulate
+from orchestrator.simulate.engine import cloud_market, simulate
 from orchestrator.simulate.models import NoModelError, SimModels
 
 BAND = (10, 50, 90)  # percentiles shown
@@ -72,6 +72,8 @@ def predict_band(cfg: ExperimentConfig, plan: RunPlan) -> dict[str, Any] | None:
         band = summarize_runs(simulate_many(cfg, plan, max(1, cfg.sim.repeats)))
     except NoModelError as ex:
         return {"unavailable": str(ex)}
+    market, _ = cloud_market(cfg)
     band["source"] = (f"{cfg.sim.repeats} simulations (provider=sim models, "
-                      f"lifetimes {cfg.sim.lifetimes}, {cfg.sim.market})")
+                      + (f"lifetimes {cfg.sim.lifetimes}, {market})" if market
+                         else "no cloud revocations)"))
     return band

@@ -11,13 +11,6 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 
-class Market(StrEnum):
-    """How transient VMs are sold; decides whether the legacy 24 h cap applies."""
-
-    preemptible = "preemptible"  # GCE preemptible: stopped after 24 h at the latest
-    spot = "spot"  # GCE Spot: no 24 h cap (lifetimes past 24 h follow the fitted Weibull)
-
-
 class LifetimeData(StrEnum):
     """Which measured lifetimes the simulated cloud revokes by."""
 
@@ -43,11 +36,12 @@ class Objective(StrEnum):
 
 @dataclass
 class SimConfig:
-    """``provider=sim``: how the simulated cloud behaves and how often to draw it."""
+    """``provider=sim``: how the simulated cloud behaves and how often to draw it. Its market
+    (preemptible with the 24 h cap, or Spot) is not set here: it follows the cloud that would
+    run it (:func:`orchestrator.simulate.engine.cloud_market`)."""
 
     seed: int = 0  # seeds every draw of a simulated run (start-up, lifetimes, delays)
     repeats: int = 20  # simulations per configuration for bands (dry run, planner)
-    market: Market = Market.preemptible  # preemptible (24 h cap) or spot (no cap)
     lifetimes: LifetimeData = LifetimeData.cmdare  # measured lifetimes to revoke by
     lifetime_region: str | None = None  # null = each host's region; "all" = pooled regions
 

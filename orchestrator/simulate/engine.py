@@ -9,7 +9,8 @@ What happens, in order (every duration from :class:`orchestrator.simulate.models
    state changes (a revocation, a replacement joining, a straggler, a policy switch).
 3. revocations come from :class:`orchestrator.transient.revocation.RevocationSchedule`: the
    experiment's ``revocation`` model when it has one, otherwise the simulated cloud's: the
-   measured lifetimes per GPU and region (24 h cap only for ``sim.market=preemptible``).
+   measured lifetimes per GPU and region, on the market of :func:`cloud_market` (the 24 h
+   cap only for preemptible VMs).
    A notice lets the chief checkpoint; the kill becomes a ``HostLoss`` handed to the real
    :class:`orchestrator.transient.recovery.RecoveryPlanner`, whose decisions (continue,
    replace, restart, fail) are executed here against :class:`provisioning.sim.SimProvider`.
@@ -36,7 +37,6 @@ from orchestrator import results
 from orchestrator.config.schema import ExperimentConfig, Protocol
 from orchestrator.config.transient import GCE_NOTICE_S, RevocationModel
 from orchestrator.plan import HostPlan, RunPlan
-from orchestrator.simulate.config import Market
 from orchestrator.simulate.models import SimModels
 from orchestrator.transient.recovery import (
     Action,
@@ -55,6 +55,7 @@ from orchestrator.transient.revocation import (
 )
 from orchestrator.transient.stragglers import InjectionSchedule, StragglerDetector, get_sync_policy
 from provisioning.base import ClusterRequest, Host, HostState, Role
+from provisioning.catalog import PREEMPTIBLE_CAP_H, Market
 from provisioning.sim import SimProvider
 
 _EPS = 1e-9
@@ -66,12 +67,37 @@ def stream(seed: int, *parts: object) -> random.Random:
     return random.Random(int.from_bytes(hashlib.sha256(key).digest()[:8], "big"))
 
 
+def cloud_market(cfg: ExperimentConfig) -> tuple[Market | None, float | None]:
+    """The market whose revocations a prediction of ``cfg`` draws, and the hours after which a
+    transient VM ends whatever its lifetime (None: never).
+
+    Not a setting of its own, so a plan cannot be simulated on another market than the one it
+    would run on: ``provider=sim`` simulates the priced cloud (``pricing.transient_market``:
+    preemptible in the papers' 2019 catalog, Spot in today's); a real backend names the VMs it
+    creates (``Provider.transient_market``: GCE makes Spot VMs, and validation holds the pricing
+    to it), and None for backends no cloud revokes (local processes, an SSH inventory), whose
+    runs lose only what the ``revocation`` model injects. Preemptible VMs end at 24 h; a Spot VM
+    ends at the provider's max run duration when one is set."""
+    from provisioning.registry import backend
+
+    if cfg.provider.name == "sim":
+        market: Market | None = Market(cfg.pricing.transient_market)
+    else:
+        market = backend(cfg.provider.name).provider.transient_market
+    if market is None:
+        return None, None
+    cap_s = cfg.provider.transient_lifetime_cap_s()
+    caps = ([PREEMPTIBLE_CAP_H] if market == Market.preemptible else []) + (
+        [cap_s / 3600.0] if cap_s else [])
+    return market, min(caps) if caps else None
+
+
 class CloudLifetimes(LifetimeModel):
     """The simulated cloud's revocations: measured lifetimes per GPU and region.
 
-    Preemptible: the Kaplan–Meier CDF (24 h cap = never revoked). Spot: no cap, so the fitted
-    Weibull is sampled without it (the measurements end at 24 h; past it the Weibull's tail is
-    an extrapolation). Same sampler as ``revocation=trace`` with a model file. A GPU nobody
+    Preemptible: the Kaplan–Meier CDF of the measurements (right-censored at 24 h), and a VM
+    that outlives them is stopped at the 24 h cap. Spot: the fitted Weibull, without the cap
+    (past 24 h its tail is an extrapolation), unless the VM has a max run duration. A GPU nobody
     measured (T4, L4, A100) is revoked by the measured GPUs pooled: each draw picks a measured
     GPU with the odds of its share of the VMs measured (in the host's region where measured),
     so the band reflects preemption as measured, not a figure made up for that GPU."""
@@ -79,12 +105,12 @@ class CloudLifetimes(LifetimeModel):
     name = "cloud"
 
     def __init__(self, cfg: Any, models: dict[str, Any], market: Market,
-                 region: str | None) -> None:
+                 region: str | None, cap_h: float | None) -> None:
         super().__init__(cfg)
-        self.models = models if market == Market.preemptible else {
-            **models, "cap_hours": float("inf")}
+        self.models = {**models, "cap_hours": float("inf")}  # the cap is applied below
         self.sampling = "empirical" if market == Market.preemptible else "weibull"
         self.region = region
+        self.cap_h = cap_h
 
     def sample_lifetime_h(self, host: Any, rng: random.Random) -> float | None:
         from orchestrator.config.transient import TraceSampling
@@ -98,7 +124,10 @@ class CloudLifetimes(LifetimeModel):
             weights = [(gpus[g].get(region or "all") or gpus[g]["all"]).get("vms", 1)
                        for g in names]
             gpu = rng.choices(names, weights)[0]
-        return _sample_fitted(self.models, gpu, region, TraceSampling(self.sampling), rng)
+        life = _sample_fitted(self.models, gpu, region, TraceSampling(self.sampling), rng)
+        if self.cap_h is None:
+            return life
+        return self.cap_h if life is None else min(life, self.cap_h)
 
 
 @dataclass
@@ -168,10 +197,13 @@ class Simulation:
         rev = self.cfg.revocation
         if rev.model != RevocationModel.none:
             return RevocationSchedule.from_config(rev, self.plan.hosts)
+        market, cap_h = cloud_market(self.cfg)
+        if market is None:  # no cloud revokes these hosts (local processes, SSH inventory)
+            return RevocationSchedule.from_config(rev, self.plan.hosts)
         notice = rev.notice_s or GCE_NOTICE_S  # the cloud's notice unless one is configured
         cloud = CloudLifetimes(dataclasses.replace(rev, seed=self.seed, notice_s=notice),
                                self.models.lifetime_models(str(self.cfg.sim.lifetimes)),
-                               self.cfg.sim.market, self.cfg.sim.lifetime_region)
+                               market, self.cfg.sim.lifetime_region, cap_h)
         # the cloud revokes transient VMs only (include_ps/include_chief inject, not model);
         # roles sharing ps-0's VM go with it (see revoke)
         cloud.cfg = dataclasses.replace(cloud.cfg, include_ps=False, include_chief=False)

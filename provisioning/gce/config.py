@@ -67,3 +67,7 @@ class GceConfig(ProviderConfig):
     retries: int = 4  # retries of a transient API error (rate limit, 5xx) per request
     retry_backoff_s: float = 2.0  # first backoff; doubles per retry
     max_parallel: int = 32  # concurrent API calls while creating or deleting
+
+    def transient_lifetime_cap_s(self) -> float | None:
+        """A Spot VM with ``maxRunDuration`` ends after it (``instance_body``)."""
+        return float(self.max_run_duration_s) if self.max_run_duration_s else None

@@ -52,6 +52,7 @@ from provisioning.base import (
     ProvisionError,
     ResourceJournal,
 )
+from provisioning.catalog import Market
 from provisioning.gce.body import (
     VmRequest,
     has_gpu,
@@ -126,6 +127,7 @@ class GceProvider(Provider):
     None; tests pass one bound to a fake). Runners come from the SSH backend (`gce/ssh.py`)."""
 
     name = "gce"
+    transient_market = Market.spot  # instance_body: provisioningModel SPOT for transient hosts
 
     def __init__(self, config: GceConfig | None = None, journal: ResourceJournal | None = None,
                  api: Any = None, sweep_id: str | None = None, clock: Callable[[], float] = time.monotonic,

@@ -11,10 +11,10 @@ import random
 import pytest
 
 from orchestrator.plan import make_plan
-from orchestrator.simulate.config import Market
-from orchestrator.simulate.engine import CloudLifetimes, Simulation, simulate
+from orchestrator.simulate.engine import CloudLifetimes, Simulation, cloud_market, simulate
 from orchestrator.simulate.models import NoModelError, SimModels
 from orchestrator.simulate.validate import compose
+from provisioning.catalog import PREEMPTIBLE_CAP_H, Market
 
 BASE = ["+experiment=icac19_k80", "provider=sim"]
 MODELS = SimModels.load()
@@ -128,14 +128,46 @@ def test_preemptible_lifetimes_are_capped_at_24h_spot_are_not() -> None:
     cfg = compose(BASE)
     host = make_plan(cfg).hosts[1]
     lifetimes = MODELS.lifetime_models("cmdare")
-    pre = CloudLifetimes(cfg.revocation, lifetimes, Market.preemptible, None)
-    spot = CloudLifetimes(cfg.revocation, lifetimes, Market.spot, None)
+    pre = CloudLifetimes(cfg.revocation, lifetimes, Market.preemptible, None, PREEMPTIBLE_CAP_H)
+    spot = CloudLifetimes(cfg.revocation, lifetimes, Market.spot, None, None)
+    spot_6h = CloudLifetimes(cfg.revocation, lifetimes, Market.spot, None, 6.0)
     rng = random.Random(0)
     drawn_pre = [pre.sample_lifetime_h(host, rng) for _ in range(2000)]
     drawn_spot = [spot.sample_lifetime_h(host, rng) for _ in range(2000)]
-    assert all(x is None or x < 24 for x in drawn_pre)
-    assert any(x is None for x in drawn_pre)  # survived the cap: never revoked
+    drawn_6h = [spot_6h.sample_lifetime_h(host, rng) for _ in range(2000)]
+    assert all(x is not None and x <= 24 for x in drawn_pre)
+    assert drawn_pre.count(24.0) > 0  # outlived the measurements: GCE stops it at 24 h
     assert all(x is not None for x in drawn_spot) and max(drawn_spot) > 24
+    assert max(drawn_6h) == 6.0  # a Spot VM's max run duration ends it
+
+
+def test_market_follows_the_cloud_not_a_setting() -> None:
+    """provider=sim simulates the priced cloud's market; a real backend its own VMs' market;
+    local processes no cloud market at all."""
+    assert cloud_market(compose(BASE)) == (Market.preemptible, PREEMPTIBLE_CAP_H)  # 2019
+    today = compose(["+experiment=cifar10_res32", "provider=sim"])
+    assert cloud_market(today) == (Market.spot, None)
+    gce = compose(["+experiment=cifar10_res32", "provider.max_run_duration_s=7200"])
+    assert cloud_market(gce) == (Market.spot, 2.0)
+    assert cloud_market(compose(["+experiment=digits_local"])) == (None, None)
+
+
+@pytest.mark.parametrize(("overrides", "line"), [
+    (["+experiment=cifar10_res32", "pricing=papers_2019"],
+     "config error: pricing.transient_market: provider=gce creates spot VMs, but pricing "
+     "'papers_2019' sells preemptible ones"),
+    ([*BASE, "sim.market=spot"],
+     "config error: sim.market: no longer a setting (the simulated market follows "
+     "pricing.transient_market"),
+])
+def test_the_market_is_not_chosen_apart_from_the_cloud(overrides: list[str], line: str) -> None:
+    from orchestrator.config.errors import ConfigError
+    from orchestrator.validate import compose_experiment
+
+    name = overrides[0].split("=", 1)[1]
+    with pytest.raises(ConfigError) as err:
+        compose_experiment(name, overrides[1:])
+    assert str(err.value).startswith(line) and "\n" not in str(err.value)
 
 
 def test_accuracy_only_where_a_paper_measured_the_setup() -> None:
