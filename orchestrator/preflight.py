@@ -22,27 +22,49 @@ LOCAL_PROVIDERS = ("local", "sim")
 PREFLIGHT_TIMEOUT_S = 300.0
 
 _STEP = """
-import json, sys
+import json, sys, time
+started = time.perf_counter()
 import numpy as np
 import tensorflow as tf
 from trainer import models, problems
-job = json.loads(sys.argv[1])
+job, timed = json.loads(sys.argv[1]), int(sys.argv[2])
 data = problems.get_problem(job["problem"]).load(job.get("data_dir"), job["seed"])
 batch = job["batch_size"]
 x = data.x_train[:batch].astype("float32")
 if data.mean is not None:
     x = (x - data.mean) / data.std
+y = data.y_train[:batch]
 model = models.build_model(job["model"], job["hparam_set"], data.input_shape, data.num_classes)
 opt = tf.keras.optimizers.SGD(job["learning_rate"])
-with tf.GradientTape() as tape:
-    logits = model(x, training=True)
-    loss = tf.reduce_mean(tf.keras.losses.sparse_categorical_crossentropy(
-        data.y_train[:batch], logits, from_logits=True))
-grads = tape.gradient(loss, model.trainable_variables)
-opt.apply_gradients(zip(grads, model.trainable_variables))
+def step():
+    with tf.GradientTape() as tape:
+        logits = model(x, training=True)
+        loss = tf.reduce_mean(tf.keras.losses.sparse_categorical_crossentropy(
+            y, logits, from_logits=True))
+    grads = tape.gradient(loss, model.trainable_variables)
+    opt.apply_gradients(zip(grads, model.trainable_variables))
+    return loss
+loss = step()
 if not np.isfinite(float(loss)):
     raise FloatingPointError(f"loss is {float(loss)} after one step")
 print(f"preflight ok: one step of {job['model']}/{job['hparam_set']}, loss {float(loss):.4f}")
+if timed:  # calibration: the benchmarks' single-process loop, and one checkpoint write
+    import dataclasses, statistics, tempfile
+    from trainer.baseline import measure_single_process
+    from trainer.spec import JobSpec
+    ready = time.perf_counter() - started
+    names = {f.name for f in dataclasses.fields(JobSpec)}
+    rate = measure_single_process(JobSpec(**{k: v for k, v in job.items() if k in names}), timed)
+    ckpt = tf.train.Checkpoint(model=model, optimizer=opt)
+    writes = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for i in range(3):
+            t1 = time.perf_counter()
+            ckpt.write(f"{tmp}/ckpt-{i}")
+            writes.append(time.perf_counter() - t1)
+    print(json.dumps({"step_s": 1.0 / rate, "steps_timed": timed, "ready_s": ready,
+                      "checkpoint_s": statistics.median(writes),
+                      "weights": int(model.count_params())}))
 """
 
 
@@ -50,15 +72,19 @@ class PreflightError(RuntimeError):
     """The job failed its local training step; the message is the trainer's error."""
 
 
-def run_preflight(cfg: ExperimentConfig, timeout_s: float = PREFLIGHT_TIMEOUT_S) -> str:
+def run_preflight(cfg: ExperimentConfig, timeout_s: float = PREFLIGHT_TIMEOUT_S,
+                  timed_steps: int = 0) -> str:
     """Train one step of ``cfg.job`` locally; returns the step's report line.
 
-    Raises PreflightError with the last line of the trainer's error (and the job fields that
-    shaped it) when the step fails or does not finish within ``timeout_s``."""
+    With ``timed_steps`` it then times that many steps of the benchmarks' single-process loop
+    (``trainer.baseline``) and three checkpoint writes, and returns their JSON line instead (the calibration of
+    :mod:`orchestrator.simulate.calibrate`). Raises PreflightError with the last line of the
+    trainer's error (and the job fields that shaped it) when the step fails or does not finish
+    within ``timeout_s``."""
     job = {k: (v.value if hasattr(v, "value") else v) for k, v in asdict(cfg.job).items()}
     try:
-        proc = subprocess.run([sys.executable, "-c", _STEP, json.dumps(job)], capture_output=True,
-                              text=True, timeout=timeout_s)
+        proc = subprocess.run([sys.executable, "-c", _STEP, json.dumps(job), str(timed_steps)],
+                              capture_output=True, text=True, timeout=timeout_s)
     except subprocess.TimeoutExpired:
         raise PreflightError(f"preflight: one training step of {cfg.job.model}/"
                              f"{cfg.job.hparam_set} took over {timeout_s:.0f} s") from None

@@ -24,6 +24,7 @@ from orchestrator.runtime.fleet import Fleet
 from orchestrator.runtime.gcs_store import checkpoint_store
 from orchestrator.runtime.progress import RunProgress
 from orchestrator.runtime.supervisor import RunState, Supervisor
+from orchestrator.simulate.band import prediction_error
 from orchestrator.transient.revocation import RevocationSchedule
 from orchestrator.transient.stragglers import InjectionSchedule
 from provisioning.base import Cluster, ClusterRequest
@@ -181,7 +182,7 @@ def make_summary(cfg: ExperimentConfig, plan: RunPlan, run_id: str, status: str,
     if train_time is None and state.train_start is not None:
         train_time = time.time() - state.train_start
     extras = supervisor.summary_extras() if supervisor is not None else {}
-    return {
+    summary = {
         "schema_version": results.SCHEMA_VERSION,
         "run_id": run_id,
         "status": status,
@@ -200,3 +201,5 @@ def make_summary(cfg: ExperimentConfig, plan: RunPlan, run_id: str, status: str,
         **extras,
         "predicted": plan.prediction,  # the plan's simulated band, beside the measurement
     }
+    summary["prediction_error"] = prediction_error(plan.prediction, summary)
+    return summary

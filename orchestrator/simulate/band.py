@@ -43,6 +43,7 @@ def summarize_runs(summaries: list[dict[str, Any]], deadline_s: float | None = N
         "runs": len(summaries),
         "p_complete": round(len(done) / len(summaries), 4),
         "wall_time_s": percentiles([s["wall_time_s"] for s in basis]),
+        "train_time_s": percentiles([s["train_time_s"] for s in basis]),
         "cost_usd": percentiles([s["cost_usd"] for s in basis]),
         "revocations": percentiles([s["revocations"] for s in summaries]),
         "mean_wall_time_s": round(statistics.fmean(s["wall_time_s"] for s in basis), 3),
@@ -64,16 +65,56 @@ def simulate_many(cfg: ExperimentConfig, plan: RunPlan, repeats: int,
 
 
 def predict_band(cfg: ExperimentConfig, plan: RunPlan) -> dict[str, Any] | None:
-    """The band for the plan; ``{"unavailable": reason}`` when no fitted model covers it (e.g.
-    CPU workers); None when the run itself is a simulation (it is its own prediction)."""
+    """The band for the plan; ``{"unavailable": reason}`` when no model covers it; None when
+    the run itself is a simulation (it is its own prediction).
+
+    CPU workers on this machine (``provider=local``) are predicted from a calibration of this
+    machine (:mod:`orchestrator.simulate.calibrate`): a run measures one when none is cached, a
+    dry run only uses a cached one. A local run of a GPU cluster (CPU processes standing in)
+    keeps the GPU cluster's band, marked ``stand_in``: it predicts the cloud run, not this one."""
+    from orchestrator.simulate import calibrate
+
     if cfg.provider.name == "sim" and not cfg.dry_run:
         return None
+    models = SimModels.load()
+    cal = None
     try:
-        band = summarize_runs(simulate_many(cfg, plan, max(1, cfg.sim.repeats)))
+        band = summarize_runs(simulate_many(cfg, plan, max(1, cfg.sim.repeats), models))
     except NoModelError as ex:
-        return {"unavailable": str(ex)}
+        if not calibrate.applies(cfg):
+            return {"unavailable": str(ex)}
+        cal = calibrate.calibration(cfg, measure_if_missing=not cfg.dry_run)
+        if cal is None:
+            return {"unavailable": f"{ex}; not calibrated on this machine yet: a run measures "
+                                   "the step time here first"}
+        band = summarize_runs(simulate_many(cfg, plan, max(1, cfg.sim.repeats),
+                                            calibrate.calibrated_models(models, cfg, cal)))
+        band["calibration"] = cal
     market, _ = cloud_market(cfg)
-    band["source"] = (f"{cfg.sim.repeats} simulations (provider=sim models, "
-                      + (f"lifetimes {cfg.sim.lifetimes}, {market})" if market
-                         else "no cloud revocations)"))
+    band["source"] = (f"{cfg.sim.repeats} simulations (provider=sim models"
+                      + (", step time, checkpoint and start-up calibrated on this machine"
+                         if cal else "")
+                      + (f", lifetimes {cfg.sim.lifetimes}, {market})" if market
+                         else ", no cloud revocations)"))
+    if cal is None and calibrate.applies(cfg):
+        band["stand_in"] = True  # GPU hosts played by local CPU processes
     return band
+
+
+#: Measured summary fields compared with the band's median.
+COMPARED = ("wall_time_s", "train_time_s")
+
+
+def prediction_error(band: dict[str, Any] | None, summary: dict[str, Any]
+                     ) -> dict[str, float] | None:
+    """``(predicted median − measured) / measured`` per compared field (+0.10: predicted 10 %
+    too long), for a completed run with a band of this very run; None otherwise."""
+    if (not band or "unavailable" in band or band.get("stand_in")
+            or summary.get("status") != "completed"):
+        return None
+    out = {}
+    for name in COMPARED:
+        measured = summary.get(name)
+        if measured and name in band:
+            out[name] = round((band[name]["p50"] - measured) / measured, 4)
+    return out or None

@@ -458,6 +458,9 @@ class Simulation:
         """A replacement's request-to-ready time: CM-DARE's replacement servers for GPU hosts,
         a VM start-up for CPU hosts (PS, chief)."""
         rng = stream(self.seed, "replacement", len(self.events))
+        if self.models.local_start_s is not None:  # this machine: a new process (a restart
+            # pays it as its TensorFlow start)
+            return self.models.local_start_s if host.role == "worker" else 0.0
         if host.gpu is None:
             return self.models.vm_startup_s(host.transient, rng)
         return self.models.replacement_s(host.gpu, rng)

@@ -26,6 +26,10 @@ from typing import Any
 
 from orchestrator.simulate.fit import PARAMS_FILE, PARAMS_SCHEMA_VERSION
 
+#: Key of a CPU worker in the step-time table: only a calibration of this machine adds it
+#: (:mod:`orchestrator.simulate.calibrate`); the papers measured GPUs only.
+CPU = "cpu"
+
 
 class NoModelError(ValueError):
     """The fitted models cannot predict this setup (e.g. a model or GPU never measured)."""
@@ -59,10 +63,11 @@ class SimModels:
         if table is None:
             raise NoModelError(f"no speed model for job.hparam_set '{hparam_set}' "
                                f"(known: {', '.join(sorted(self.params['step_time_s']))})")
-        if gpu is None or gpu not in table:
+        key = gpu or CPU
+        if key not in table:
             raise NoModelError(f"no speed model for GPU '{gpu}' "
                                f"(known: {', '.join(sorted(table))}; CPU workers are not modelled)")
-        return table[gpu] * batch_size / self.params["batch_size"]
+        return table[key] * batch_size / self.params["batch_size"]
 
     def efficiency(self, gpu: str | None) -> float:
         eff = self.params["scaling"]["efficiency"]
@@ -88,14 +93,24 @@ class SimModels:
     def checkpoint_s(self, hparam_set: str) -> float:
         """Seconds to write one checkpoint (CM-DARE's linear model on the checkpoint size)."""
         ck = self.params["checkpoint"]
+        if hparam_set in ck.get("measured_s", {}):  # calibrated on this machine
+            return ck["measured_s"][hparam_set]
         size = ck["size_mb"].get(hparam_set)
         if size is None:
             size = ck["mb_per_million_weights"] * self.params["parameters"][hparam_set] / 1e6
         return ck["intercept_s"] + ck["slope_s_per_mb"] * size
 
     # --- start-up -----------------------------------------------------------------------
+    @property
+    def local_start_s(self) -> float | None:
+        """Seconds a role's process takes to be ready on this machine when calibrated (roles
+        are processes here: no VM boots, a replacement is a new process); None otherwise."""
+        return self.params.get("machine", {}).get("start_s")
+
     def vm_startup_s(self, transient: bool, rng: random.Random) -> float:
         """Provisioning + staging + booting of one VM (CM-DARE start-up measurements)."""
+        if self.local_start_s is not None:
+            return 0.0
         d = self.params["startup"]["vm"]["transient" if transient else "on_demand"]
         return max(0.0, rng.gauss(d["mean_s"], d["std_s"]))
 
@@ -112,6 +127,8 @@ class SimModels:
 
     def tf_start_s(self, cold: bool, rng: random.Random) -> float:
         """TensorFlow process start before training (cold: first start on a VM)."""
+        if self.local_start_s is not None:
+            return self.local_start_s
         d = self.params["startup"]["tf_start"]["cold" if cold else "warm"]
         return max(0.0, rng.gauss(d["mean_s"], d["std_s"]))
 

@@ -2,17 +2,24 @@
 
 from __future__ import annotations
 
+import json
 import time
+from pathlib import Path
 
+import pytest
 from rich.console import Console
 
 from orchestrator.display import render_plan
 from orchestrator.plan import make_plan
-from orchestrator.simulate.band import predict_band
+from orchestrator.simulate import calibrate
+from orchestrator.simulate.band import predict_band, prediction_error
+from orchestrator.simulate.models import SimModels
 from orchestrator.simulate.validate import compose
 
 
-def test_dry_run_shows_a_band_or_says_why_not() -> None:
+def test_dry_run_shows_a_band_or_says_why_not(tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # no calibration of this machine yet
     cfg = compose(["+experiment=transient_k80_8", "sim.repeats=5", "dry_run=true"])
     plan = make_plan(cfg)
     plan.prediction = predict_band(cfg, plan)
@@ -28,7 +35,48 @@ def test_dry_run_shows_a_band_or_says_why_not() -> None:
     cpu_plan.prediction = predict_band(cpu, cpu_plan)
     console = Console(record=True, width=200)
     render_plan(cpu_plan, console)
-    assert "simulated: n/a (no speed model" in console.export_text()
+    text = console.export_text()
+    assert "simulated: n/a (no speed model" in text and "not calibrated on this machine" in text
+    assert not calibrate.cache_file().exists()  # a dry run measures nothing
+
+
+#: A calibration record as :func:`calibrate.measure` writes it (figures of a loaded 2-core run).
+RECORD = {"step_s": 0.02, "steps_timed": 100, "ready_s": 12.0, "checkpoint_s": 0.05,
+          "weights": 151306, "load_avg_1m": 4.0, "cpus": 2}
+
+
+def test_local_cpu_runs_are_predicted_from_this_machines_calibration(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same scaling code as for GPUs: two ASP workers are faster than one, BSP slower than
+    ASP; the calibrated checkpoint and start-up replace the cloud's; nothing is revoked."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    bands = {}
+    for workers, sync in ((1, "asp"), (2, "asp"), (2, "bsp")):
+        cfg = compose(["+experiment=digits_local", f"cluster.workers={workers}",
+                       f"sync={sync}", "dry_run=true", "sim.repeats=2"])
+        calibrate.cache_file().parent.mkdir(parents=True, exist_ok=True)
+        calibrate.cache_file().write_text(json.dumps({calibrate.cache_key(cfg): RECORD}))
+        bands[workers, sync] = predict_band(cfg, make_plan(cfg))
+    one, two, bsp = (bands[k]["train_time_s"]["p50"] for k in ((1, "asp"), (2, "asp"),
+                                                                 (2, "bsp")))
+    assert two < one < bsp
+    # digits_local: 1200 steps at the fitted ASP efficiency, checkpoints at 400, 800 and the end
+    eff = SimModels.load().efficiency(None)
+    assert one == pytest.approx(1200 * RECORD["step_s"] / eff + 3 * RECORD["checkpoint_s"],
+                                rel=1e-3)
+    band = bands[1, "asp"]
+    assert band["wall_time_s"]["p50"] == pytest.approx(one + RECORD["ready_s"], rel=0.01)
+    assert band["revocations"]["p90"] == 0 and band["calibration"]["step_s"] == RECORD["step_s"]
+    assert "calibrated on this machine" in band["source"]
+
+
+def test_prediction_error_is_computed_from_the_band_and_the_measurement() -> None:
+    band = {"wall_time_s": {"p50": 60.0}, "train_time_s": {"p50": 30.0}}
+    measured = {"status": "completed", "wall_time_s": 50.0, "train_time_s": 40.0}
+    assert prediction_error(band, measured) == {"wall_time_s": 0.2, "train_time_s": -0.25}
+    assert prediction_error(band, {**measured, "status": "failed"}) is None
+    assert prediction_error({**band, "stand_in": True}, measured) is None  # CPUs for GPUs
+    assert prediction_error({"unavailable": "why"}, measured) is None
 
 
 def test_summary_of_a_real_run_carries_the_prediction() -> None:
