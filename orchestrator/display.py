@@ -89,7 +89,10 @@ def render_plan(plan: RunPlan, console: Console | None = None, title: str | None
     if b and "unavailable" in b:
         console.print(f"simulated: n/a ({b['unavailable']})")
     elif b:
-        console.print(f"simulated (p10–p90 of {b['runs']}): time {_duration(b['wall_time_s']['p10'])}"
+        basis = (" calibrated on this machine" if "calibration" in b
+                 else " of the GPU cluster in the cloud" if b.get("stand_in") else "")
+        console.print(f"simulated{basis} (p10–p90 of {b['runs']}): time "
+                      f"{_duration(b['wall_time_s']['p10'])}"
                       f" – {_duration(b['wall_time_s']['p90'])}   cost ${b['cost_usd']['p10']:.2f}"
                       f" – ${b['cost_usd']['p90']:.2f}   revocations {b['revocations']['p10']:g}"
                       f" – {b['revocations']['p90']:g}   P(completes) {b['p_complete']:.0%}")

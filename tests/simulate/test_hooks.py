@@ -28,7 +28,9 @@ def test_dry_run_shows_a_band_or_says_why_not(tmp_path: Path,
     assert band["wall_time_s"]["p10"] <= band["wall_time_s"]["p50"] <= band["wall_time_s"]["p90"]
     console = Console(record=True, width=200)
     render_plan(plan, console)
-    assert "simulated (p10–p90 of 5)" in console.export_text()
+    # transient_k80_8 runs K80s as local CPU processes: the band is the cloud cluster's
+    assert "simulated of the GPU cluster in the cloud (p10–p90 of 5)" in console.export_text()
+    assert band["stand_in"] is True
 
     cpu = compose(["dry_run=true"])  # digits on CPU workers: no paper measured them
     cpu_plan = make_plan(cpu)
@@ -67,7 +69,12 @@ def test_local_cpu_runs_are_predicted_from_this_machines_calibration(
     band = bands[1, "asp"]
     assert band["wall_time_s"]["p50"] == pytest.approx(one + RECORD["ready_s"], rel=0.01)
     assert band["revocations"]["p90"] == 0 and band["calibration"]["step_s"] == RECORD["step_s"]
-    assert "calibrated on this machine" in band["source"]
+    assert "calibrated on this machine" in band["source"] and "stand_in" not in band
+    plan = make_plan(cfg)
+    plan.prediction = predict_band(cfg, plan)
+    console = Console(record=True, width=200)
+    render_plan(plan, console)
+    assert "simulated calibrated on this machine (p10–p90 of 2)" in console.export_text()
 
 
 def test_prediction_error_is_computed_from_the_band_and_the_measurement() -> None:
