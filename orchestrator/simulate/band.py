@@ -14,6 +14,7 @@ from typing import Any
 
 from orchestrator.config.schema import ExperimentConfig
 from orchestrator.plan import RunPlan
+from orchestrator.preflight import PreflightError
 from orchestrator.simulate.engine import cloud_market, simulate
 from orchestrator.simulate.models import NoModelError, SimModels
 
@@ -83,7 +84,10 @@ def predict_band(cfg: ExperimentConfig, plan: RunPlan) -> dict[str, Any] | None:
     except NoModelError as ex:
         if not calibrate.applies(cfg):
             return {"unavailable": str(ex)}
-        cal = calibrate.calibration(cfg, measure_if_missing=not cfg.dry_run)
+        try:
+            cal = calibrate.calibration(cfg, measure_if_missing=not cfg.dry_run)
+        except PreflightError as failed:  # a prediction is no reason to stop the run
+            return {"unavailable": f"{ex}; calibrating this machine failed: {failed}"}
         if cal is None:
             return {"unavailable": f"{ex}; not calibrated on this machine yet: a run measures "
                                    "the step time here first"}
