@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import posixpath
 import shlex
 import shutil
@@ -39,7 +40,10 @@ from provisioning.ssh.runner import sftp_makedirs, sftp_put
 #: What goes into the wheel build (the rest of the checkout is not needed to build it).
 _SOURCE_ITEMS = ("pyproject.toml", "README.md", "orchestrator", "trainer", "provisioning",
                  "analysis")
-READY_MARKER = ".ready"
+#: Left out of the hosts' wheel: the papers' measurements (904 of its 1,000 files, 7.5 MB) are
+#: read only by `python -m analysis` on the orchestrator, and unpacking them was most of a
+#: host's setup. Their licence file stays (pyproject's `license-files` names it).
+_HOST_EXCLUDED = Path("analysis") / "reference_data"
 INSTALL_TIMEOUT_S = 900.0
 
 
@@ -88,7 +92,8 @@ def wheel_digest(path: Path) -> str:
 
 
 def build_wheel(out_dir: Path, root: Path | None = None) -> Wheel:
-    """Build this project's wheel (no dependencies) into `out_dir` from a copy of the sources."""
+    """Build this project's wheel for the hosts (no dependencies, no reference data) into
+    `out_dir` from a copy of the sources."""
     root = root or project_root()
     out_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="transient-wheel-") as tmp:
@@ -101,6 +106,13 @@ def build_wheel(out_dir: Path, root: Path | None = None) -> Wheel:
                 shutil.copytree(path, src / item, ignore=ignore)
             elif path.exists():
                 shutil.copy2(path, src / item)
+        excluded = src / _HOST_EXCLUDED
+        licences = [p for p in excluded.glob("LICENSE*") if p.is_file()]
+        kept = [(p.name, p.read_bytes()) for p in licences]
+        shutil.rmtree(excluded, ignore_errors=True)
+        excluded.mkdir(parents=True)
+        for name, content in kept:
+            (excluded / name).write_bytes(content)
         result = subprocess.run(
             [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
              "--wheel-dir", str(out_dir), str(src)],
@@ -145,8 +157,11 @@ class WheelCache:
             return self._wheel
 
     def prepared_wheelhouse(self) -> Path:
-        """The wheelhouse with every wheel our wheel (with `extra`) needs; downloaded into it
-        on the orchestrator (which has a package index) when something is missing."""
+        """The wheelhouse with every wheel our wheel (with `extra`) needs, and pip's own wheel
+        (hosts run pip from it, so they need neither pip nor `ensurepip`). A wheelhouse that
+        already holds them all is used as it is, without a package index (checked by an
+        offline `pip download`); otherwise what is missing is downloaded on the orchestrator,
+        which has an index."""
         wheel = self.wheel()
         if self.wheelhouse is None:
             raise BadRequestError(
@@ -158,16 +173,23 @@ class WheelCache:
                 marker = self.wheelhouse / f".complete-{wheel.digest[:16]}-{self.extra}"
                 if not marker.exists():
                     target = f"{wheel.path}[{self.extra}]" if self.extra else str(wheel.path)
-                    result = subprocess.run(
-                        [sys.executable, "-m", "pip", "download", "--quiet", "--only-binary=:all:",
-                         "--dest", str(self.wheelhouse), target],
+                    download = [sys.executable, "-m", "pip", "download", "--quiet",
+                                "--only-binary=:all:", "--disable-pip-version-check",
+                                "--dest", str(self.wheelhouse), target, "pip"]
+                    offline = subprocess.run(
+                        [*download, "--no-index", "--find-links", str(self.wheelhouse)],
                         capture_output=True, text=True)
-                    if result.returncode != 0:
-                        raise ProvisionError(
-                            f"preparing the wheelhouse {self.wheelhouse} failed: "
-                            f"{result.stderr[-800:]}")
+                    if offline.returncode != 0:
+                        result = subprocess.run(download, capture_output=True, text=True)
+                        if result.returncode != 0:
+                            raise ProvisionError(
+                                f"preparing the wheelhouse {self.wheelhouse} failed: "
+                                f"{result.stderr[-800:]}")
                     marker.touch()
                 self._wheelhouse_ready = True
+            # our own wheel is copied on its own, under its digest
+            for stale in self.wheelhouse.glob("transient_orchestrator-*.whl"):
+                stale.unlink()
         return self.wheelhouse
 
 
@@ -181,56 +203,59 @@ class Environment:
     installed: bool  # False when it was already there (cached)
 
 
+#: The host-side installer, sent as one `python -c` (see its docstring for why).
+_HOST_SCRIPT = (Path(__file__).with_name("host_setup.py")).read_text()
+
+
 def ensure_environment(connection: SshConnection, root: str, python: str | None,
                        cache: WheelCache, extra: str | None) -> Environment:
-    """Create or reuse the environment for this run's wheel on the machine (idempotent)."""
+    """Create or reuse the environment for this run's wheel on the machine (idempotent).
+
+    The wheel (and the wheelhouse, for hosts without `python`) goes over the machine's SFTP
+    session, skipped when the host already has it (its path carries the wheel's digest); then
+    one remote command, `host_setup.py` run by the host's interpreter, probes the Python
+    version, reuses a ready environment or builds it under a lock."""
     wheel = cache.wheel()
-    q = shlex.quote
     interpreter = python or "python3"
-    probe = connection.run(
-        f"{q(interpreter)} -c 'import sys; print(\"%d.%d\" % sys.version_info[:2])'",
-        check=False)
-    if probe.exit_code != 0:
-        raise ProvisionError(f"ssh host {connection.target.label}: python {interpreter!r} does "
-                             f"not run there: {probe.stderr.strip()[-300:]}")
-    version = probe.stdout.strip()
-    flavour = hashlib.sha256(f"{interpreter}\0{extra}".encode()).hexdigest()[:8]
-    env_dir = posixpath.join(root, "envs", f"{wheel.digest[:16]}-py{version}-{flavour}")
-    if python is not None:
-        site = posixpath.join(env_dir, "site")
-        result = Environment(env_dir, [python, "-m", "trainer"], {"PYTHONPATH": site}, False)
-    else:
-        result = Environment(env_dir, [posixpath.join(env_dir, "venv", "bin", "python"), "-m",
-                                       "trainer"], {}, False)
-    marker = posixpath.join(env_dir, READY_MARKER)
-    if connection.run(f"test -f {q(marker)}", check=False).exit_code == 0:
-        return result
-    remote_wheel = posixpath.join(root, "wheels", wheel.name)
     wheelhouse = None if python is not None else cache.prepared_wheelhouse()
+    remote_wheel = posixpath.join(root, "wheels", wheel.digest[:16], wheel.name)
+    remote_house = posixpath.join(root, "wheelhouse")
     with connection.sftp() as sftp:
-        _put_if_changed(sftp, wheel.path, remote_wheel)
+        _put_if_absent(sftp, wheel.path, remote_wheel)
         if wheelhouse is not None:
             for file in sorted(wheelhouse.glob("*.whl")):
-                _put_if_changed(sftp, file, posixpath.join(root, "wheelhouse", file.name))
+                _put_if_absent(sftp, file, posixpath.join(remote_house, file.name))
+    spec = {"envs": posixpath.join(root, "envs"), "digest": wheel.digest[:16],
+            "flavour": hashlib.sha256(f"{interpreter}\0{extra}".encode()).hexdigest()[:8],
+            "wheel": remote_wheel, "mode": "site" if python is not None else "venv",
+            "wheelhouse": remote_house, "extra": extra}
+    q = shlex.quote
+    result = connection.run(f"{q(interpreter)} -c {q(_HOST_SCRIPT)} {q(json.dumps(spec))}",
+                            timeout_s=INSTALL_TIMEOUT_S, check=False)
+    if result.exit_code != 0:
+        if result.exit_code in (126, 127):  # the shell could not run the interpreter
+            raise ProvisionError(f"ssh host {connection.target.label}: python {interpreter!r} "
+                                 f"does not run there: {_last_line(result.stderr)}")
+        raise ProvisionError(f"ssh host {connection.target.label}: setting up the trainer's "
+                             f"environment failed (exit {result.exit_code}): "
+                             f"{_last_line(result.stderr or result.stdout)}")
+    done = json.loads(result.stdout.strip().splitlines()[-1])
+    env_dir = done["env"]
     if python is not None:
-        install = (f"{q(python)} -m pip install --quiet --no-deps --no-index --no-compile "
-                   f"--disable-pip-version-check --target {q(site)} {q(remote_wheel)}")
-    else:
-        target = f"{remote_wheel}[{extra}]" if extra else remote_wheel
-        venv = posixpath.join(env_dir, "venv")
-        install = (f"{q(interpreter)} -m venv {q(venv)} && {q(venv)}/bin/python -m pip install "
-                   f"--quiet --no-index --disable-pip-version-check --find-links "
-                   f"{q(posixpath.join(root, 'wheelhouse'))} {q(target)}")
-    lock = q(env_dir + ".lock")
-    script = (f"set -e; mkdir -p {q(posixpath.dirname(env_dir))}; exec 9> {lock}; flock 9; "
-              f"if [ -f {q(marker)} ]; then exit 0; fi; rm -rf {q(env_dir)}; "
-              f"mkdir -p {q(env_dir)}; {install}; touch {q(marker)}")
-    connection.run(script, timeout_s=INSTALL_TIMEOUT_S)
-    return Environment(result.path, result.command, result.env, True)
+        return Environment(env_dir, [python, "-m", "trainer"],
+                           {"PYTHONPATH": posixpath.join(env_dir, "site")}, done["installed"])
+    return Environment(env_dir, [posixpath.join(env_dir, "venv", "bin", "python"), "-m",
+                                 "trainer"], {}, done["installed"])
 
 
-def _put_if_changed(sftp, local: Path, remote: str) -> None:  # type: ignore[no-untyped-def]
-    """Copy unless the host already has a file of that name and size (wheels are immutable)."""
+def _last_line(text: str) -> str:
+    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
+    return lines[-1][-300:] if lines else ""
+
+
+def _put_if_absent(sftp, local: Path, remote: str) -> None:  # type: ignore[no-untyped-def]
+    """Copy unless the host already has a file of that name and size (wheel names are
+    immutable: ours carries its digest in its folder, the wheelhouse's their version)."""
     try:
         if sftp.stat(remote).st_size == local.stat().st_size:
             return
