@@ -160,8 +160,9 @@ class WheelCache:
         """The wheelhouse with every wheel our wheel (with `extra`) needs, and pip's own wheel
         (hosts run pip from it, so they need neither pip nor `ensurepip`). A wheelhouse that
         already holds them all is used as it is, without a package index (checked by an
-        offline `pip download`); otherwise what is missing is downloaded on the orchestrator,
-        which has an index."""
+        offline `pip wheel`); otherwise what is missing is downloaded (and built, for an
+        sdist) on the orchestrator, which has an index. The wheels are for the orchestrator's
+        Python and platform: hosts must run the same Python minor version."""
         wheel = self.wheel()
         if self.wheelhouse is None:
             raise BadRequestError(
@@ -173,9 +174,11 @@ class WheelCache:
                 marker = self.wheelhouse / f".complete-{wheel.digest[:16]}-{self.extra}"
                 if not marker.exists():
                     target = f"{wheel.path}[{self.extra}]" if self.extra else str(wheel.path)
-                    download = [sys.executable, "-m", "pip", "download", "--quiet",
-                                "--only-binary=:all:", "--disable-pip-version-check",
-                                "--dest", str(self.wheelhouse), target, "pip"]
+                    # `pip wheel`, not `pip download --only-binary`: some dependencies ship
+                    # only an sdist (hydra's antlr4 runtime), built into a wheel here once.
+                    download = [sys.executable, "-m", "pip", "wheel", "--quiet",
+                                "--disable-pip-version-check", "--wheel-dir",
+                                str(self.wheelhouse), target, "pip"]
                     offline = subprocess.run(
                         [*download, "--no-index", "--find-links", str(self.wheelhouse)],
                         capture_output=True, text=True)
