@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from provisioning.base import BadRequestError, ProvisionError
+from provisioning.checkout import PROJECT_ROOT
 from provisioning.ssh.connection import SshConnection
 from provisioning.ssh.runner import sftp_makedirs, sftp_put
 
@@ -59,7 +60,7 @@ class Wheel:
 
 def project_root() -> Path:
     """The source checkout this package was imported from (where pyproject.toml is)."""
-    root = Path(__file__).resolve().parents[2]
+    root = PROJECT_ROOT
     if not (root / "pyproject.toml").exists():
         raise BadRequestError(
             f"provider: setting up ssh hosts builds this project's wheel from its source "
