@@ -1,20 +1,24 @@
 """Setting an SSH machine up to run `python -m trainer`: this project's wheel in a cached env.
 
-The orchestrator builds this project's wheel once per run (`pip wheel --no-deps`, from a copy of
-the sources so the checkout stays clean), copies it to each machine over SFTP and installs it
-into an environment named by the wheel's *content* digest (zip timestamps excluded, so the same
-code gives the same name), the Python version and the interpreter. The environment is marked
-ready last, under a host-side lock (`flock`), so a second run — or a run racing this one — finds
-it ready and installs nothing.
+The orchestrator builds this project's wheel for the hosts once per state of the sources (`pip
+wheel --no-deps`, from a copy of the sources so the checkout stays clean, without the papers'
+reference data that only the orchestrator reads), copies it to each machine over SFTP under its
+content digest (zip timestamps excluded, so the same code gives the same name), and runs one
+remote command, `host_setup.py`, with the machine's interpreter: it names the environment by
+that digest, the Python version and the interpreter, and builds it under a host-side `flock`,
+marked ready last, so a second run — or a run racing this one — finds it ready and installs
+nothing. One command, because each starts the login shell, and lab servers' rc files (conda or
+pyenv init) cost a fifth of a second or more of CPU each.
 
 Two ways to get the trainer's dependencies onto a machine:
 - the machine declares an interpreter whose environment already has them (`hosts[].python`,
-  the usual lab server): only our wheel is installed, with `--no-deps`, into
+  the usual lab server): only our wheel is unpacked (no pip, no bytecode compilation) into
   `<env>/site`, which the trainer gets on its `PYTHONPATH`;
-- otherwise a venv is created with the machine's `python3` and everything is installed from a
-  wheelhouse the orchestrator prepared (`provider.wheelhouse`, filled by `pip download` on the
-  orchestrator when it lacks our wheel's dependencies) and copied over; the machine needs no
-  package index (air-gapped lab machines).
+- otherwise a venv (without pip) is created with the machine's `python3`, and pip, run from
+  its own wheel in the wheelhouse, installs everything from a wheelhouse the orchestrator
+  prepared (`provider.wheelhouse`, filled by `pip wheel` on the orchestrator when it lacks our
+  wheel's dependencies) and copied over; the machine needs no package index (air-gapped lab
+  machines).
 """
 
 from __future__ import annotations
