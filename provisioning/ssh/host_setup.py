@@ -8,15 +8,17 @@ is a JSON object:
 
 - `envs`: folder of the environments; `digest`: the wheel's content digest; `flavour`: a short
   hash of the interpreter and extra; `wheel`: the wheel's path on this machine (already copied);
-- `mode`: `site` (the interpreter already has the trainer's dependencies: the wheel is
-  unpacked into `<env>/site`, which the trainer gets on PYTHONPATH; no pip, no bytecode
-  compilation) or `venv` (a venv without pip; pip, run from the wheelhouse's own pip wheel,
-  installs the wheel and its dependencies from `wheelhouse` with no package index);
-- `extra`: the optional-dependency group (`venv` mode).
+- `mode`: `site` (the interpreter already has the trainer's dependencies) or `venv` (a venv
+  without pip, named by `deps`, a digest of the wheel's declared dependencies and `extra`, is
+  made once: pip, run from the wheelhouse's own pip wheel, installs the dependencies from
+  `wheelhouse` with no package index); `name`: the wheel's project name;
+- in both modes the wheel itself is unpacked into `<env>/site` (no pip, no bytecode
+  compilation), which the trainer gets on PYTHONPATH, so new code costs an unpack, not a venv.
 
 The environment is named `<digest>-py<X.Y>-<flavour>` and marked ready last, under an `flock`
 on `<env>.lock`, so concurrent runs never see half an environment and a second run installs
-nothing. Prints one JSON line: `{"env": path, "version": "X.Y", "installed": bool}`.
+nothing. Prints one JSON line: `{"env": path, "python": the interpreter to run the trainer
+with, "version": "X.Y", "installed": bool, "deps_installed": bool}`.
 """
 
 import base64
@@ -53,36 +55,58 @@ def unpack_wheel(wheel, site):
         f.write(f"{info}/INSTALLER,sha256={digest},{len(content)}\n")
 
 
-def make_venv(env, spec):
-    """A venv without pip, filled by the wheelhouse's pip from the wheelhouse only."""
-    venv = os.path.join(env, "venv")
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", venv], check=True)
+def _pip(python, spec, *args):
+    """pip, run from its own wheel in the wheelhouse, with no package index."""
     pips = sorted(glob.glob(os.path.join(spec["wheelhouse"], "pip-*.whl")))
     if not pips:
         raise SystemExit(f"the wheelhouse {spec['wheelhouse']} has no pip wheel")
+    done = subprocess.run([python, os.path.join(pips[-1], "pip"), *args, "--quiet",
+                           "--disable-pip-version-check"], stderr=subprocess.PIPE, text=True)
+    if done.returncode != 0:
+        lines = [ln for ln in done.stderr.splitlines() if ln.strip()]
+        raise SystemExit(f"pip {args[0]} in the venv failed: {lines[-1] if lines else done.returncode}")
+
+
+def make_venv(venv, spec):
+    """A venv without pip holding the wheel's dependencies: pip installs the wheel with them from
+    the wheelhouse, then removes the wheel itself (it goes to each environment's `site`)."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", venv], check=True)
+    python = os.path.join(venv, "bin", "python")
     target = spec["wheel"] + (f"[{spec['extra']}]" if spec.get("extra") else "")
-    subprocess.run([os.path.join(venv, "bin", "python"), os.path.join(pips[-1], "pip"),
-                    "install", "--quiet", "--no-index", "--disable-pip-version-check",
-                    "--find-links", spec["wheelhouse"], target], check=True)
+    _pip(python, spec, "install", "--no-index", "--find-links", spec["wheelhouse"], target)
+    _pip(python, spec, "uninstall", "--yes", spec["name"])
+    return python
+
+
+def ready(path, build):
+    """Build `path` unless it is marked ready; under a lock, marked last. True if built."""
+    if os.path.exists(os.path.join(path, READY)):
+        return False
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path + ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if os.path.exists(os.path.join(path, READY)):  # somebody finished it meanwhile
+            return False
+        shutil.rmtree(path, ignore_errors=True)
+        os.makedirs(path)
+        build(path)
+        open(os.path.join(path, READY), "w").close()
+        return True
 
 
 def main(spec):
     version = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    result = {"version": version, "python": sys.executable, "deps_installed": False}
+    if spec["mode"] == "venv":
+        # keyed by the dependency set, not by our wheel: new code reuses the venv
+        venv = os.path.join(spec["envs"], f"venv-{spec['deps']}-py{version}-{spec['flavour']}")
+        result["deps_installed"] = ready(venv, lambda path: make_venv(
+            os.path.join(path, "venv"), spec))
+        result["python"] = os.path.join(venv, "venv", "bin", "python")
     env = os.path.join(spec["envs"], f"{spec['digest']}-py{version}-{spec['flavour']}")
-    result = {"env": env, "version": version, "installed": False}
-    if not os.path.exists(os.path.join(env, READY)):
-        os.makedirs(spec["envs"], exist_ok=True)
-        with open(env + ".lock", "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            if not os.path.exists(os.path.join(env, READY)):  # nobody finished it meanwhile
-                shutil.rmtree(env, ignore_errors=True)
-                os.makedirs(env)
-                if spec["mode"] == "site":
-                    unpack_wheel(spec["wheel"], os.path.join(env, "site"))
-                else:
-                    make_venv(env, spec)
-                open(os.path.join(env, READY), "w").close()
-                result["installed"] = True
+    result["env"] = env
+    result["installed"] = ready(env, lambda path: unpack_wheel(spec["wheel"],
+                                                               os.path.join(path, "site")))
     print(json.dumps(result))
 
 

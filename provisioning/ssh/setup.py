@@ -15,10 +15,11 @@ Two ways to get the trainer's dependencies onto a machine:
   the usual lab server): only our wheel is unpacked (no pip, no bytecode compilation) into
   `<env>/site`, which the trainer gets on its `PYTHONPATH`;
 - otherwise a venv (without pip) is created with the machine's `python3`, and pip, run from
-  its own wheel in the wheelhouse, installs everything from a wheelhouse the orchestrator
+  its own wheel in the wheelhouse, installs the dependencies from a wheelhouse the orchestrator
   prepared (`provider.wheelhouse`, filled by `pip wheel` on the orchestrator when it lacks our
   wheel's dependencies) and copied over; the machine needs no package index (air-gapped lab
-  machines).
+  machines). That venv is named by the dependency set, so new code reuses it and only unpacks
+  our wheel into `<env>/site`, as in the first case.
 """
 
 from __future__ import annotations
@@ -49,7 +50,9 @@ _SOURCE_ITEMS = ("pyproject.toml", "README.md", "orchestrator", "trainer", "prov
 #: read only by `python -m analysis` on the orchestrator, and unpacking them was most of a
 #: host's setup. Their licence file stays (pyproject's `license-files` names it).
 _HOST_EXCLUDED = Path("analysis") / "reference_data"
-INSTALL_TIMEOUT_S = 900.0
+#: One host's setup; a cold venv with TensorFlow from the wheelhouse (450 MB copied, pip, bytecode)
+#: took 14 min on the 2-core test machine under a load of 25-40 (measured once).
+INSTALL_TIMEOUT_S = 1800.0
 
 
 @dataclass(frozen=True)
@@ -209,6 +212,7 @@ class Environment:
     command: list[str]  # argv prefix running `python -m trainer`
     env: dict[str, str]
     installed: bool  # False when it was already there (cached)
+    deps_installed: bool = False  # a venv of dependencies was made (hosts without `python`)
 
 
 #: The host-side installer, sent as one `python -c` (see its docstring for why).
@@ -233,10 +237,12 @@ def ensure_environment(connection: SshConnection, root: str, python: str | None,
         if wheelhouse is not None:
             for file in sorted(wheelhouse.glob("*.whl")):
                 _put_if_absent(sftp, file, posixpath.join(remote_house, file.name))
+    name, requires = wheel_metadata(wheel.path)
     spec = {"envs": posixpath.join(root, "envs"), "digest": wheel.digest[:16],
             "flavour": hashlib.sha256(f"{interpreter}\0{extra}".encode()).hexdigest()[:8],
             "wheel": remote_wheel, "mode": "site" if python is not None else "venv",
-            "wheelhouse": remote_house, "extra": extra}
+            "wheelhouse": remote_house, "extra": extra, "name": name,
+            "deps": hashlib.sha256("\n".join([str(extra), *requires]).encode()).hexdigest()[:16]}
     q = shlex.quote
     result = connection.run(f"{q(interpreter)} -c {q(_HOST_SCRIPT)} {q(json.dumps(spec))}",
                             timeout_s=INSTALL_TIMEOUT_S, check=False)
@@ -248,12 +254,19 @@ def ensure_environment(connection: SshConnection, root: str, python: str | None,
                              f"environment failed (exit {result.exit_code}): "
                              f"{_last_line(result.stderr or result.stdout)}")
     done = json.loads(result.stdout.strip().splitlines()[-1])
-    env_dir = done["env"]
-    if python is not None:
-        return Environment(env_dir, [python, "-m", "trainer"],
-                           {"PYTHONPATH": posixpath.join(env_dir, "site")}, done["installed"])
-    return Environment(env_dir, [posixpath.join(env_dir, "venv", "bin", "python"), "-m",
-                                 "trainer"], {}, done["installed"])
+    return Environment(done["env"], [python or done["python"], "-m", "trainer"],
+                       {"PYTHONPATH": posixpath.join(done["env"], "site")}, done["installed"],
+                       done["deps_installed"])
+
+
+def wheel_metadata(path: Path) -> tuple[str, list[str]]:
+    """The wheel's project name and its declared dependencies (`Requires-Dist`, sorted)."""
+    with zipfile.ZipFile(path) as z:
+        meta = next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))
+        lines = z.read(meta).decode().split("\n\n", 1)[0].splitlines()
+    name = next(ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("Name:"))
+    return name, sorted(ln.split(":", 1)[1].strip() for ln in lines
+                        if ln.startswith("Requires-Dist:"))
 
 
 def _last_line(text: str) -> str:

@@ -231,39 +231,53 @@ def write_wheel(folder: Path, name: str, version: str, files: dict[str, str],
 
 @pytest.mark.slow
 def test_wheelhouse_host_gets_a_venv_filled_offline(ssh_testbed: SshTestBed, tmp_path) -> None:
-    """A host without `python` gets a venv (no pip, no ensurepip needed) that pip, run from the
-    wheelhouse's pip wheel, fills from the copied wheelhouse with no package index (the
-    namespace has no route out). The trainer's real dependency set (TensorFlow and the rest,
-    ~1 GB installed) is too heavy for a test: a stand-in project wheel depending on one small
-    package stands for it; the code path is the real one, end to end."""
+    """A host without `python` gets a venv of the dependencies (no pip, no ensurepip needed)
+    that pip, run from the wheelhouse's pip wheel, fills from the copied wheelhouse with no
+    package index (the namespace has no route out); our wheel is unpacked beside it, and new
+    code reuses the venv. The trainer's real dependency set (TensorFlow and the rest, 450 MB of
+    wheels, 2 GB installed) is too heavy for a test: a stand-in project wheel depending on one
+    small package stands for it; the code path is the real one, end to end."""
     pips = sorted((Path(ensurepip.__file__).parent / "_bundled").glob("pip-*.whl"))
     if not pips:
         pytest.skip("WHEELHOUSE PATH NOT RUN: this Python's ensurepip bundles no pip wheel "
                     "to put into the offline wheelhouse")
-    built, house = tmp_path / "built", tmp_path / "wheelhouse"
-    built.mkdir()
+    house = tmp_path / "wheelhouse"
     house.mkdir()
-    write_wheel(built, "transient-orchestrator", "0.0.1", {
-        "trainer/__init__.py": "",
-        "trainer/__main__.py": "import sys, tinydep\nprint(tinydep.__file__, tinydep.VALUE)\n",
-    }, requires=("tinydep>=1",))
     write_wheel(house, "tinydep", "1.0", {"tinydep/__init__.py": "VALUE = 42\n"})
     shutil.copy(pips[-1], house)
-    cache = WheelCache(built, house, extra=None)
-    assert cache.prepared_wheelhouse() == house  # complete: checked offline, nothing fetched
+
+    def stand_in(version: str) -> WheelCache:
+        built = tmp_path / f"built-{version}"
+        built.mkdir()
+        write_wheel(built, "transient-orchestrator", version, {
+            "trainer/__init__.py": "",
+            "trainer/__main__.py": "import tinydep, trainer\n"
+                                   "print(tinydep.__file__, tinydep.VALUE, trainer.__file__)\n",
+        }, requires=("tinydep>=1",))
+        return WheelCache(built, house, extra=None)
+
+    first, second = stand_in("0.0.1"), stand_in("0.0.2")
+    assert first.prepared_wheelhouse() == house  # complete: checked offline, nothing fetched
     host = ssh_testbed.hosts[1]
     provider = get_provider("ssh", provider_options(ssh_testbed, [host]))
     cluster = provider.acquire(one_host_request(tmp_path))
     try:
         machine = provider.runner(cluster.hosts[0]).machine
-        env = ensure_environment(machine.connection, machine.root, None, cache, None)
-        assert env.installed
-        assert env.command[0] == posixpath.join(env.path, "venv", "bin", "python")
-        assert env.path.startswith(posixpath.join(machine.root, "envs"))
-        where, value = machine.connection.run(shlex.join(env.command)).stdout.split()
-        assert value == "42" and where.startswith(posixpath.join(env.path, "venv", "lib"))
-        again = ensure_environment(machine.connection, machine.root, None, cache, None)
-        assert (again.path, again.installed) == (env.path, False)
+        connection, root = machine.connection, machine.root
+        env = ensure_environment(connection, root, None, first, None)
+        assert env.installed and env.deps_installed
+        python = env.command[0]
+        assert python.startswith(posixpath.join(root, "envs", "venv-"))
+        dep, value, trainer = connection.run(
+            f"PYTHONPATH={shlex.quote(env.env['PYTHONPATH'])} {shlex.join(env.command)}"
+        ).stdout.split()
+        assert value == "42" and dep.startswith(posixpath.dirname(posixpath.dirname(python)))
+        assert trainer.startswith(posixpath.join(env.path, "site"))  # not left in the venv
+        again = ensure_environment(connection, root, None, first, None)
+        assert (again.path, again.installed, again.deps_installed) == (env.path, False, False)
+        newer = ensure_environment(connection, root, None, second, None)  # new code, same deps
+        assert newer.path != env.path and newer.installed and not newer.deps_installed
+        assert newer.command[0] == python  # the venv was reused, pip did not run
     finally:
         provider.release(cluster)
 
