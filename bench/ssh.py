@@ -85,9 +85,11 @@ def section() -> list[str]:
     one_med = statistics.median(one)
     lines += [
         "Measured here on namespace hosts (one sshd per Linux network namespace, the hosts "
-        "declaring an interpreter that has TensorFlow, so setup installs only this project's "
-        f"wheel). The wheel is built once per run: {wheel_s:.1f} s in this call, not counted "
-        f"below. {REPEATS} repeats, fresh environments for the first two rows.",
+        "declaring an interpreter that has TensorFlow, so setup unpacks only this project's "
+        "wheel: one SFTP copy and one remote command per host). The wheel is built once per "
+        f"state of the sources: {wheel_s:.1f} s in this call, not counted below. {REPEATS} "
+        "repeats, fresh environments for the first two rows. The hosts share this machine's "
+        "cores, so their setups compete for CPU as separate machines' would not.",
         "",
         "| measure (seconds) | min | median | max | ratio |",
         "|---|---|---|---|---|",

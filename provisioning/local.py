@@ -51,6 +51,7 @@ from provisioning.base import (
     RemoteProcess,
     ResourceJournal,
 )
+from provisioning.checkout import PROJECT_ROOT
 from provisioning.journal import (
     JournalEntry,
     ResourceKind,
@@ -66,8 +67,6 @@ WAIT_POLL_INTERVAL_S = 0.02
 #: Default delay before a replacement host is "ready" (GCE measured 66-78 s; tests use 0).
 PROVISION_DELAY_S = 0.0
 _PR_SET_PDEATHSIG = 1
-#: The checkout roles import `trainer` from (this file is <root>/provisioning/local.py).
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
 
 @dataclass

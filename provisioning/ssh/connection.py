@@ -36,8 +36,10 @@ import paramiko
 from provisioning.base import BadRequestError, ProvisionError
 
 log = logging.getLogger(__name__)
-# paramiko logs every handshake and SFTP session at INFO; a run's log keeps our own lines only.
-logging.getLogger("paramiko").setLevel(logging.WARNING)
+# paramiko logs every handshake and SFTP session at INFO, and a dropped handshake as an ERROR
+# with a traceback; each of those failures reaches us as an exception that this module turns
+# into one line naming the machine, so a run's log keeps our own lines only.
+logging.getLogger("paramiko").setLevel(logging.CRITICAL)
 
 #: paramiko's exceptions that mean "the handshake was dropped, try again" (sshd MaxStartups).
 _RETRYABLE = (paramiko.SSHException, EOFError, ConnectionResetError)
@@ -155,11 +157,18 @@ class SshConnection:
         for attempt in range(1, self.timeouts.connect_attempts + 1):
             try:
                 with _handshake_slots:
+                    started = time.monotonic()
                     self._client = self._handshake()
                 break
             except (HostKeyError, BadRequestError, SshUnreachableError):
                 raise
             except _RETRYABLE as error:
+                if time.monotonic() - started >= 0.9 * self.timeouts.connect_s:
+                    # A host that accepts TCP but never answers (a frozen sshd or machine):
+                    # only a quick drop (sshd's MaxStartups) is worth another handshake.
+                    raise SshUnreachableError(
+                        f"ssh host {self._where()} does not answer: no SSH handshake within "
+                        f"{self.timeouts.connect_s:g} s ({_one_line(error)})") from None
                 if attempt == self.timeouts.connect_attempts:
                     raise SshUnreachableError(
                         f"ssh host {self._where()}: handshake failed {attempt} times: "

@@ -30,7 +30,6 @@ import json
 import logging
 import os
 import posixpath
-import shlex
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -72,6 +71,7 @@ from provisioning.ssh.runner import (
     group_alive_command,
     kill_groups_command,
     sftp_get,
+    sftp_makedirs,
     sftp_put,
 )
 from provisioning.ssh.setup import Environment, WheelCache, ensure_environment, source_stamp
@@ -135,11 +135,19 @@ class Machine:
 
     def open(self) -> None:
         self.connection = self.connect()
-        root = self.inventory.root
-        if not root.startswith("/"):
-            home = self.connection.run("pwd").stdout.strip()
-            root = posixpath.join(home, root)
-        self.connection.run(f"mkdir -p {shlex.quote(root)}")
+        # Over SFTP, not a command: each command starts the login shell, whose rc files can be
+        # slow (conda or pyenv init), and the session is needed anyway. A relative root is
+        # taken from the home directory, where SFTP starts.
+        with self.connection.sftp() as sftp:
+            root = self.inventory.root
+            if not root.startswith("/"):
+                root = posixpath.join(sftp.normalize("."), root)
+            sftp_makedirs(sftp, root)
+            try:
+                sftp.stat(root)
+            except OSError as error:
+                raise ProvisionError(f"ssh host {self.name}: cannot create its root {root}: "
+                                     f"{error}") from None
         self.root = root
         self.state = HostState.RUNNING
 

@@ -1,26 +1,32 @@
 """Setting an SSH machine up to run `python -m trainer`: this project's wheel in a cached env.
 
-The orchestrator builds this project's wheel once per run (`pip wheel --no-deps`, from a copy of
-the sources so the checkout stays clean), copies it to each machine over SFTP and installs it
-into an environment named by the wheel's *content* digest (zip timestamps excluded, so the same
-code gives the same name), the Python version and the interpreter. The environment is marked
-ready last, under a host-side lock (`flock`), so a second run — or a run racing this one — finds
-it ready and installs nothing.
+The orchestrator builds this project's wheel for the hosts once per state of the sources (`pip
+wheel --no-deps`, from a copy of the sources so the checkout stays clean, without the papers'
+reference data that only the orchestrator reads), copies it to each machine over SFTP under its
+content digest (zip timestamps excluded, so the same code gives the same name), and runs one
+remote command, `host_setup.py`, with the machine's interpreter: it names the environment by
+that digest, the Python version and the interpreter, and builds it under a host-side `flock`,
+marked ready last, so a second run — or a run racing this one — finds it ready and installs
+nothing. One command, because each starts the login shell, and lab servers' rc files (conda or
+pyenv init) cost a fifth of a second or more of CPU each.
 
 Two ways to get the trainer's dependencies onto a machine:
 - the machine declares an interpreter whose environment already has them (`hosts[].python`,
-  the usual lab server): only our wheel is installed, with `--no-deps`, into
+  the usual lab server): only our wheel is unpacked (no pip, no bytecode compilation) into
   `<env>/site`, which the trainer gets on its `PYTHONPATH`;
-- otherwise a venv is created with the machine's `python3` and everything is installed from a
-  wheelhouse the orchestrator prepared (`provider.wheelhouse`, filled by `pip download` on the
-  orchestrator when it lacks our wheel's dependencies) and copied over; the machine needs no
-  package index (air-gapped lab machines).
+- otherwise a venv (without pip) is created with the machine's `python3`, and pip, run from
+  its own wheel in the wheelhouse, installs the dependencies from a wheelhouse the orchestrator
+  prepared (`provider.wheelhouse`, filled by `pip wheel` on the orchestrator when it lacks our
+  wheel's dependencies) and copied over; the machine needs no package index (air-gapped lab
+  machines). That venv is named by the dependency set, so new code reuses it and only unpacks
+  our wheel into `<env>/site`, as in the first case.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import posixpath
 import shlex
 import shutil
@@ -33,14 +39,20 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from provisioning.base import BadRequestError, ProvisionError
+from provisioning.checkout import PROJECT_ROOT
 from provisioning.ssh.connection import SshConnection
 from provisioning.ssh.runner import sftp_makedirs, sftp_put
 
 #: What goes into the wheel build (the rest of the checkout is not needed to build it).
 _SOURCE_ITEMS = ("pyproject.toml", "README.md", "orchestrator", "trainer", "provisioning",
                  "analysis")
-READY_MARKER = ".ready"
-INSTALL_TIMEOUT_S = 900.0
+#: Left out of the hosts' wheel: the papers' measurements (904 of its 1,000 files, 7.5 MB) are
+#: read only by `python -m analysis` on the orchestrator, and unpacking them was most of a
+#: host's setup. Their licence file stays (pyproject's `license-files` names it).
+_HOST_EXCLUDED = Path("analysis") / "reference_data"
+#: One host's setup; a cold venv with TensorFlow from the wheelhouse (450 MB copied, pip, bytecode)
+#: took 14 min on the 2-core test machine under a load of 25-40 (measured once).
+INSTALL_TIMEOUT_S = 1800.0
 
 
 @dataclass(frozen=True)
@@ -55,7 +67,7 @@ class Wheel:
 
 def project_root() -> Path:
     """The source checkout this package was imported from (where pyproject.toml is)."""
-    root = Path(__file__).resolve().parents[2]
+    root = PROJECT_ROOT
     if not (root / "pyproject.toml").exists():
         raise BadRequestError(
             f"provider: setting up ssh hosts builds this project's wheel from its source "
@@ -88,7 +100,8 @@ def wheel_digest(path: Path) -> str:
 
 
 def build_wheel(out_dir: Path, root: Path | None = None) -> Wheel:
-    """Build this project's wheel (no dependencies) into `out_dir` from a copy of the sources."""
+    """Build this project's wheel for the hosts (no dependencies, no reference data) into
+    `out_dir` from a copy of the sources."""
     root = root or project_root()
     out_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="transient-wheel-") as tmp:
@@ -101,6 +114,13 @@ def build_wheel(out_dir: Path, root: Path | None = None) -> Wheel:
                 shutil.copytree(path, src / item, ignore=ignore)
             elif path.exists():
                 shutil.copy2(path, src / item)
+        excluded = src / _HOST_EXCLUDED
+        licences = [p for p in excluded.glob("LICENSE*") if p.is_file()]
+        kept = [(p.name, p.read_bytes()) for p in licences]
+        shutil.rmtree(excluded, ignore_errors=True)
+        excluded.mkdir(parents=True)
+        for name, content in kept:
+            (excluded / name).write_bytes(content)
         result = subprocess.run(
             [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
              "--wheel-dir", str(out_dir), str(src)],
@@ -145,8 +165,12 @@ class WheelCache:
             return self._wheel
 
     def prepared_wheelhouse(self) -> Path:
-        """The wheelhouse with every wheel our wheel (with `extra`) needs; downloaded into it
-        on the orchestrator (which has a package index) when something is missing."""
+        """The wheelhouse with every wheel our wheel (with `extra`) needs, and pip's own wheel
+        (hosts run pip from it, so they need neither pip nor `ensurepip`). A wheelhouse that
+        already holds them all is used as it is, without a package index (checked by an
+        offline `pip wheel`); otherwise what is missing is downloaded (and built, for an
+        sdist) on the orchestrator, which has an index. The wheels are for the orchestrator's
+        Python and platform: hosts must run the same Python minor version."""
         wheel = self.wheel()
         if self.wheelhouse is None:
             raise BadRequestError(
@@ -158,16 +182,25 @@ class WheelCache:
                 marker = self.wheelhouse / f".complete-{wheel.digest[:16]}-{self.extra}"
                 if not marker.exists():
                     target = f"{wheel.path}[{self.extra}]" if self.extra else str(wheel.path)
-                    result = subprocess.run(
-                        [sys.executable, "-m", "pip", "download", "--quiet", "--only-binary=:all:",
-                         "--dest", str(self.wheelhouse), target],
+                    # `pip wheel`, not `pip download --only-binary`: some dependencies ship
+                    # only an sdist (hydra's antlr4 runtime), built into a wheel here once.
+                    download = [sys.executable, "-m", "pip", "wheel", "--quiet",
+                                "--disable-pip-version-check", "--wheel-dir",
+                                str(self.wheelhouse), target, "pip"]
+                    offline = subprocess.run(
+                        [*download, "--no-index", "--find-links", str(self.wheelhouse)],
                         capture_output=True, text=True)
-                    if result.returncode != 0:
-                        raise ProvisionError(
-                            f"preparing the wheelhouse {self.wheelhouse} failed: "
-                            f"{result.stderr[-800:]}")
+                    if offline.returncode != 0:
+                        result = subprocess.run(download, capture_output=True, text=True)
+                        if result.returncode != 0:
+                            raise ProvisionError(
+                                f"preparing the wheelhouse {self.wheelhouse} failed: "
+                                f"{result.stderr[-800:]}")
                     marker.touch()
                 self._wheelhouse_ready = True
+            # our own wheel is copied on its own, under its digest
+            for stale in self.wheelhouse.glob("transient_orchestrator-*.whl"):
+                stale.unlink()
         return self.wheelhouse
 
 
@@ -179,58 +212,71 @@ class Environment:
     command: list[str]  # argv prefix running `python -m trainer`
     env: dict[str, str]
     installed: bool  # False when it was already there (cached)
+    deps_installed: bool = False  # a venv of dependencies was made (hosts without `python`)
+
+
+#: The host-side installer, sent as one `python -c` (see its docstring for why).
+_HOST_SCRIPT = (Path(__file__).with_name("host_setup.py")).read_text()
 
 
 def ensure_environment(connection: SshConnection, root: str, python: str | None,
                        cache: WheelCache, extra: str | None) -> Environment:
-    """Create or reuse the environment for this run's wheel on the machine (idempotent)."""
+    """Create or reuse the environment for this run's wheel on the machine (idempotent).
+
+    The wheel (and the wheelhouse, for hosts without `python`) goes over the machine's SFTP
+    session, skipped when the host already has it (its path carries the wheel's digest); then
+    one remote command, `host_setup.py` run by the host's interpreter, probes the Python
+    version, reuses a ready environment or builds it under a lock."""
     wheel = cache.wheel()
-    q = shlex.quote
     interpreter = python or "python3"
-    probe = connection.run(
-        f"{q(interpreter)} -c 'import sys; print(\"%d.%d\" % sys.version_info[:2])'",
-        check=False)
-    if probe.exit_code != 0:
-        raise ProvisionError(f"ssh host {connection.target.label}: python {interpreter!r} does "
-                             f"not run there: {probe.stderr.strip()[-300:]}")
-    version = probe.stdout.strip()
-    flavour = hashlib.sha256(f"{interpreter}\0{extra}".encode()).hexdigest()[:8]
-    env_dir = posixpath.join(root, "envs", f"{wheel.digest[:16]}-py{version}-{flavour}")
-    if python is not None:
-        site = posixpath.join(env_dir, "site")
-        result = Environment(env_dir, [python, "-m", "trainer"], {"PYTHONPATH": site}, False)
-    else:
-        result = Environment(env_dir, [posixpath.join(env_dir, "venv", "bin", "python"), "-m",
-                                       "trainer"], {}, False)
-    marker = posixpath.join(env_dir, READY_MARKER)
-    if connection.run(f"test -f {q(marker)}", check=False).exit_code == 0:
-        return result
-    remote_wheel = posixpath.join(root, "wheels", wheel.name)
     wheelhouse = None if python is not None else cache.prepared_wheelhouse()
+    remote_wheel = posixpath.join(root, "wheels", wheel.digest[:16], wheel.name)
+    remote_house = posixpath.join(root, "wheelhouse")
     with connection.sftp() as sftp:
-        _put_if_changed(sftp, wheel.path, remote_wheel)
+        _put_if_absent(sftp, wheel.path, remote_wheel)
         if wheelhouse is not None:
             for file in sorted(wheelhouse.glob("*.whl")):
-                _put_if_changed(sftp, file, posixpath.join(root, "wheelhouse", file.name))
-    if python is not None:
-        install = (f"{q(python)} -m pip install --quiet --no-deps --no-index --no-compile "
-                   f"--disable-pip-version-check --target {q(site)} {q(remote_wheel)}")
-    else:
-        target = f"{remote_wheel}[{extra}]" if extra else remote_wheel
-        venv = posixpath.join(env_dir, "venv")
-        install = (f"{q(interpreter)} -m venv {q(venv)} && {q(venv)}/bin/python -m pip install "
-                   f"--quiet --no-index --disable-pip-version-check --find-links "
-                   f"{q(posixpath.join(root, 'wheelhouse'))} {q(target)}")
-    lock = q(env_dir + ".lock")
-    script = (f"set -e; mkdir -p {q(posixpath.dirname(env_dir))}; exec 9> {lock}; flock 9; "
-              f"if [ -f {q(marker)} ]; then exit 0; fi; rm -rf {q(env_dir)}; "
-              f"mkdir -p {q(env_dir)}; {install}; touch {q(marker)}")
-    connection.run(script, timeout_s=INSTALL_TIMEOUT_S)
-    return Environment(result.path, result.command, result.env, True)
+                _put_if_absent(sftp, file, posixpath.join(remote_house, file.name))
+    name, requires = wheel_metadata(wheel.path)
+    spec = {"envs": posixpath.join(root, "envs"), "digest": wheel.digest[:16],
+            "flavour": hashlib.sha256(f"{interpreter}\0{extra}".encode()).hexdigest()[:8],
+            "wheel": remote_wheel, "mode": "site" if python is not None else "venv",
+            "wheelhouse": remote_house, "extra": extra, "name": name,
+            "deps": hashlib.sha256("\n".join([str(extra), *requires]).encode()).hexdigest()[:16]}
+    q = shlex.quote
+    result = connection.run(f"{q(interpreter)} -c {q(_HOST_SCRIPT)} {q(json.dumps(spec))}",
+                            timeout_s=INSTALL_TIMEOUT_S, check=False)
+    if result.exit_code != 0:
+        if result.exit_code in (126, 127):  # the shell could not run the interpreter
+            raise ProvisionError(f"ssh host {connection.target.label}: python {interpreter!r} "
+                                 f"does not run there: {_last_line(result.stderr)}")
+        raise ProvisionError(f"ssh host {connection.target.label}: setting up the trainer's "
+                             f"environment failed (exit {result.exit_code}): "
+                             f"{_last_line(result.stderr or result.stdout)}")
+    done = json.loads(result.stdout.strip().splitlines()[-1])
+    return Environment(done["env"], [python or done["python"], "-m", "trainer"],
+                       {"PYTHONPATH": posixpath.join(done["env"], "site")}, done["installed"],
+                       done["deps_installed"])
 
 
-def _put_if_changed(sftp, local: Path, remote: str) -> None:  # type: ignore[no-untyped-def]
-    """Copy unless the host already has a file of that name and size (wheels are immutable)."""
+def wheel_metadata(path: Path) -> tuple[str, list[str]]:
+    """The wheel's project name and its declared dependencies (`Requires-Dist`, sorted)."""
+    with zipfile.ZipFile(path) as z:
+        meta = next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))
+        lines = z.read(meta).decode().split("\n\n", 1)[0].splitlines()
+    name = next(ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("Name:"))
+    return name, sorted(ln.split(":", 1)[1].strip() for ln in lines
+                        if ln.startswith("Requires-Dist:"))
+
+
+def _last_line(text: str) -> str:
+    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
+    return lines[-1][-300:] if lines else ""
+
+
+def _put_if_absent(sftp, local: Path, remote: str) -> None:  # type: ignore[no-untyped-def]
+    """Copy unless the host already has a file of that name and size (wheel names are
+    immutable: ours carries its digest in its folder, the wheelhouse's their version)."""
     try:
         if sftp.stat(remote).st_size == local.stat().st_size:
             return

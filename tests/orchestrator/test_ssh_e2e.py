@@ -5,9 +5,10 @@ the evaluator colocated on machine h0, workers on h1 and h2, h3 a spare. The hos
 venv's interpreter (it has TensorFlow), so setup installs only this project's wheel there, and
 the roles import the trainer from that wheel, not from the checkout.
 
-Faults: a worker's link cut mid-run (the cluster shrinks and finishes), the PS machine's sshd
-and processes killed (restart from the latest checkpoint on the spare), the orchestrator
-SIGKILLed (then `python -m orchestrator.release` leaves nothing on any host).
+Faults: a worker's link cut or its machine frozen mid-run (the cluster shrinks and finishes),
+the PS machine's sshd and processes killed (restart from the latest checkpoint on the spare),
+the orchestrator SIGKILLed (then `python -m orchestrator.release` leaves nothing on any host),
+a machine that hangs at the start (one line within the connection timeout, nothing left).
 """
 
 # ruff: noqa: F811  (the test bed fixture is imported, then requested by name)
@@ -31,8 +32,9 @@ from tests.testbed.fixtures import provider_options, ssh_testbed  # noqa: F401
 pytestmark = pytest.mark.slow
 
 ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONUNBUFFERED": "1"}
+# preflight (one local TF step before provisioning) is tested on its own; here it only costs time
 SMALL = ["job.train_steps=400", "job.checkpoint_frequency=100", "job.eval_frequency=200",
-         "progress=false"]
+         "progress=false", "preflight=false"]
 RUN_TIMEOUT_S = 420
 EVENT_WAIT_S = 240
 
@@ -133,16 +135,19 @@ def test_digits_over_ssh_matches_a_local_run(repo_root: Path, ssh_testbed: SshTe
     assert_nothing_left(ssh_testbed, ssh_testbed.hosts[:4])
 
 
-def test_cut_worker_link_shrinks_and_completes(repo_root: Path, ssh_testbed: SshTestBed,
-                                               tmp_path: Path) -> None:
+@pytest.mark.parametrize("fault", ["cut_link", "freeze"])
+def test_lost_worker_machine_shrinks_and_completes(repo_root: Path, ssh_testbed: SshTestBed,
+                                                   tmp_path: Path, fault: str) -> None:
+    """A worker machine whose link is cut (packets vanish) or that hangs (every process,
+    sshd included, SIGSTOPped: TCP stays up, nothing answers) is lost like a revoked one."""
     worker_host = ssh_testbed.hosts[2]  # worker-1
     proc, run_dir = start_run(repo_root, ssh_testbed, tmp_path)
     try:
         wait_for(run_dir, step_at_least(100), "step >= 100")
-        ssh_testbed.cut(worker_host)
+        (ssh_testbed.cut if fault == "cut_link" else ssh_testbed.freeze)(worker_host)
         out = finish(proc)
     finally:
-        ssh_testbed.restore(worker_host)
+        (ssh_testbed.restore if fault == "cut_link" else ssh_testbed.thaw)(worker_host)
     summary, events = completed(proc, out, run_dir)
     assert summary["restarts"] == 0 and summary["final_accuracy"] >= 0.9
     lost = [e for e in events if e["kind"] in ("revocation", "server_failure")]
@@ -194,3 +199,27 @@ def test_orchestrator_killed_then_release_leaves_nothing(repo_root: Path,
     again = subprocess.run([sys.executable, "-m", "orchestrator.release", str(run_dir)],
                            cwd=repo_root, env=ENV, capture_output=True, text=True, timeout=120)
     assert "0 resource(s)" in again.stdout, again.stdout  # idempotent
+
+
+def test_machine_hanging_at_start_is_one_line_and_leaves_nothing(
+        repo_root: Path, ssh_testbed: SshTestBed, tmp_path: Path) -> None:
+    """A machine that accepts TCP but whose sshd hangs (SIGSTOPped): the run fails before any
+    role starts, with one line naming the machine, within about the connection timeout (no
+    handshake retries for a host that does not answer), and leaves nothing on the others."""
+    frozen = ssh_testbed.hosts[2]
+    ssh_testbed.freeze(frozen)
+    try:
+        proc, run_dir = start_run(repo_root, ssh_testbed, tmp_path, "provider.connect_timeout_s=3")
+        out = finish(proc)
+    finally:
+        ssh_testbed.thaw(frozen)
+    assert proc.returncode != 0
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "failed"
+    # one handshake, given up after the timeout (retries would say "failed 4 times")
+    assert summary["error"] == (f"SshUnreachableError: ssh host {frozen.name} (root@"
+                                f"{frozen.address}:22) does not answer: no SSH handshake "
+                                "within 3 s (No existing session)"), summary["error"]
+    assert summary["error"] in " ".join(out.split())  # printed (wrapped to the terminal)
+    assert "Traceback" not in out and "paramiko" not in out, out[-3000:]
+    assert_nothing_left(ssh_testbed, ssh_testbed.hosts[:4])

@@ -8,10 +8,17 @@ cache, clean-up from the journal after a crash, and the config checks.
 # ruff: noqa: F811  (the test bed fixture is imported, then requested by name)
 from __future__ import annotations
 
+import base64
+import ensurepip
+import hashlib
 import os
+import posixpath
+import shlex
+import shutil
 import subprocess
 import sys
 import time
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -22,6 +29,7 @@ from provisioning.registry import get_provider
 from provisioning.ssh.config import SshHostConfig, SshProviderConfig
 from provisioning.ssh.connection import HostKeyError, SshUnreachableError
 from provisioning.ssh.provider import PINNED_KEYS_FILE
+from provisioning.ssh.setup import WheelCache, ensure_environment
 from tests.testbed import SshTestBed
 from tests.testbed.fixtures import provider_options, ssh_testbed  # noqa: F401
 
@@ -200,6 +208,78 @@ def test_setup_is_parallel_idempotent_and_cached(ssh_testbed: SshTestBed, tmp_pa
             assert not again.runner(host).machine.environment.installed  # nothing installed
     finally:
         again.release(cluster)
+
+
+def write_wheel(folder: Path, name: str, version: str, files: dict[str, str],
+                requires: tuple[str, ...] = ()) -> Path:
+    """A pure-Python wheel written by hand (a zip with METADATA, WHEEL and RECORD)."""
+    info = f"{name.replace('-', '_')}-{version}.dist-info"
+    members = {**files,
+               f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
+               + "".join(f"Requires-Dist: {r}\n" for r in requires),
+               f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
+                                "Tag: py3-none-any\n"}
+    record = "".join(
+        f"{n},sha256={base64.urlsafe_b64encode(hashlib.sha256(c.encode()).digest()).rstrip(b'=').decode()},"
+        f"{len(c.encode())}\n" for n, c in members.items()) + f"{info}/RECORD,,\n"
+    path = folder / f"{name.replace('-', '_')}-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as z:
+        for member, content in {**members, f"{info}/RECORD": record}.items():
+            z.writestr(member, content)
+    return path
+
+
+@pytest.mark.slow
+def test_wheelhouse_host_gets_a_venv_filled_offline(ssh_testbed: SshTestBed, tmp_path) -> None:
+    """A host without `python` gets a venv of the dependencies (no pip, no ensurepip needed)
+    that pip, run from the wheelhouse's pip wheel, fills from the copied wheelhouse with no
+    package index (the namespace has no route out); our wheel is unpacked beside it, and new
+    code reuses the venv. The trainer's real dependency set (TensorFlow and the rest, 450 MB of
+    wheels, 2 GB installed) is too heavy for a test: a stand-in project wheel depending on one
+    small package stands for it; the code path is the real one, end to end."""
+    pips = sorted((Path(ensurepip.__file__).parent / "_bundled").glob("pip-*.whl"))
+    if not pips:
+        pytest.skip("WHEELHOUSE PATH NOT RUN: this Python's ensurepip bundles no pip wheel "
+                    "to put into the offline wheelhouse")
+    house = tmp_path / "wheelhouse"
+    house.mkdir()
+    write_wheel(house, "tinydep", "1.0", {"tinydep/__init__.py": "VALUE = 42\n"})
+    shutil.copy(pips[-1], house)
+
+    def stand_in(version: str) -> WheelCache:
+        built = tmp_path / f"built-{version}"
+        built.mkdir()
+        write_wheel(built, "transient-orchestrator", version, {
+            "trainer/__init__.py": "",
+            "trainer/__main__.py": "import tinydep, trainer\n"
+                                   "print(tinydep.__file__, tinydep.VALUE, trainer.__file__)\n",
+        }, requires=("tinydep>=1",))
+        return WheelCache(built, house, extra=None)
+
+    first, second = stand_in("0.0.1"), stand_in("0.0.2")
+    assert first.prepared_wheelhouse() == house  # complete: checked offline, nothing fetched
+    host = ssh_testbed.hosts[1]
+    provider = get_provider("ssh", provider_options(ssh_testbed, [host]))
+    cluster = provider.acquire(one_host_request(tmp_path))
+    try:
+        machine = provider.runner(cluster.hosts[0]).machine
+        connection, root = machine.connection, machine.root
+        env = ensure_environment(connection, root, None, first, None)
+        assert env.installed and env.deps_installed
+        python = env.command[0]
+        assert python.startswith(posixpath.join(root, "envs", "venv-"))
+        dep, value, trainer = connection.run(
+            f"PYTHONPATH={shlex.quote(env.env['PYTHONPATH'])} {shlex.join(env.command)}"
+        ).stdout.split()
+        assert value == "42" and dep.startswith(posixpath.dirname(posixpath.dirname(python)))
+        assert trainer.startswith(posixpath.join(env.path, "site"))  # not left in the venv
+        again = ensure_environment(connection, root, None, first, None)
+        assert (again.path, again.installed, again.deps_installed) == (env.path, False, False)
+        newer = ensure_environment(connection, root, None, second, None)  # new code, same deps
+        assert newer.path != env.path and newer.installed and not newer.deps_installed
+        assert newer.command[0] == python  # the venv was reused, pip did not run
+    finally:
+        provider.release(cluster)
 
 
 # --- clean-up after a crash --------------------------------------------------------------------
