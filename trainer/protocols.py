@@ -266,22 +266,29 @@ def build_steps(strategy: Any, model: Any, optimizer: Any, job: Any, v: Any,
         loss, seconds = timed(iterator, worker_id, accumulate_body)
         return result(loss, worker_id, seconds, 1)
 
-    @tf.function
-    def bsp_apply() -> None:
-        # Runs on the chief, but every op is placed with its PS variable: one RPC round trip,
-        # no weights or gradients travel. Auto control deps order read -> apply -> reset.
+    def apply_accumulated() -> Any:
+        """One update from the mean of the accumulated gradients, then the accumulators and
+        tickets reset and the counters moved, the global step last (a BSP round's waiters go
+        on when it moves); returns the new global step. Every op is placed with its PS
+        variable: one RPC round trip from wherever it runs, no weights or gradients travel."""
         count = v.grad_count.read_value()
         means = []
         for acc in v.accumulators:
             with tf.device(acc.device):
                 means.append(acc.read_value() / count)
-        optimizer.apply(means, current_lr())
-        for acc in v.accumulators:
-            acc.assign(tf.zeros_like(acc))
-        v.grad_count.assign(0.0)
-        v.bsp_gradients.assign_add(tf.cast(count, tf.int64))
-        v.bsp_updates.assign_add(1)
-        v.global_step.assign_add(1)
+        with tf.control_dependencies(optimizer.apply(means, current_lr())):
+            resets = [acc.assign(tf.zeros_like(acc), read_value=False)
+                      for acc in v.accumulators]
+            resets += [v.grad_count.assign(0.0, read_value=False),
+                       v.bsp_tickets.assign(0, read_value=False),
+                       v.bsp_gradients.assign_add(tf.cast(count, tf.int64), read_value=False),
+                       v.bsp_updates.assign_add(1, read_value=False)]
+        with tf.control_dependencies(resets):
+            return v.global_step.assign_add(1)
+
+    @tf.function
+    def bsp_apply() -> None:
+        apply_accumulated()  # on the chief, after the barrier (coordinator.join)
 
     # BSP rounds (module docstring): the barrier of each global step is held on the PS
     quorum = tf.constant(workers, tf.int64)
@@ -298,23 +305,6 @@ def build_steps(strategy: Any, model: Any, optimizer: Any, job: Any, v: Any,
         """Atomic fetch-and-increment of an int64 PS variable: the value before."""
         return tf.raw_ops.ResourceCountUpTo(resource=var.handle, limit=TICKET_LIMIT,
                                             T=tf.int64)
-
-    def apply_round() -> Any:
-        # the N-th ticket: every gradient of the round is in the accumulators
-        count = v.grad_count.read_value()
-        means = []
-        for acc in v.accumulators:
-            with tf.device(acc.device):
-                means.append(acc.read_value() / count)
-        with tf.control_dependencies(optimizer.apply(means, current_lr())):
-            resets = [acc.assign(tf.zeros_like(acc), read_value=False)
-                      for acc in v.accumulators]
-            resets += [v.grad_count.assign(0.0, read_value=False),
-                       v.bsp_tickets.assign(0, read_value=False),
-                       v.bsp_gradients.assign_add(tf.cast(count, tf.int64), read_value=False),
-                       v.bsp_updates.assign_add(1, read_value=False)]
-        with tf.control_dependencies(resets):  # the waiters go on when the step moves
-            return v.global_step.assign_add(1)
 
     def wait_round(step: Any, group: Any) -> Any:
         # polls the PS until the applier moved the global step or the chief closed the group;
@@ -353,7 +343,9 @@ def build_steps(strategy: Any, model: Any, optimizer: Any, job: Any, v: Any,
                 loss, seconds = timed(iterator, worker_id, rounds_body)
             with tf.control_dependencies([*pending, loss]):
                 mine = ticket(v.bsp_tickets)
-            after = tf.cond(mine + 1 >= quorum, apply_round, lambda: wait_round(step, group))
+            # the N-th ticket: every gradient of the round is in the accumulators
+            after = tf.cond(mine + 1 >= quorum, apply_accumulated,
+                            lambda: wait_round(step, group))
             with tf.control_dependencies([after]):
                 stop, open_group = v.bsp_stop.read_value(), v.bsp_group.read_value()
             moved = after > step
