@@ -235,14 +235,12 @@ def _train(spec: TrainerSpec, tf: Any, strategy: Any, coordinator: Any,
         account(results)
         return time.time()
 
-    # The ASP step's trace before the clock starts, so that its first step (or a later switch
-    # to ASP) does not pay for it; when training starts with BSP, right after the first step
-    # (off the start-up's critical path: the first BSP step traces its own functions).
-    first = next((p.protocol for i, p in enumerate(spec.phases) if P.units < budget.ends[i]),
-                 "asp")
-    asp_warm = first == "asp"
-    if asp_warm:
-        runners["asp"].warm()  # type: ignore[attr-defined]
+    # The steps' traces before the clock starts, so that the first step, a later switch and
+    # time-based events (straggler episodes, revocations) do not pay for them: the ASP step
+    # always (any run may be switched to it), the BSP group when the schedule has BSP.
+    runners["asp"].warm()  # type: ignore[attr-defined]
+    if job.steps_per_closure != 1 and any(p.protocol == "bsp" for p in spec.phases):
+        runners["bsp"].warm()  # type: ignore[attr-defined]
     STARTUP.mark("model")
     train_started = time.time()
     v.train_epoch.assign(train_started)
@@ -269,9 +267,6 @@ def _train(spec: TrainerSpec, tf: Any, strategy: Any, coordinator: Any,
                         switch_s=round(switched - switch_started, 3))
         events.emit("phase_start", protocol=P.protocol, scheduled=scheduled,
                     step=phase_start_step, phase=index, hparams=phase.hparams)
-        if not asp_warm:
-            runners["asp"].warm()  # type: ignore[attr-defined]
-            asp_warm = True
 
         while P.units < budget.ends[index]:
             wanted = channel.state.protocol or scheduled

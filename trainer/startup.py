@@ -12,7 +12,7 @@ Phases, in order, as a role passes them:
 - chief: `data` (dataset load, done while the servers start),
   `wait_servers` (until every ps/worker port accepts), `connect` (strategy and
   coordinator), `model` (per-worker datasets, variables on the PS, checkpoint restore, the
-  ASP step's trace and instantiation on the workers), `first_step` (the first closures);
+  steps' traces and instantiation on the workers), `first_step` (the first closures);
 - evaluator: `model` (dataset and local model built).
 
 The chief's `total_s` therefore runs from its process start to its first applied step.
