@@ -247,7 +247,7 @@ def startup_lines(delays: list[float], run_dirs: list[Path], imports: list[float
     lines = [
         "## Time from the command's start to the first training step",
         "",
-        f"Over the {len(delays)} runs above: **{_spread(delays)}** (goal < 10 s). Baseline "
+        f"Over {len(delays)} cluster runs of this benchmark: **{_spread(delays)}** (goal < 10 s). Baseline "
         "measured in the same call: one fresh process importing TensorFlow and Keras as the "
         f"chief does, {_spread(imports)}; the start-up is "
         f"{statistics.median(delays) / statistics.median(imports):.2f}× that. It covers the "
