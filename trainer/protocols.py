@@ -11,7 +11,8 @@ Steps per closure: one closure may run several steps in a loop on its worker, so
 chief's cost per closure (Python dispatch, one RPC round) is paid once per K steps.
 `job.steps_per_closure` fixes K; 0 picks it from the measured on-worker step time so that a
 closure lasts about TARGET_CLOSURE_S (`auto_steps_per_closure`); the first steps of each
-protocol run one per closure to measure it. Counts are tensor arguments (or PS variables),
+protocol run one per closure to measure it (BSP keeps K = 1 when the chief's share of a round
+is small: a group saves only that share, `bsp_runner`). Counts are tensor arguments (or PS variables),
 so a short last closure keeps budgets exact without a retrace.
 
 - ASP: each step of a closure has its own batch, gradient and update, exactly as if the steps
@@ -46,6 +47,7 @@ would not run on a remote worker).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -62,6 +64,9 @@ UNKNOWN_WORKER = -1
 TARGET_CLOSURE_S = 0.05
 MAX_AUTO_STEPS_PER_CLOSURE = 32
 AUTO_SAMPLE_STEPS = 4  # BSP: one-step closures measured (after the first) before choosing K
+# BSP groups pay off when the chief's dispatch and barrier are a noticeable share of a round
+# (fast devices, many workers); below this share of the round's wall time K stays 1.
+BSP_MIN_CHIEF_SHARE = 0.25
 BSP_CLOSED = -1  # `bsp_group` value of no open group
 BARRIER_POLL_S = 0.0005  # first pause of a BSP worker waiting at a round's barrier
 BARRIER_POLL_MAX_S = 0.016  # the pause doubles up to this
@@ -508,8 +513,9 @@ def bsp_runner(coordinator: Any, steps: Steps, args: tuple, workers: int,
     One step (n == 1, K == 1, a worker lost, or K still being measured): one accumulate
     closure per worker, `coordinator.join()` as the barrier, one apply on the PS. Otherwise
     one group of min(K, n) steps held on the PS (module docstring). `steps_per_closure` 0 =
-    automatic: K from the median step time of AUTO_SAMPLE_STEPS one-step rounds (after the
-    first, which includes the trace), reported through `on_choice(K, step_time_s)`.
+    automatic: after AUTO_SAMPLE_STEPS one-step rounds (and the first, which includes the
+    trace), K = 1 when the chief's share of a round is small (`choose_k`), else from the median
+    step time as for ASP; reported through `on_choice(K, step_time_s)`.
     """
     import tensorflow as tf
 
@@ -517,20 +523,34 @@ def bsp_runner(coordinator: Any, steps: Steps, args: tuple, workers: int,
     state: dict[str, Any] = {"k": steps_per_closure, "group": 0, "samples": []}
 
     def one_step() -> tuple[int, list[Any]]:
+        started = time.perf_counter()
         results = [coordinator.schedule(steps.bsp_accumulate, args=args)
                    for _ in range(workers)]
         coordinator.join()  # the barrier; a dead worker's closure is rerun on a survivor
         steps.bsp_apply()
         if not state["k"]:
-            state["samples"].append(results)
+            state["samples"].append((results, time.perf_counter() - started))
             if len(state["samples"]) > AUTO_SAMPLE_STEPS:  # the first one traced the step
-                step_time = median_step_time([r for rs in state["samples"][1:] for r in rs])
+                choose_k(state["samples"][1:])
                 state["samples"].clear()
-                if step_time is not None:
-                    state["k"] = auto_steps_per_closure(step_time)
-                    if on_choice is not None:
-                        on_choice(state["k"], step_time)
         return 1, results
+
+    def choose_k(samples: list[tuple[list[Any], float]]) -> None:
+        """K from the sampled one-step rounds: 1 when the chief's share of a round (its wall
+        time beyond the slowest worker's step) is below BSP_MIN_CHIEF_SHARE, since a group
+        saves only that share and its waiting workers poll the PS; else as for ASP."""
+        step_time = median_step_time([r for results, _ in samples for r in results])
+        shares = []
+        for results, wall in samples:
+            fetched = [r for r in map(fetch_or_none, results) if r is not None]
+            if fetched and wall > 0:
+                shares.append(max(0.0, wall - max(float(r[2]) for r in fetched)) / wall)
+        if step_time is None or not shares:
+            return  # every sample was lost with a worker: measure again
+        share = sorted(shares)[len(shares) // 2]
+        state["k"] = 1 if share < BSP_MIN_CHIEF_SHARE else auto_steps_per_closure(step_time)
+        if on_choice is not None:
+            on_choice(state["k"], step_time)
 
     def group(n: int) -> tuple[int, list[Any]]:
         state["group"] += 1
