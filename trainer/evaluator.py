@@ -17,7 +17,7 @@ from trainer.checkpoints import checkpoint_paths, restore_newest
 from trainer.models import build_model
 from trainer.problems import eval_dataset, get_problem
 from trainer.spec import TrainerSpec
-from trainer.startup import STARTUP
+from trainer.startup import STARTUP, import_tensorflow
 from trainer.summaries import write_scalar
 
 POLL_INTERVAL_S = 0.5
@@ -31,9 +31,7 @@ def run_evaluator(spec: TrainerSpec, max_wait_s: float | None = None) -> dict[st
     chief may checkpoint faster than an evaluation takes. Raises TimeoutError after
     `max_wait_s` without a DONE marker (None = wait for ever, the orchestrator stops us).
     """
-    import tensorflow as tf
-
-    STARTUP.mark("import_tf")
+    tf = import_tensorflow()
     job = spec.job
     ckpt_dir = Path(spec.layout.checkpoints)
     arrays = get_problem(job.problem).load(job.data_dir, job.seed)

@@ -28,9 +28,9 @@ Events (besides step/worker_steps/worker_failure/worker_rejoined, trainer/meter.
   in force, `scheduled` the phase's own); `phase_end` `{"protocol", "step", "phase",
   "wall_s", "switch_s"}`.
 - `protocol_switch` `{"from", "to", "step", "switch_s", "detect_s", "reason": "control"}`.
-- `steps_per_closure` `{"steps", "auto", "step_time_s"}`: ASP steps per worker closure,
-  fixed by the job (`auto` false) or chosen after the first chunk from its median on-worker
-  step time (trainer/protocols.py).
+- `steps_per_closure` `{"steps", "auto", "protocol", "step_time_s"}`: global steps per
+  worker closure, fixed by the job for both protocols (`auto` false, `protocol` null) or
+  chosen per protocol from its first steps' median on-worker step time (trainer/protocols.py).
 - `checkpoint` `{"step", "path", "duration_s", "reason"}`, reason one of "schedule" (the
   job's checkpoint/eval frequency), "control", "notice" (this host's preemption notice),
   "final".
@@ -44,6 +44,7 @@ import json
 import logging
 import socket
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -54,9 +55,16 @@ from trainer.meter import Meter, WorkerFailureEvents, watch_rejoins
 from trainer.models import build_model
 from trainer.optim import PSOptimizer, lr_at
 from trainer.problems import get_problem, train_dataset
-from trainer.protocols import asp_runner, bsp_runner, build_steps, per_worker_ids
+from trainer.protocols import (
+    BSP_CLOSED,
+    Membership,
+    asp_runner,
+    bsp_runner,
+    build_steps,
+    per_worker_ids,
+)
 from trainer.spec import PhaseSpec, TrainerSpec
-from trainer.startup import STARTUP
+from trainer.startup import STARTUP, import_tensorflow
 
 SERVER_WAIT_S = 120.0  # how long to wait for ps/worker ports before giving up
 DONE_MARKER = layout.DONE_MARKER
@@ -71,9 +79,7 @@ def train(spec: TrainerSpec) -> None:
 
     Exits the process with code 3 (`control.ps_lost`) when a parameter server is lost.
     """
-    import tensorflow as tf
-
-    STARTUP.mark("import_tf")
+    tf = import_tensorflow()
     job, workers = spec.job, spec.num_workers
     print(f"[chief] run {spec.run_id}: {workers} workers x batch {job.batch_size} = "
           f"{workers * job.batch_size} samples per BSP step; phases "
@@ -84,8 +90,6 @@ def train(spec: TrainerSpec) -> None:
 
     # Work that needs no server first: the servers are still importing TensorFlow, so this
     # overlaps their start instead of following it (start-up, trainer/startup.py).
-    import keras  # noqa: F401  (imported lazily by TF; seconds of CPU)
-
     arrays = get_problem(job.problem).load(job.data_dir, job.seed)
     STARTUP.mark("data")
 
@@ -97,11 +101,12 @@ def train(spec: TrainerSpec) -> None:
         tf.train.ClusterSpec(spec.cluster), task_type="chief", task_id=0, rpc_layer="grpc")
     strategy = tf.distribute.ParameterServerStrategy(resolver)
     coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
-    logging.getLogger("tensorflow").addHandler(WorkerFailureEvents())
-    watch_rejoins(coordinator)
+    membership = Membership()
+    logging.getLogger("tensorflow").addHandler(WorkerFailureEvents(membership))
+    watch_rejoins(coordinator, membership)
     start_heartbeats(spec.cluster["worker"])
     try:
-        _train(spec, tf, strategy, coordinator, notice, arrays)
+        _train(spec, tf, strategy, coordinator, notice, arrays, membership)
     except Exception as exc:
         if "job:ps" in str(exc) or "PSUnavailable" in type(exc).__name__ or (
                 control.unreachable(spec.cluster["ps"])):
@@ -110,7 +115,7 @@ def train(spec: TrainerSpec) -> None:
 
 
 def _train(spec: TrainerSpec, tf: Any, strategy: Any, coordinator: Any,
-           notice: control.NoticeWatcher, arrays: Any) -> None:
+           notice: control.NoticeWatcher, arrays: Any, membership: Membership) -> None:
     job, workers = spec.job, spec.num_workers
     ckpt_dir = Path(spec.layout.checkpoints)  # the checkpoint store the spec names
     save_every = [f for f in (job.checkpoint_frequency, job.eval_frequency) if f > 0]
@@ -138,6 +143,9 @@ def _train(spec: TrainerSpec, tf: Any, strategy: Any, coordinator: Any,
         v.units_used = counter("budget_units_used", -1)  # -1: not in an old checkpoint
         v.grad_count = counter("grad_count", 0.0, tf.float32)
         v.train_epoch = counter("train_epoch", 0.0, tf.float64)  # not checkpointed
+        # the BSP group's state (trainer/protocols.py), not checkpointed either
+        v.bsp_group, v.bsp_stop = counter("bsp_group", BSP_CLOSED), counter("bsp_stop")
+        v.bsp_joined, v.bsp_tickets = counter("bsp_joined"), counter("bsp_tickets")
         v.accumulators = []  # not checkpointed: a restarted cluster starts them at zero
         for p in optimizer.variables:
             with strategy.extended.colocate_vars_with(p):
@@ -161,19 +169,22 @@ def _train(spec: TrainerSpec, tf: Any, strategy: Any, coordinator: Any,
     ckpt_dir.mkdir(parents=True, exist_ok=True)
     (ckpt_dir / "trainer_spec.json").write_text(json.dumps(spec.to_dict(), indent=2))
 
-    asp_step, bsp_accumulate, bsp_apply = build_steps(strategy, model, optimizer, job, v,
-                                                      spec.stragglers)
-    def chosen(steps: int, step_time_s: float) -> None:
-        events.emit("steps_per_closure", steps=steps, auto=True,
-                    step_time_s=round(step_time_s, 5))
+    steps = build_steps(strategy, model, optimizer, job, v, spec.stragglers, workers)
+
+    def chosen(protocol: str) -> Callable[[int, float], None]:
+        def emit(steps: int, step_time_s: float) -> None:
+            events.emit("steps_per_closure", steps=steps, auto=True, protocol=protocol,
+                        step_time_s=round(step_time_s, 5))
+        return emit
 
     if job.steps_per_closure:
         events.emit("steps_per_closure", steps=job.steps_per_closure, auto=False,
-                    step_time_s=None)
-    runners = {"asp": asp_runner(coordinator, asp_step, (iterator, worker_ids), workers,
-                                 job.steps_per_closure, chosen),
-               "bsp": bsp_runner(coordinator, bsp_accumulate, bsp_apply,
-                                 (iterator, worker_ids), workers)}
+                    protocol=None, step_time_s=None)
+    args = (iterator, worker_ids)
+    runners = {"asp": asp_runner(coordinator, steps.asp, args, workers,
+                                 job.steps_per_closure, chosen("asp")),
+               "bsp": bsp_runner(coordinator, steps, args, workers, job.steps_per_closure,
+                                 membership, chosen("bsp"))}
     writer = tf.summary.create_file_writer(spec.layout.tensorboard("train"))
     meter = Meter(spec, int(v.global_step.numpy()), writer, lambda s: lr_at(
         s, job, float(optimizer.learning_rate.numpy())))
@@ -224,7 +235,12 @@ def _train(spec: TrainerSpec, tf: Any, strategy: Any, coordinator: Any,
         account(results)
         return time.time()
 
-    runners["asp"].warm()  # type: ignore[attr-defined]  # the trace, before the clock starts
+    # The steps' traces before the clock starts, so that the first step, a later switch and
+    # time-based events (straggler episodes, revocations) do not pay for them: the ASP step
+    # always (any run may be switched to it), the BSP group when the schedule has BSP.
+    runners["asp"].warm()  # type: ignore[attr-defined]
+    if job.steps_per_closure != 1 and any(p.protocol == "bsp" for p in spec.phases):
+        runners["bsp"].warm()  # type: ignore[attr-defined]
     STARTUP.mark("model")
     train_started = time.time()
     v.train_epoch.assign(train_started)
@@ -292,11 +308,14 @@ def _train(spec: TrainerSpec, tf: Any, strategy: Any, coordinator: Any,
     final_path = save_checkpoint("final")
     meter.observe(read_step, [], force=True)
     updates, gradients = int(v.bsp_updates.numpy()), int(v.bsp_gradients.numpy())
+    groups = runners["bsp"].groups  # type: ignore[attr-defined]
     if updates:
-        print(f"[chief] bsp: {updates} updates from {gradients} gradients", flush=True)
+        print(f"[chief] bsp: {updates} updates from {gradients} gradients; {groups} "
+              "multi-step groups", flush=True)
     done = ckpt_dir / (DONE_MARKER + ".tmp")  # write, then rename: the evaluator polls it
     done.write_text(json.dumps({"step": P.step, "checkpoint": final_path,
                                 "bsp_updates": updates, "bsp_gradients": gradients,
+                                "bsp_groups": groups,
                                 "budget_units": P.units}) + "\n")
     done.replace(ckpt_dir / DONE_MARKER)
     writer.flush()

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 from trainer import events
-from trainer.protocols import fetch_or_none
+from trainer.protocols import Membership, fetch_or_none
 from trainer.spec import TrainerSpec
 from trainer.summaries import write_scalar
 
@@ -113,6 +113,8 @@ class Meter:
             if fetched is None:
                 continue
             _, worker, seconds, steps = fetched
+            if steps <= 0:
+                continue  # a closure that ran no step (a BSP group's late rerun)
             total = times.setdefault(int(worker), [0.0, 0.0])
             total[0] += float(seconds) * float(steps)
             total[1] += float(steps)
@@ -127,22 +129,34 @@ class Meter:
 class WorkerFailureEvents(logging.Handler):
     """Turn the coordinator's "Worker ... failed with ..." log record into a
     `worker_failure` event. The coordinator recovers by itself (it reschedules the closure
-    and re-creates the worker's dataset when it returns); this only makes the loss visible.
+    and re-creates the worker's dataset when it returns); this makes the loss visible and
+    tells `membership` (a BSP group held on the PS must end when one of its closures fails,
+    also on a transient failure: "Remote function on worker ... failed with").
     """
 
     PATTERN = re.compile(r"/job:worker/replica:\d+/task:(\d+)")
 
+    def __init__(self, membership: Membership | None = None) -> None:
+        super().__init__()
+        self.membership = membership
+
     def emit(self, record: logging.LogRecord) -> None:
-        if not str(record.msg).startswith("Worker %s failed with"):
+        message = str(record.msg)
+        lost = message.startswith("Worker %s failed with")
+        if not lost and not message.startswith("Remote function on worker %s failed with"):
             return
         device = str(record.args[0]) if record.args else ""
         match = self.PATTERN.search(device)
-        error = str(record.args[1]) if record.args and len(record.args) > 1 else ""
-        events.emit("worker_failure", worker=int(match.group(1)) if match else device,
-                    error=error[:300])
+        worker = int(match.group(1)) if match else None
+        if self.membership is not None:
+            self.membership.failed(worker, lost)
+        if lost:
+            error = str(record.args[1]) if record.args and len(record.args) > 1 else ""
+            events.emit("worker_failure", worker=device if worker is None else worker,
+                        error=error[:300])
 
 
-def watch_rejoins(coordinator: Any) -> None:
+def watch_rejoins(coordinator: Any, membership: Membership | None = None) -> None:
     """Emit `worker_rejoined` when the coordinator recovers a worker. It calls the worker's
     `_on_worker_recovery` (private; looked up per failure, so wrapping the instance works)
     once the restarted worker answers; a no-op if those internals moved."""
@@ -153,6 +167,8 @@ def watch_rejoins(coordinator: Any) -> None:
 
         def recovered(original: Callable = original, index: int = worker.worker_index) -> None:
             original()
+            if membership is not None:
+                membership.rejoined(index)
             events.emit("worker_rejoined", worker=index)
 
         worker._on_worker_recovery = recovered

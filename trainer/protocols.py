@@ -7,14 +7,33 @@
   on a survivor by the coordinator, so the barrier never waits on a dead worker; dividing
   by the count (not by the worker count) keeps the average right if that closure ran twice.
 
-Steps per closure (ASP): one closure may run several steps in a loop on its worker, each
-with its own batch, gradient and update, exactly as if they had been scheduled one by one:
-the chief's cost per closure (Python dispatch, one RPC round) is then paid once per K steps.
+Steps per closure: one closure may run several steps in a loop on its worker, so that the
+chief's cost per closure (Python dispatch, one RPC round) is paid once per K steps.
 `job.steps_per_closure` fixes K; 0 picks it from the measured on-worker step time so that a
-closure lasts about TARGET_CLOSURE_S (`auto_steps_per_closure`). The count is a tensor
-argument, so a short last closure keeps budgets exact without a retrace. BSP keeps one step
-per closure: its barrier (one gradient from every worker before one update) sits between
-two steps, and only the chief can hold it without an in-graph cross-worker lock.
+closure lasts about TARGET_CLOSURE_S (`auto_steps_per_closure`); the first steps of each
+protocol run one per closure to measure it (BSP keeps K = 1 when the chief's share of a round
+is small: a group saves only that share, `bsp_runner`). Counts are tensor arguments (or PS variables),
+so a short last closure keeps budgets exact without a retrace.
+
+- ASP: each step of a closure has its own batch, gradient and update, exactly as if the steps
+  had been scheduled one by one.
+- BSP (`bsp_runner`): a *group* of K global steps is N closures, one per worker, each running
+  the same K synchronous rounds. A round is the barrier of one global step, held on the PS
+  instead of by the chief: every worker adds its gradient to the accumulators, then takes a
+  ticket (`ResourceCountUpTo` on a PS counter: an atomic fetch-and-increment); the worker
+  holding the N-th ticket applies the mean of the N gradients, resets the accumulators and
+  only then increments the global step; the others wait until it moved (polling the PS,
+  pauses from BARRIER_POLL_S doubling to BARRIER_POLL_MAX_S), then start the next round on
+  the new weights. So every global step is still exactly one update from one gradient of every worker, and
+  the group stops exactly at the step the chief opened it for (`bsp_stop`). A group needs all
+  N workers at once (each worker runs one closure at a time, so N closures land on N
+  workers); while a worker is lost, BSP runs one step per closure as before (the barrier on
+  the chief, a dead worker's closure rerun on a survivor). When a worker fails during a
+  group, the chief closes the group (`bsp_group`): the survivors leave at their next
+  check, the coordinator's rerun of the lost closure finds the group closed and does
+  nothing (a late `bsp_joined` ticket also keeps reruns out of a group still open), and the
+  round in flight is discarded (its partial gradients zeroed, no update): the lost worker
+  loses at most the closure in flight, the rounds already applied stay.
 
 Every worker closure returns the float64 vector `[loss, worker_id, step_time_s, steps]`:
 `loss` of its last step, `worker_id` the index of the worker that ran it (a per-worker
@@ -28,7 +47,9 @@ would not run on a remote worker).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from trainer.spec import StragglerSpec
@@ -42,6 +63,38 @@ UNKNOWN_WORKER = -1
 # control request or a phase boundary still waits at most this long for a closure to end.
 TARGET_CLOSURE_S = 0.05
 MAX_AUTO_STEPS_PER_CLOSURE = 32
+AUTO_SAMPLE_STEPS = 4  # BSP: one-step closures measured (after the first) before choosing K
+# BSP groups pay off when the chief's dispatch and barrier are a noticeable share of a round
+# (fast devices, many workers); below this share of the round's wall time K stays 1.
+BSP_MIN_CHIEF_SHARE = 0.25
+BSP_CLOSED = -1  # `bsp_group` value of no open group
+BARRIER_POLL_S = 0.0005  # first pause of a BSP worker waiting at a round's barrier
+BARRIER_POLL_MAX_S = 0.016  # the pause doubles up to this
+TICKET_LIMIT = 2 ** 62  # ResourceCountUpTo needs a limit; never reached
+
+
+class Membership:
+    """What the chief knows of its workers' health, fed by the coordinator's log records
+    (trainer/meter.py): `disruptions` counts every failed closure (a lost worker or a
+    transient failure whose closure is put back), `lost` holds the workers failed and not
+    rejoined. Written by the coordinator's threads, read by the chief's main thread."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self._lock = threading.Lock()
+        self.disruptions = 0
+        self.lost: set[int] = set()
+
+    def failed(self, worker: int | None, lost: bool) -> None:
+        with self._lock:
+            self.disruptions += 1
+            if lost and worker is not None:
+                self.lost.add(worker)
+
+    def rejoined(self, worker: int) -> None:
+        with self._lock:
+            self.lost.discard(worker)
 
 
 def fetch_or_none(remote: Any) -> Any:
@@ -124,11 +177,25 @@ def sleep(seconds: Any) -> Any:
     return ds.take(1).reduce(tf.constant(0, tf.int64), lambda a, b: a + b)
 
 
+@dataclass
+class Steps:
+    """The tf.functions of both protocols (see the module docstring)."""
+
+    asp: Callable  # worker: (iterator, worker_id, steps) -> result vector
+    bsp_accumulate: Callable  # worker: (iterator, worker_id) -> result vector
+    bsp_apply: Callable  # chief, ops on the PS: one update from the accumulated gradients
+    bsp_rounds: Callable  # worker: (iterator, worker_id, group) -> result vector
+    bsp_open: Callable  # chief: (group, steps) -> global step at the group's start
+    bsp_close: Callable  # chief: () -> None; the open group's closures leave at their next check
+    bsp_discard: Callable  # chief, after the group ended: drop its partial round; -> global step
+
+
 def build_steps(strategy: Any, model: Any, optimizer: Any, job: Any, v: Any,
-                stragglers: list[StragglerSpec]) -> tuple[Callable, Callable, Callable]:
-    """(asp_step, bsp_accumulate, bsp_apply). `v` holds the PS variables: global_step,
-    grad_count, accumulators, bsp_gradients, bsp_updates, train_epoch (unix s of the
-    chief's train_start, for time-based straggler episodes)."""
+                stragglers: list[StragglerSpec], workers: int) -> Steps:
+    """The step functions over the PS variables in `v`: global_step, grad_count,
+    accumulators, bsp_gradients, bsp_updates, train_epoch (unix s of the chief's
+    train_start, for time-based straggler episodes) and the BSP group's bsp_group,
+    bsp_stop, bsp_joined, bsp_tickets. `workers`: the gradients per BSP round."""
     import tensorflow as tf
 
     from trainer.optim import lr_tensor
@@ -204,24 +271,123 @@ def build_steps(strategy: Any, model: Any, optimizer: Any, job: Any, v: Any,
         loss, seconds = timed(iterator, worker_id, accumulate_body)
         return result(loss, worker_id, seconds, 1)
 
-    @tf.function
-    def bsp_apply() -> None:
-        # Runs on the chief, but every op is placed with its PS variable: one RPC round trip,
-        # no weights or gradients travel. Auto control deps order read -> apply -> reset.
+    def apply_accumulated() -> Any:
+        """One update from the mean of the accumulated gradients, then the accumulators and
+        tickets reset and the counters moved, the global step last (a BSP round's waiters go
+        on when it moves); returns the new global step. Every op is placed with its PS
+        variable: one RPC round trip from wherever it runs, no weights or gradients travel."""
         count = v.grad_count.read_value()
         means = []
         for acc in v.accumulators:
             with tf.device(acc.device):
                 means.append(acc.read_value() / count)
-        optimizer.apply(means, current_lr())
-        for acc in v.accumulators:
-            acc.assign(tf.zeros_like(acc))
-        v.grad_count.assign(0.0)
-        v.bsp_gradients.assign_add(tf.cast(count, tf.int64))
-        v.bsp_updates.assign_add(1)
-        v.global_step.assign_add(1)
+        with tf.control_dependencies(optimizer.apply(means, current_lr())):
+            resets = [acc.assign(tf.zeros_like(acc), read_value=False)
+                      for acc in v.accumulators]
+            resets += [v.grad_count.assign(0.0, read_value=False),
+                       v.bsp_tickets.assign(0, read_value=False),
+                       v.bsp_gradients.assign_add(tf.cast(count, tf.int64), read_value=False),
+                       v.bsp_updates.assign_add(1, read_value=False)]
+        with tf.control_dependencies(resets):
+            return v.global_step.assign_add(1)
 
-    return asp_step, bsp_accumulate, bsp_apply
+    @tf.function
+    def bsp_apply() -> None:
+        apply_accumulated()  # on the chief, after the barrier (coordinator.join)
+
+    # BSP rounds (module docstring): the barrier of each global step is held on the PS
+    quorum = tf.constant(workers, tf.int64)
+    pending: list[Any] = []  # the accumulate ops of the round being built
+
+    def rounds_body(batch: Any) -> Any:
+        loss, grads = loss_and_grads(batch)
+        pending[:] = [acc.assign_add(grad, read_value=False)
+                      for acc, grad in zip(v.accumulators, grads, strict=True)]
+        pending.append(v.grad_count.assign_add(1.0, read_value=False))
+        return loss
+
+    def ticket(var: Any) -> Any:
+        """Atomic fetch-and-increment of an int64 PS variable: the value before."""
+        return tf.raw_ops.ResourceCountUpTo(resource=var.handle, limit=TICKET_LIMIT,
+                                            T=tf.int64)
+
+    def wait_round(step: Any, group: Any) -> Any:
+        # polls the PS until the applier moved the global step or the chief closed the group;
+        # the pause doubles from BARRIER_POLL_S to BARRIER_POLL_MAX_S, so a short wait costs
+        # little latency and a long one (a straggler) few RPCs. Not a blocking dequeue on the
+        # PS: a call blocked for a while draws gRPC keepalive pings without data, which TF's
+        # servers answer with GOAWAY "too many pings" (measured: the run failed)
+        def waiting(seen: Any, open_group: Any, pause: Any) -> Any:
+            return tf.logical_and(tf.equal(seen, step), tf.equal(open_group, group))
+
+        def poll(seen: Any, open_group: Any, pause: Any) -> tuple[Any, Any, Any]:
+            with tf.control_dependencies([seen, open_group]):
+                slept = sleep(pause)
+            with tf.control_dependencies([slept]):
+                return (v.global_step.read_value(), v.bsp_group.read_value(),
+                        tf.minimum(pause * 2.0, BARRIER_POLL_MAX_S))
+
+        with tf.control_dependencies([step]):
+            first = (v.global_step.read_value(), v.bsp_group.read_value(),
+                     tf.constant(BARRIER_POLL_S, tf.float64))
+        seen, _, _ = tf.while_loop(waiting, poll, first)
+        return seen
+
+    @tf.function
+    def bsp_rounds(iterator: Any, worker_id: Any, group: Any) -> Any:
+        joined = ticket(v.bsp_joined)  # a rerun of a lost worker's closure comes late
+        with tf.control_dependencies([joined]):
+            step = v.global_step.read_value()
+            stop, open_group = v.bsp_stop.read_value(), v.bsp_group.read_value()
+        go = tf.logical_and(tf.logical_and(joined < quorum, tf.equal(open_group, group)),
+                            step < stop)
+        zero = tf.constant(0.0, tf.float64)
+
+        def round_(go: Any, step: Any, rounds: Any, loss: Any, total: Any) -> tuple:
+            with tf.control_dependencies([go, step]):  # after the previous round ended
+                loss, seconds = timed(iterator, worker_id, rounds_body)
+            with tf.control_dependencies([*pending, loss]):
+                mine = ticket(v.bsp_tickets)
+            # the N-th ticket: every gradient of the round is in the accumulators
+            after = tf.cond(mine + 1 >= quorum, apply_accumulated,
+                            lambda: wait_round(step, group))
+            with tf.control_dependencies([after]):
+                stop, open_group = v.bsp_stop.read_value(), v.bsp_group.read_value()
+            moved = after > step
+            go = tf.logical_and(tf.logical_and(moved, after < stop),
+                                tf.equal(open_group, group))
+            return go, after, rounds + tf.cast(moved, tf.int64), loss, total + seconds
+
+        _, _, rounds, loss, total = tf.while_loop(
+            lambda go, *_: go, round_, (go, step, tf.constant(0, tf.int64), zero, zero))
+        return result(loss, worker_id, total / tf.cast(tf.maximum(rounds, 1), tf.float64),
+                      rounds)
+
+    @tf.function
+    def bsp_open(group: Any, steps: Any) -> Any:
+        start = v.global_step.read_value()
+        resets = [v.bsp_joined.assign(0, read_value=False),
+                  v.bsp_tickets.assign(0, read_value=False),
+                  v.bsp_stop.assign(start + steps, read_value=False)]
+        with tf.control_dependencies(resets):
+            v.bsp_group.assign(group, read_value=False)
+        return start
+
+    @tf.function
+    def bsp_close() -> None:
+        v.bsp_group.assign(BSP_CLOSED, read_value=False)
+
+    @tf.function
+    def bsp_discard() -> Any:
+        # called only when every closure of the group has ended: nothing races the resets
+        resets = [acc.assign(tf.zeros_like(acc), read_value=False) for acc in v.accumulators]
+        resets += [v.grad_count.assign(0.0, read_value=False),
+                   v.bsp_tickets.assign(0, read_value=False)]
+        with tf.control_dependencies(resets):
+            return v.global_step.read_value()
+
+    return Steps(asp_step, bsp_accumulate, bsp_apply, bsp_rounds, bsp_open, bsp_close,
+                 bsp_discard)
 
 
 def auto_steps_per_closure(step_time_s: float) -> int:
@@ -229,6 +395,12 @@ def auto_steps_per_closure(step_time_s: float) -> int:
     if step_time_s <= 0:
         return MAX_AUTO_STEPS_PER_CLOSURE
     return max(1, min(MAX_AUTO_STEPS_PER_CLOSURE, round(TARGET_CLOSURE_S / step_time_s)))
+
+
+def median_step_time(results: list[Any]) -> float | None:
+    """The median on-worker step time of finished closures (None if all were lost)."""
+    times = [float(r[2]) for r in map(fetch_or_none, results) if r is not None and r[3] > 0]
+    return sorted(times)[len(times) // 2] if times else None
 
 
 def asp_runner(coordinator: Any, asp_step: Callable, args: tuple, workers: int,
@@ -257,10 +429,9 @@ def asp_runner(coordinator: Any, asp_step: Callable, args: tuple, workers: int,
         return counts[k]
 
     def choose(done: list[Any]) -> None:
-        times = [float(r[2]) for r in map(fetch_or_none, done) if r is not None]
-        if not times:
+        step_time = median_step_time(done)
+        if step_time is None:
             return  # every sample was lost with a worker: try again with the next chunk
-        step_time = sorted(times)[len(times) // 2]
         state["k"] = auto_steps_per_closure(step_time)
         if on_choice is not None:
             on_choice(state["k"], step_time)
@@ -333,15 +504,90 @@ def wait_for_chunk(chunk: list[Any], workers: int) -> tuple[list[Any], list[Any]
         running[0]._status_available_event.wait(CHUNK_POLL_S)
 
 
-def bsp_runner(coordinator: Any, accumulate: Callable, apply: Callable, args: tuple,
-               workers: int) -> Callable[[int], tuple[int, list[Any]]]:
-    """run(n): one BSP global step: one gradient per worker, barrier, one apply on the PS."""
+def bsp_runner(coordinator: Any, steps: Steps, args: tuple, workers: int,
+               steps_per_closure: int = 1, membership: Membership | None = None,
+               on_choice: Callable[[int, float], None] | None = None,
+               ) -> Callable[[int], tuple[int, list[Any]]]:
+    """run(n): up to `n` BSP global steps; returns (steps applied, closure results).
 
-    def run(n: int) -> tuple[int, list[Any]]:
-        results = [coordinator.schedule(accumulate, args=args) for _ in range(workers)]
+    One step (n == 1, K == 1, a worker lost, or K still being measured): one accumulate
+    closure per worker, `coordinator.join()` as the barrier, one apply on the PS. Otherwise
+    one group of min(K, n) steps held on the PS (module docstring). `steps_per_closure` 0 =
+    automatic: after AUTO_SAMPLE_STEPS one-step rounds (and the first, which includes the
+    trace), K = 1 when the chief's share of a round is small (`choose_k`), else from the median
+    step time as for ASP; reported through `on_choice(K, step_time_s)`.
+    """
+    import tensorflow as tf
+
+    membership = membership or Membership()
+    state: dict[str, Any] = {"k": steps_per_closure, "group": 0, "samples": []}
+
+    def one_step() -> tuple[int, list[Any]]:
+        started = time.perf_counter()
+        results = [coordinator.schedule(steps.bsp_accumulate, args=args)
+                   for _ in range(workers)]
         coordinator.join()  # the barrier; a dead worker's closure is rerun on a survivor
-        apply()
+        steps.bsp_apply()
+        if not state["k"]:
+            state["samples"].append((results, time.perf_counter() - started))
+            if len(state["samples"]) > AUTO_SAMPLE_STEPS:  # the first one traced the step
+                choose_k(state["samples"][1:])
+                state["samples"].clear()
         return 1, results
 
+    def choose_k(samples: list[tuple[list[Any], float]]) -> None:
+        """K from the sampled one-step rounds: 1 when the chief's share of a round (its wall
+        time beyond the slowest worker's step) is below BSP_MIN_CHIEF_SHARE, since a group
+        saves only that share and its waiting workers poll the PS; else as for ASP."""
+        step_time = median_step_time([r for results, _ in samples for r in results])
+        shares = []
+        for results, wall in samples:
+            fetched = [r for r in map(fetch_or_none, results) if r is not None]
+            if fetched and wall > 0:
+                shares.append(max(0.0, wall - max(float(r[2]) for r in fetched)) / wall)
+        if step_time is None or not shares:
+            return  # every sample was lost with a worker: measure again
+        share = sorted(shares)[len(shares) // 2]
+        state["k"] = 1 if share < BSP_MIN_CHIEF_SHARE else auto_steps_per_closure(step_time)
+        if on_choice is not None:
+            on_choice(state["k"], step_time)
+
+    def group(n: int) -> tuple[int, list[Any]]:
+        state["group"] += 1
+        run.groups += 1  # type: ignore[attr-defined]
+        group_id = tf.constant(state["group"], tf.int64)
+        disruptions = membership.disruptions
+        start = int(steps.bsp_open(group_id, tf.constant(n, tf.int64)))
+        results = [coordinator.schedule(steps.bsp_rounds, args=(*args, group_id))
+                   for _ in range(workers)]
+        while True:
+            running = [r for r in results if not finished(r)]
+            if not running:
+                break
+            if membership.disruptions != disruptions:  # a closure failed: end the group
+                steps.bsp_close()
+                coordinator.join()  # the survivors leave; a rerun finds the group closed
+                return int(steps.bsp_discard()) - start, results
+            if getattr(running[0], "_status_available_event", None) is None:
+                coordinator.join()  # TF internals moved: no failure detection mid-group
+                break
+            running[0]._status_available_event.wait(CHUNK_POLL_S)
+        coordinator.join()  # raises a closure's error, if any
+        return n, results
+
+    def run(n: int) -> tuple[int, list[Any]]:
+        k = state["k"]
+        if n <= 1 or k in (0, 1) or membership.lost:
+            return one_step()
+        return group(min(k, n))
+
+    def warm() -> None:
+        """Trace the group closure now with a group that is not open (it does nothing)."""
+        coordinator.schedule(steps.bsp_rounds, args=(*args, tf.constant(BSP_CLOSED - 1,
+                                                                         tf.int64)))
+        coordinator.join()
+
     run.drain = list  # type: ignore[attr-defined]  # nothing is left in flight
+    run.warm = warm  # type: ignore[attr-defined]
+    run.groups = 0  # type: ignore[attr-defined]  # multi-step groups run (this process)
     return run

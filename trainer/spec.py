@@ -42,7 +42,7 @@ class JobSpec:
     keep_checkpoints: int = 3
     eval_frequency: int = 0  # steps; 0 = only at the end
     seed: int = 0
-    steps_per_closure: int = 0  # ASP steps per worker closure; 0 = from the step time
+    steps_per_closure: int = 0  # steps per worker closure (ASP, BSP); 0 = from step time
 
     def validate(self) -> None:
         """Raise AssertionError naming the field and the allowed values."""

@@ -99,7 +99,7 @@ class JobConfig:
     keep_checkpoints: int = 3
     eval_frequency: int = 0  # steps between evaluations; 0 = only at the end
     seed: int = 0
-    steps_per_closure: int = 0  # ASP steps per worker closure; 0 = chosen from the step time
+    steps_per_closure: int = 0  # steps per worker closure (ASP, BSP); 0 = from the step time
 
 
 @dataclass
