@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from provisioning.base import CheckpointStore, HostRunner, LocalFolderStore
+
 #: Chunk of a resumable upload (a multiple of 256 KiB); files above 8 MiB are uploaded
 #: resumably in chunks of this size, so a dropped connection repeats one chunk, not the file.
 CHUNK_SIZE = 8 * 1024 * 1024
@@ -200,6 +202,40 @@ class CheckpointMirror:
             self.sync()
             time.sleep(interval_s)
         self.sync()
+
+
+class GcsCheckpointStore(CheckpointStore):
+    """The checkpoint store of `provider.storage = gs://BUCKET/PREFIX` (`GceProvider.
+    checkpoint_store`): a `LocalFolderStore` (checkpoints fetched back from the chief's host
+    into `<run_dir>/checkpoints`, copied onto a new chief before it starts) whose folder is
+    mirrored to `gs://BUCKET/PREFIX/<run_id>/checkpoints` after every sync, so checkpoints
+    survive the orchestrator's machine too; `before_start` restores from the bucket when the
+    local folder is empty, and `finish` uploads the run directory to `.../<run_id>/results`."""
+
+    def __init__(self, folder: Path, base_url: str, run_id: str,
+                 store: GcsStore | None = None) -> None:
+        self.local = LocalFolderStore(folder)
+        self.gcs = store if store is not None else GcsStore()
+        self.mirror = CheckpointMirror(self.gcs, self.local.folder,
+                                       checkpoint_url(base_url, run_id))
+        self.results = results_url(base_url, run_id)
+
+    def location(self, chief: HostRunner) -> str:
+        return self.local.location(chief)
+
+    def before_start(self, chief: HostRunner) -> None:
+        if not any(self.local.folder.iterdir()):
+            self.mirror.restore()
+        self.local.before_start(chief)
+
+    def sync(self, chief: HostRunner) -> bool:
+        fetched = self.local.sync(chief)
+        self.mirror.sync()  # StorageError propagates: a checkpoint that is not durable is news
+        return fetched
+
+    def finish(self, run_dir: Path) -> None:
+        self.mirror.sync()
+        self.gcs.upload(run_dir, self.results)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -257,6 +257,37 @@ def test_replacing_a_machine_replaces_the_roles_colocated_on_it(bed: Bed, cluste
         bed.provider.release(new_cluster)
 
 
+# --- the checkpoint store ---------------------------------------------------------------------
+
+WRITE_CHECKPOINT = textwrap.dedent(
+    """
+    import pathlib, sys
+    folder = pathlib.Path(sys.argv[1])
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "ckpt-1.index").write_text("step 1")
+    (folder / "checkpoint").write_text('model_checkpoint_path: "ckpt-1"')
+    """
+)
+
+
+def test_checkpoint_store_keeps_what_the_chief_wrote_for_a_chief_elsewhere(bed: Bed,
+                                                                          cluster: Cluster):
+    """The provider's store: what a chief writes at `location` survives `sync`, and after
+    `before_start` a chief on another machine reads it at its own `location`."""
+    store = bed.provider.checkpoint_store("conf", bed.workdir / "checkpoints")
+    chief = bed.provider.runner(host(cluster, "chief-0"))
+    store.before_start(chief)  # an empty store: nothing to seed, no error
+    process = run_python(bed, chief, WRITE_CHECKPOINT, store.location(chief))
+    assert process.wait(WAIT_S) == 0
+    assert store.sync(chief)
+    elsewhere = bed.provider.runner(host(cluster, "worker-1"))
+    store.before_start(elsewhere)
+    reader = run_python(bed, elsewhere, "import pathlib, sys; print(pathlib.Path(sys.argv[1], "
+                        "'ckpt-1.index').read_text())", store.location(elsewhere))
+    assert reader.readline() == "step 1\n" and reader.wait(WAIT_S) == 0
+    store.finish(bed.workdir)
+
+
 # --- clean-up from the journal ----------------------------------------------------------------
 
 

@@ -126,9 +126,10 @@ def test_run_checkpoint_store_mirrors_to_the_bucket_and_restores(emulator: str,
     """The store run.py uses with provider.storage=gs://...: a chief on a real (local) host
     writes checkpoints, sync mirrors them, finish uploads the run directory, and a store on an
     empty folder (a new orchestrator machine) restores them before the chief starts."""
-    from orchestrator.runtime.gcs_store import GcsCheckpointStore, checkpoint_store
     from provisioning.base import ClusterRequest, HostSpec, Role
     from provisioning.gce.config import GceConfig
+    from provisioning.gce.provider import GceProvider
+    from provisioning.gce.storage import GcsCheckpointStore
     from provisioning.local import LocalProvider
 
     provider = LocalProvider()
@@ -136,8 +137,8 @@ def test_run_checkpoint_store_mirrors_to_the_bucket_and_restores(emulator: str,
                                               tmp_path / "run"))
     try:
         chief = provider.runner(cluster.hosts[0])
-        store = checkpoint_store(GceConfig(storage=f"gs://{BUCKET}/exp"),
-                                 tmp_path / "run", "run-3", tmp_path / "run" / "checkpoints")
+        gce = GceProvider(GceConfig(storage=f"gs://{BUCKET}/exp"), api=object())
+        store = gce.checkpoint_store("run-3", tmp_path / "run" / "checkpoints")
         assert isinstance(store, GcsCheckpointStore)
         store.before_start(chief)  # nothing anywhere yet
         folder = Path(store.location(chief))
