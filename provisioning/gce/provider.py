@@ -353,7 +353,7 @@ class GceProvider(Provider):
         """The SSH runner of `host` (the same object per host); connects to its VM on first
         use, checking the host key pinned from guest attributes."""
         vm = self._vm_of(host.id)
-        if vm.deleted or vm.ssh is None:
+        if vm.deleted or vm.ssh is None or vm.revoked_reason is not None:
             raise HostLostError(host.id)
         return vm.ssh.runner(host)
 
@@ -387,6 +387,8 @@ class GceProvider(Provider):
                 state = vm.ssh.state() or state  # a cut SSH heartbeat is news before GCE's
             if state is HostState.REVOKED and vm.revoked_reason is None:
                 vm.revoked_reason = self._revocation_reason(vm)
+                if vm.ssh is not None:
+                    vm.ssh.mark_gone()  # nothing more runs on a preempted VM
             if state is HostState.REVOKED:
                 self.revocations[host.id] = vm.revoked_reason or "gone"
             states[host.id] = state

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,26 +17,14 @@ from provisioning.gce.storage import (
     main,
     results_url,
 )
-
-BUCKET = "lab-bucket"
+from tests.provisioning.gce_fixtures import BUCKET, storage_emulator
 
 
 @pytest.fixture(name="emulator")
-def emulator_fixture(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+def emulator_fixture() -> Iterator[str]:
     """gcp-storage-emulator in memory on 127.0.0.1 (a free port), STORAGE_EMULATOR_HOST set."""
-    server_module = pytest.importorskip("gcp_storage_emulator.server",
-                                        reason="gcp-storage-emulator (dev extra) not installed")
-    logging.getLogger("gcp_storage_emulator").setLevel(logging.WARNING)
-    server = server_module.create_server("127.0.0.1", 0, in_memory=True, default_bucket=BUCKET)
-    server.start()
-    port = server._api._httpd.server_address[1]
-    url = f"http://127.0.0.1:{port}"
-    monkeypatch.setenv("STORAGE_EMULATOR_HOST", url)
-    monkeypatch.setenv("GOOGLE_CLOUD_PROJECT", "test-project")
-    try:
+    with storage_emulator() as url:
         yield url
-    finally:
-        server.stop()
 
 
 def make_tree(root: Path) -> dict[str, bytes]:
