@@ -102,32 +102,23 @@ def gce_bed(tmp_path: Path, request: Any) -> Iterator[Bed]:
     spare address); a VM deleted or preempted takes its host's processes with it. Checkpoints
     mirror to a bucket of gcp-storage-emulator (`provider.storage`), so the suite's store check
     runs the gce store. Skips loudly without root, `ip` or sshd."""
-    import os
-    import signal
-
     from provisioning.gce.provider import GceProvider
     from tests.provisioning.gce_fixtures import (
         BUCKET,
         PROJECT,
         ZONES,
         gce_config,
+        processes_die_with_vm,
         storage_emulator,
     )
     from tests.provisioning.test_gce_ssh import fake_on_bed
     from tests.testbed.fixtures import host_python
 
     testbed = request.getfixturevalue("ssh_testbed")
-    by_address = {h.address: h for h in testbed.hosts}
-
-    def vm_gone(ip: str) -> None:
-        for pid in testbed.role_pids(by_address[ip]):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-
     with storage_emulator(), fake_on_bed(
             testbed, 4, project=PROJECT, zones=tuple(ZONES), provision_s=0.05, staging_s=0.05,
             insert_op_s=0.05, delete_op_s=0.05, stop_s=0.05, wait_cap_s=0.2,
-            on_gone=vm_gone) as fake:
+            on_gone=processes_die_with_vm(testbed)) as fake:
 
         def preempt(host: Host) -> None:
             vm = next(i for i in fake.live_instances() if i.ip == host.address)

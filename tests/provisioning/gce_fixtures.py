@@ -6,7 +6,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from collections.abc import Iterator
+import signal
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +71,20 @@ def small_request(run_id: str, workdir: Path, workers: int = 2, gpu: str | None 
               HostSpec("evaluator-0", Role.EVALUATOR, "n1-standard-4", None, zone, False,
                        colocate_with="ps-0")]
     return ClusterRequest(run_id=run_id, hosts=hosts, workdir=workdir)
+
+
+def processes_die_with_vm(testbed: Any) -> Callable[[str], None]:
+    """The fake's `on_gone` for VMs backed by the namespace hosts of `testbed` (an
+    `SshTestBed`): a VM that is deleted or preempted takes every process on its host with it
+    (its sshd stays, as the next VM at that address needs it)."""
+    by_address = {h.address: h for h in testbed.hosts}
+
+    def gone(ip: str) -> None:
+        for pid in testbed.role_pids(by_address[ip]):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+    return gone
 
 
 @pytest.fixture(name="fake")
