@@ -95,8 +95,8 @@ def test_gc_without_credentials_says_how_to_authenticate(tmp_path: Path, capsys,
 @pytest.mark.slow
 def test_gc_cli_after_a_sigkilled_orchestrator_run_leaves_no_vm_and_no_process(
         ssh_testbed: SshTestBed, tmp_path: Path) -> None:
-    """The real thing: `python -m orchestrator provider=gce` trains on VMs of the fake (each a
-    namespace host) and is SIGKILLed mid-run; `python -m orchestrator.gc` (a subprocess, the
+    """The real thing: `python -m orchestrator provider=gce` runs roles on VMs of the fake (each
+    a namespace host) and is SIGKILLed mid-run, once its servers serve; `python -m orchestrator.gc` (a subprocess, the
     CLI as documented) lists its VMs as orphans with `--dry-run` and deletes none, then deletes
     exactly those: the VMs of a live run (this process) and what runs on them are kept. A
     deleted VM takes its processes with it (the fake's `on_gone`), so afterwards no VM and no
@@ -126,10 +126,11 @@ def test_gc_cli_after_a_sigkilled_orchestrator_run_leaves_no_vm_and_no_process(
                                 stderr=subprocess.STDOUT, start_new_session=True)
         try:
             deadline = time.monotonic() + 300
-            while not any(e.get("kind") == "step" for e in events(run_dir)):
+            # Its servers serve and the chief is starting: roles run on both of its VMs.
+            while not any(e.get("kind") == "ready" for e in events(run_dir)):
                 assert proc.poll() is None, (run_dir / "error.txt").read_text() \
                     if (run_dir / "error.txt").exists() else "orchestrator exited"
-                assert time.monotonic() < deadline, "no training step"
+                assert time.monotonic() < deadline, "roles never ready"
                 time.sleep(0.2)
         finally:
             proc.kill()  # SIGKILL: nothing is released

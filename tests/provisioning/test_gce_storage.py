@@ -166,9 +166,10 @@ def test_a_failed_object_fails_the_download_naming_it(emulator: str, tmp_path: P
 
 
 def cifar10_bin(root: Path, records: int = 16) -> dict[str, bytes]:
-    """CIFAR-10 in its binary format (label byte + 3072 pixel bytes per record), random."""
+    """CIFAR-10 in its binary format (a label byte 0-9 + 3072 random pixel bytes per record)."""
     names = [f"data_batch_{i}.bin" for i in range(1, 6)] + ["test_batch.bin"]
-    files = {f"cifar-10-batches-bin/{n}": os.urandom(3073 * records) for n in names}
+    files = {f"cifar-10-batches-bin/{n}": b"".join(bytes([i % 10]) + os.urandom(3072)
+                                                   for i in range(records)) for n in names}
     for name, blob in files.items():
         (root / name).parent.mkdir(parents=True, exist_ok=True)
         (root / name).write_bytes(blob)
@@ -201,7 +202,7 @@ def test_a_gs_data_dir_is_downloaded_once_into_the_cache(emulator: str, tmp_path
     assert find_cifar_files("image_cifar10", str(folder))
     stamps = {p: p.stat().st_mtime_ns for p in folder.rglob("*") if p.is_file()}
     changed = "cifar-10-batches-bin/test_batch.bin"
-    (tmp_path / "src" / changed).write_bytes(os.urandom(3073 * 4))
+    (tmp_path / "src" / changed).write_bytes(bytes(3073 * 4))  # 4 records of class 0
     GcsStore().upload(tmp_path / "src", GcsUrl.parse(url), [changed])
     assert data_step.prepare(config()) == folder
     again = {p: p.stat().st_mtime_ns for p in folder.rglob("*") if p.is_file()}
