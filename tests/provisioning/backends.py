@@ -76,22 +76,20 @@ def local_bed(tmp_path: Path, request: Any) -> Iterator[Bed]:
 @register_backend("ssh", slow=True)
 @contextlib.contextmanager
 def ssh_bed(tmp_path: Path, request: Any) -> Iterator[Bed]:
-    """Four real sshd hosts in network namespaces (tests/testbed): three machines for the
-    suite's cluster and a spare. Skips loudly without root, `ip` or sshd."""
-    import pytest
-
+    """The session's four namespace sshd hosts (tests/testbed): three machines for the suite's
+    cluster and a spare, each with a root of this test's own (nothing a test leaves on a host
+    is seen by the next). Skips loudly without root, `ip` or sshd."""
     from provisioning.registry import get_provider, make_config
-    from tests.testbed import SshTestBed, skip_reason
     from tests.testbed.fixtures import host_python, provider_options
 
-    reason = skip_reason()
-    if reason:
-        pytest.skip(reason)
-    with SshTestBed(tmp_path / "sshbed", hosts=4) as testbed:
-        config = make_config("ssh", provider_options(testbed, stop_grace_s=0.5))
-        journal_path = tmp_path / JOURNAL_FILE
-        provider = get_provider("ssh", config, journal=Journal(journal_path))
-        yield Bed("ssh", provider, tmp_path, journal_path, host_python(), config, spare_hosts=1)
+    testbed = request.getfixturevalue("ssh_testbed")
+    options = provider_options(testbed, stop_grace_s=0.5)
+    for entry in options["hosts"]:
+        entry["root"] = str(tmp_path / "hosts" / entry["name"])
+    config = make_config("ssh", options)
+    journal_path = tmp_path / JOURNAL_FILE
+    provider = get_provider("ssh", config, journal=Journal(journal_path))
+    yield Bed("ssh", provider, tmp_path, journal_path, host_python(), config, spare_hosts=1)
 
 
 @register_backend("gce", slow=True)

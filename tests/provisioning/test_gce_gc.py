@@ -96,11 +96,11 @@ def test_gc_without_credentials_says_how_to_authenticate(tmp_path: Path, capsys,
 def test_gc_cli_after_a_sigkilled_orchestrator_run_leaves_no_vm_and_no_process(
         ssh_testbed: SshTestBed, tmp_path: Path) -> None:
     """The real thing: `python -m orchestrator provider=gce` runs roles on VMs of the fake (each
-    a namespace host) and is SIGKILLed mid-run, once its servers serve; `python -m orchestrator.gc` (a subprocess, the
-    CLI as documented) lists its VMs as orphans with `--dry-run` and deletes none, then deletes
-    exactly those: the VMs of a live run (this process) and what runs on them are kept. A
-    deleted VM takes its processes with it (the fake's `on_gone`), so afterwards no VM and no
-    process is left on any host."""
+    a namespace host) and is SIGKILLed mid-run, once its servers serve; `python -m
+    orchestrator.gc` (a subprocess, the CLI as documented) lists its VMs as orphans with
+    `--dry-run` and deletes none, then deletes exactly those: the VMs of a live run (this
+    process) and what runs on them are kept. A deleted VM takes its processes with it (the
+    fake's `on_gone`), so afterwards no VM and no process is left on any host."""
     bed = ssh_testbed
     with fake_on_bed(bed, 3, project=PROJECT, zones=tuple(ZONES), provision_s=0.05,
                      staging_s=0.05, insert_op_s=0.05, delete_op_s=0.05, stop_s=0.05,
@@ -111,7 +111,8 @@ def test_gc_cli_after_a_sigkilled_orchestrator_run_leaves_no_vm_and_no_process(
         live = GceProvider(cfg)
         live_cluster = live.acquire(ClusterRequest("live-run", [HostSpec(
             "ps-0", Role.PS, "n1-standard-4", None, ZONES[0])], tmp_path / "live"))
-        live_role = live.runner(live_cluster.hosts[0]).start(["sh", "-c", "echo up; exec sleep 3600"])
+        live_role = live.runner(live_cluster.hosts[0]).start(
+            ["sh", "-c", "echo up; exec sleep 3600"])
         assert live_role.readline().strip() == "up"
         run_dir = tmp_path / "killed"
         argv = [sys.executable, "-m", "orchestrator", "+experiment=digits_local", "provider=gce",
