@@ -3,9 +3,10 @@
 ``job.data_dir`` wins when given (it must hold the files). Left unset, a file-backed problem
 reads its dataset from the per-user cache (``data_cache``, ``$TRANSIENT_DATA_CACHE``, or
 ``~/.cache/transient-orchestrator/datasets``), downloaded into it first when missing
-(``trainer/data.py``); the run's trainer spec then names that folder. Remote hosts get the
-folder from the deployer (:func:`stage_to` per machine that reads it), through the launch
-contract's ``copy``.
+(``trainer/data.py``); the run's trainer spec then names that folder. A ``gs://BUCKET/PREFIX``
+data_dir is downloaded once into the same cache (``<cache>/gs/BUCKET/PREFIX``, only what changed
+on later runs) and read from there. Remote hosts get the folder from the deployer
+(:func:`stage_to` per machine that reads it), through the launch contract's ``copy``.
 """
 
 from __future__ import annotations
@@ -54,6 +55,10 @@ def describe(cfg: ExperimentConfig) -> str | None:
         validate_data_dir(cfg)
     except ConfigError as err:
         return f"[yellow]{escape(err.line())}[/yellow] (the run stops there)"
+    if cfg.job.data_dir and cfg.job.data_dir.startswith("gs://"):
+        folder = data.cache_root(cfg.data_cache) / "gs" / cfg.job.data_dir[5:].strip("/")
+        return (f"{cfg.job.problem} from {cfg.job.data_dir}: the run first downloads what "
+                f"{folder} lacks")
     if cfg.job.data_dir:
         folder = Path(cfg.job.data_dir).expanduser()
         return f"{cfg.job.problem} from job.data_dir {folder} " \
@@ -80,6 +85,9 @@ def prepare(cfg: ExperimentConfig, console=None) -> Path | None:
     from trainer import data
 
     validate_data_dir(cfg)
+    if cfg.job.data_dir and cfg.job.data_dir.startswith("gs://"):
+        cfg.job.data_dir = str(_from_bucket(cfg))
+        return Path(cfg.job.data_dir)
     if cfg.job.data_dir:  # absolute: the roles run in their hosts' work dirs
         given = Path(cfg.job.data_dir).expanduser().resolve()
         cfg.job.data_dir = str(given)
@@ -93,6 +101,23 @@ def prepare(cfg: ExperimentConfig, console=None) -> Path | None:
     except data.FetchError as err:
         raise DataError(str(err)) from None
     cfg.job.data_dir = str(folder)
+    return folder
+
+
+def _from_bucket(cfg: ExperimentConfig) -> Path:
+    """The cached local copy of a `gs://` data_dir (downloaded as needed); DataError when the
+    bucket cannot be read or does not hold the problem's files."""
+    from provisioning.gce.storage import StorageError, cached_copy
+    from trainer import data
+
+    url = str(cfg.job.data_dir)
+    try:
+        folder = cached_copy(url, data.cache_root(cfg.data_cache))
+    except (StorageError, ValueError) as err:
+        raise DataError(f"cannot download {url}: {err}") from None
+    if not data.holds_files(cfg.job.problem, folder):
+        raise DataError(f"{url} does not hold the {cfg.job.problem} files (downloaded into "
+                        f"{folder}; see python -m trainer.data list)")
     return folder
 
 

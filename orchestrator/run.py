@@ -21,7 +21,6 @@ from orchestrator.plan import RunPlan
 from orchestrator.preflight import LOCAL_PROVIDERS, run_preflight
 from orchestrator.runtime.control import ControlChannel
 from orchestrator.runtime.fleet import Fleet
-from orchestrator.runtime.gcs_store import checkpoint_store
 from orchestrator.runtime.progress import RunProgress
 from orchestrator.runtime.supervisor import RunState, Supervisor
 from orchestrator.simulate.band import prediction_error
@@ -118,8 +117,8 @@ def execute_run(cfg: ExperimentConfig, plan: RunPlan, run_dir: Path,
             cluster = provider.acquire(cluster_request(plan, run_id, run_dir))
             fleet = Fleet(provider, cluster, run_dir, build_trainer_spec(cfg, plan, cluster,
                                                                          run_id),
-                          checkpoint_store(cfg.provider, run_dir, run_id,
-                                           run_dir / CHECKPOINT_DIR), control, rec=rec,
+                          provider.checkpoint_store(run_id, run_dir / CHECKPOINT_DIR),
+                          control, rec=rec,
                           ready_timeout_s=cfg.provider.ready_timeout_s)
             rec.event("provisioned", hosts=[f"{h.spec.name}={h.endpoint}" for h in cluster.hosts])
             # deploy: servers first, then evaluator and chief

@@ -12,6 +12,7 @@ Shape (after SkyPilot's provision API and submitit's executors):
     provider.release(cluster)                          idempotent
     provider.revoke(host, notice_s)                    optional (`can_revoke`): local, ssh, sim
     provider.clean_up(entries) -> [str]                stop what a crashed run's journal lists
+    provider.checkpoint_store(run_id, folder)          where checkpoints are kept durable
 
     runner.setup()                                     optional: make `trainer_command` work
     runner.trainer_command() -> argv                   how `python -m trainer` starts there
@@ -41,6 +42,7 @@ watcher of the metadata server's `preempted` key.
 from __future__ import annotations
 
 import abc
+import contextlib
 import enum
 import os
 import tempfile
@@ -488,6 +490,12 @@ class Provider(abc.ABC):
         default)."""
         raise NotImplementedError(f"provider {self.name!r} cannot revoke hosts on demand")
 
+    def checkpoint_store(self, run_id: str, folder: Path) -> CheckpointStore:
+        """Where the checkpoints of run `run_id` are kept durable; `folder` is the orchestrator's
+        `<run_dir>/checkpoints`. A backend with its own storage returns a store that mirrors
+        there (gce: a bucket when `provider.storage` is set). Default: the folder alone."""
+        return LocalFolderStore(folder)
+
     def clean_up(self, entries: Sequence[Any], grace_s: float = STOP_GRACE_S
                  ) -> list[CleanUpResult]:
         """Stop what these unreleased journal entries (`provisioning.journal.JournalEntry` of
@@ -510,3 +518,63 @@ class CleanUpResult:
     entry: Any  # provisioning.journal.JournalEntry
     released: bool
     note: str | None = None
+
+
+# --- the checkpoint store ---------------------------------------------------------------------
+
+
+class CheckpointStore(abc.ABC):
+    """Where a run's checkpoints live, so that losing any one host loses none of them.
+
+    The chief writes checkpoints (and `DONE`) where the spec's `checkpoint_dir` says; on a
+    restart, possibly on other hosts, the new chief resumes from the newest one it finds there.
+    A store decides that location for a given chief host and keeps it durable; the provider
+    hands the run its store (`Provider.checkpoint_store`). A checkpoint that was still only on a
+    host when that host was lost is lost with it; the run resumes from the last one synced."""
+
+    @abc.abstractmethod
+    def location(self, chief: HostRunner) -> str:
+        """The spec's `checkpoint_dir` for a cluster whose chief runs on `chief`'s host."""
+
+    @abc.abstractmethod
+    def before_start(self, chief: HostRunner) -> None:
+        """Make the latest checkpoint readable at `location(chief)` before the chief starts."""
+
+    @abc.abstractmethod
+    def sync(self, chief: HostRunner) -> bool:
+        """Make what the chief wrote durable; False if nothing could be brought back."""
+
+    def finish(self, run_dir: Path) -> None:
+        """Once the run has ended (summary written): archive what the store keeps durable
+        elsewhere (the bucket store uploads the run directory). Default: nothing."""
+        return None
+
+
+class LocalFolderStore(CheckpointStore):
+    """A folder on the orchestrator's machine (`<run_dir>/checkpoints`), the default store.
+
+    A chief whose host shares the orchestrator's filesystem (`HostRunner.shares_orchestrator_fs`,
+    the local backend) writes straight into it. Any other chief writes into `checkpoints/` in
+    its host's work dir; the fleet calls `sync` after each `checkpoint` event, which fetches the
+    folder back through the runner, and `before_start` copies the store onto a new chief's host
+    before it starts, so it resumes from the latest checkpoint whichever host it is on."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = Path(folder)
+        self.folder.mkdir(parents=True, exist_ok=True)
+
+    def location(self, chief: HostRunner) -> str:
+        if chief.shares_orchestrator_fs:
+            return str(self.folder.resolve())
+        return str(chief.host.workdir / layout.CHECKPOINT_DIR)
+
+    def before_start(self, chief: HostRunner) -> None:
+        if not chief.shares_orchestrator_fs and any(self.folder.iterdir()):
+            chief.copy(self.folder, Path(layout.CHECKPOINT_DIR))
+
+    def sync(self, chief: HostRunner) -> bool:
+        if chief.shares_orchestrator_fs:
+            return True
+        with contextlib.suppress(HostLostError, OSError):
+            return chief.fetch(Path(layout.CHECKPOINT_DIR), self.folder)
+        return False

@@ -84,7 +84,7 @@ class JobConfig:
     model: str = "cnn"  # model registry name: resnet | cnn
     hparam_set: str = "cnn_small"  # e.g. resnet_cifar_32; must belong to the model
     problem: str = "digits"  # problem registry: digits | image_cifar10 | image_cifar100 | synthetic
-    data_dir: str | None = None  # folder with the problem's files (CIFAR); None for digits/synthetic
+    data_dir: str | None = None  # folder or gs://BUCKET/PREFIX with the files; None = the cache
     train_steps: int = 1000  # global steps (with phases: the budget in BSP-equivalent steps)
     batch_size: int = 64  # per worker and step
     optimizer: Optimizer = Optimizer.momentum

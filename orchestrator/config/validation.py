@@ -217,10 +217,11 @@ def validate_data_dir(cfg: ExperimentConfig) -> None:
                               "download", "set job.data_dir to the folder with its files")
         return
     unset = f"or leave job.data_dir unset to download them into {data.cache_root(cfg.data_cache)}"
-    if given.startswith("gs://"):
-        raise ConfigError("job.data_dir", "gs:// data is not staged onto the hosts by a run yet",
-                          f"stage it first: python -m provisioning.gce.storage download "
-                          f"{given} DIR, then job.data_dir=DIR; {unset}")
+    if given.startswith("gs://"):  # downloaded at run start (orchestrator/data.py)
+        if not given[5:].split("/", 1)[0]:
+            raise ConfigError("job.data_dir", f"'{given}' names no bucket",
+                              f"gs://BUCKET/PREFIX with the {problem} files, {unset}")
+        return
     if not Path(given).expanduser().is_dir():
         raise ConfigError("job.data_dir", f"folder '{given}' does not exist",
                           f"put the {problem} files there, {unset}")

@@ -16,11 +16,11 @@ from pathlib import Path
 
 from orchestrator import data
 from orchestrator.results import RunRecorder
-from orchestrator.runtime.checkpoints import CheckpointStore
 from orchestrator.runtime.control import ControlChannel
 from orchestrator.runtime.deploy import READY_TIMEOUT_S, Deployment
 from provisioning.base import (
     STOP_GRACE_S,
+    CheckpointStore,
     Cluster,
     Host,
     HostId,

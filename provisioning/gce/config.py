@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 
 from provisioning.base import ProviderConfig
 
-#: The label every VM of this tool carries (`tool=<TOOL_LABEL>`); `orchestrator.gc` finds orphans
-#: by it. Label values: lowercase letters, digits, `_` and `-`, at most 63 characters.
+#: The label every VM of this tool carries (`tool=<TOOL_LABEL>`); `orchestrator.gc` (`orphans.py`)
+#: finds orphans by it. Label values: lowercase letters, digits, `_` and `-`, at most 63 characters.
 TOOL_LABEL = "transient-ps"
 DEFAULT_SCOPES = ("https://www.googleapis.com/auth/cloud-platform",)
 #: Credentials values that are not a file path.

@@ -18,7 +18,8 @@
 - release: deletes every VM of the run, in parallel; idempotent.
 
 - runners: the SSH backend's, over one connection per VM opened on first use (`gce/ssh.py`).
-- clean_up (after a crash, from the journal) and `python -m orchestrator.gc` delete leftovers.
+- clean_up (after a crash, from the journal) and `python -m orchestrator.gc` (`orphans.py`) delete
+  leftovers; `checkpoint_store` mirrors checkpoints to `provider.storage` (`storage.py`).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from provisioning.base import (
     STOP_GRACE_S,
     BadRequestError,
     CapacityError,
+    CheckpointStore,
     CleanUpResult,
     Cluster,
     ClusterRequest,
@@ -353,7 +355,7 @@ class GceProvider(Provider):
         """The SSH runner of `host` (the same object per host); connects to its VM on first
         use, checking the host key pinned from guest attributes."""
         vm = self._vm_of(host.id)
-        if vm.deleted or vm.ssh is None:
+        if vm.deleted or vm.ssh is None or vm.revoked_reason is not None:
             raise HostLostError(host.id)
         return vm.ssh.runner(host)
 
@@ -387,6 +389,8 @@ class GceProvider(Provider):
                 state = vm.ssh.state() or state  # a cut SSH heartbeat is news before GCE's
             if state is HostState.REVOKED and vm.revoked_reason is None:
                 vm.revoked_reason = self._revocation_reason(vm)
+                if vm.ssh is not None:
+                    vm.ssh.mark_gone()  # nothing more runs on a preempted VM
             if state is HostState.REVOKED:
                 self.revocations[host.id] = vm.revoked_reason or "gone"
             states[host.id] = state
@@ -471,6 +475,15 @@ class GceProvider(Provider):
         if record is not None:
             record(backend=self.name, host_id=vm.request.host_ids[0], name=vm.name,
                    address=vm.zone or None, released=released)
+
+    def checkpoint_store(self, run_id: str, folder: Path) -> CheckpointStore:
+        """With `provider.storage = gs://...`: the local folder mirrored to the bucket
+        (`storage.GcsCheckpointStore`); otherwise the default folder store."""
+        if not self.config.storage:
+            return super().checkpoint_store(run_id, folder)
+        from provisioning.gce.storage import GcsCheckpointStore
+
+        return GcsCheckpointStore(folder, self.config.storage, run_id)
 
     def clean_up(self, entries: Sequence[Any], grace_s: float = STOP_GRACE_S
                  ) -> list[CleanUpResult]:

@@ -83,6 +83,13 @@ class VmSsh:
             return HostState.REVOKED
         return None
 
+    def mark_gone(self) -> None:
+        """The VM was revoked: its runners refuse new work (HostLostError) from now on."""
+        with self._lock:
+            runners = list(self._runners.values())
+        for runner in runners:
+            runner.mark_gone()  # type: ignore[attr-defined]
+
     def close(self, hosts: Sequence[Host] = ()) -> None:
         """Stop the runners' roles and close the connection (idempotent)."""
         with self._lock:

@@ -4,11 +4,13 @@ TensorFlow's own `gs://` file system cannot be pointed at an emulator and is unt
 (gce-notes §E), so the trainer checkpoints to the host's disk and this module mirrors that folder
 to `gs://BUCKET/PREFIX/<run_id>/checkpoints`; a restart on new VMs downloads it first. Results
 (the run directory: logs, events, TensorBoard files) go to `.../<run_id>/results` at the end, and
-a `data_dir` of `gs://...` is staged onto each host before its role starts.
+a `data_dir` of `gs://...` is downloaded once into the orchestrator's data cache (`cached_copy`),
+from where the deployer copies it to the hosts that read it.
 
-Transfers run in parallel threads through `transfer_manager` with `raise_exception=True` (by
-default it returns exceptions inside its results list), and files above 8 MiB go as chunked
-resumable uploads. Errors surface as `StorageError` naming the object.
+Transfers run in parallel threads through `transfer_manager`, whose results list holds each
+object's exception (it raises nothing by default, and skips some objects with only a warning):
+every result is checked, and a failure surfaces as `StorageError` naming each failed object.
+Files above 8 MiB go as chunked resumable uploads and ranged chunked downloads.
 
 Also a command for the hosts: `python -m provisioning.gce.storage (upload|download|mirror) SRC DST`.
 """
@@ -23,6 +25,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from provisioning.base import CheckpointStore, HostRunner, LocalFolderStore
 
 #: Chunk of a resumable upload (a multiple of 256 KiB); files above 8 MiB are uploaded
 #: resumably in chunks of this size, so a dropped connection repeats one chunk, not the file.
@@ -105,8 +109,8 @@ class GcsStore:
             raise StorageError(f"cannot list {url}: {error}") from error
 
     def upload(self, local_dir: Path, url: GcsUrl, names: Sequence[str] | None = None) -> list[str]:
-        """Upload `names` (relative paths; default: every file below `local_dir`) in parallel.
-        Returns the uploaded names."""
+        """Upload `names` (relative paths; default: every file below `local_dir`) in parallel,
+        files above CHUNK_SIZE as chunked resumable uploads. Returns the uploaded names."""
         from google.cloud.storage import transfer_manager
 
         local_dir = Path(local_dir)
@@ -117,33 +121,49 @@ class GcsStore:
             return []
         prefix = url.prefix + "/" if url.prefix else ""
         try:
-            transfer_manager.upload_many_from_filenames(
+            results = transfer_manager.upload_many_from_filenames(
                 self._bucket(url), list(names), source_directory=str(local_dir),
                 blob_name_prefix=prefix, blob_constructor_kwargs={"chunk_size": CHUNK_SIZE},
-                raise_exception=True, worker_type=transfer_manager.THREAD,
+                raise_exception=False, worker_type=transfer_manager.THREAD,
                 max_workers=self.max_workers)
         except Exception as error:
             raise StorageError(f"upload of {local_dir} to {url} failed: "
                                f"{type(error).__name__}: {error}") from error
+        _check_results("upload", url, names, results)
         return list(names)
 
-    def download(self, url: GcsUrl, local_dir: Path) -> list[str]:
-        """Download every object under `url` into `local_dir` (folders created) in parallel."""
+    def download(self, url: GcsUrl, local_dir: Path,
+                 names: Sequence[str] | None = None) -> list[str]:
+        """Download `names` (default: every object under `url`) into `local_dir` (folders
+        created) in parallel; objects above CHUNK_SIZE in ranged chunks (a dropped connection
+        repeats one chunk), smaller ones whole with their checksum verified. Returns the
+        downloaded names; a name that failed (missing, escaping `local_dir`) fails the call."""
         from google.cloud.storage import transfer_manager
 
-        names = sorted(self.list(url))
+        sizes = self.list(url)
+        names = sorted(sizes) if names is None else list(names)
         if not names:
             return []
-        Path(local_dir).mkdir(parents=True, exist_ok=True)
-        prefix = url.prefix + "/" if url.prefix else ""
+        local_dir = Path(local_dir)
+        escaping = [n for n in names if n.startswith("/") or ".." in Path(n).parts]
+        if escaping:
+            raise StorageError(f"download of {url}: object names {escaping} would land outside "
+                               f"{local_dir}")
+        bucket = self._bucket(url)
+        pairs = []
+        for name in names:
+            (local_dir / name).parent.mkdir(parents=True, exist_ok=True)
+            chunked = sizes.get(name, 0) > CHUNK_SIZE
+            blob = bucket.blob(url.child(name).prefix, chunk_size=CHUNK_SIZE if chunked else None)
+            pairs.append((blob, str(local_dir / name)))
         try:
-            transfer_manager.download_many_to_path(
-                self._bucket(url), names, destination_directory=str(local_dir),
-                blob_name_prefix=prefix, raise_exception=True,
-                worker_type=transfer_manager.THREAD, max_workers=self.max_workers)
+            results = transfer_manager.download_many(
+                pairs, raise_exception=False, worker_type=transfer_manager.THREAD,
+                max_workers=self.max_workers)
         except Exception as error:
             raise StorageError(f"download of {url} to {local_dir} failed: "
                                f"{type(error).__name__}: {error}") from error
+        _check_results("download", url, names, results)
         return names
 
     def delete(self, url: GcsUrl, names: Sequence[str]) -> None:
@@ -156,6 +176,38 @@ class GcsStore:
                 if getattr(error, "code", None) != 404:
                     raise StorageError(f"cannot delete {url.bucket}/{blob_name}: "
                                        f"{error}") from error
+
+
+def _check_results(verb: str, url: GcsUrl, names: Sequence[str], results: Sequence[Any]) -> None:
+    """transfer_manager reports each object's failure in its results list (an exception, or a
+    warning for an object it skipped); any of them fails the call, naming every such object."""
+    failed = [f"{name}: {type(r).__name__}: {str(r).splitlines()[0] if str(r) else ''}"
+              for name, r in zip(names, results, strict=True)
+              if isinstance(r, BaseException | Warning)]
+    if failed:
+        raise StorageError(f"{verb} of {len(failed)} of {len(names)} object(s) under {url} "
+                           f"failed: " + "; ".join(failed))
+
+
+def cached_copy(url: str, cache_root: Path, store: GcsStore | None = None) -> Path:
+    """A local copy of the objects under the `gs://` URL `url`, kept in
+    `<cache_root>/gs/BUCKET/PREFIX`: only objects missing there or of another size are
+    downloaded, so a second run downloads nothing. A `job.data_dir` of `gs://...` is read from
+    this copy and shipped to the hosts through their runners, like a local folder (hosts need
+    no credentials, and the ones of the test bed cannot reach a local emulator). Raises
+    StorageError (nothing under `url`, no credentials, a failed transfer) and ValueError for a
+    URL that is not `gs://BUCKET[/PREFIX]`."""
+    parsed = GcsUrl.parse(url)
+    folder = Path(cache_root).expanduser() / "gs" / parsed.bucket / parsed.prefix
+    store = store if store is not None else GcsStore()
+    remote = store.list(parsed)
+    remote = {name: size for name, size in remote.items() if name and not name.endswith("/")}
+    if not remote:
+        raise StorageError(f"no objects under {parsed}")
+    stale = [name for name, size in sorted(remote.items())
+             if not (folder / name).is_file() or (folder / name).stat().st_size != size]
+    store.download(parsed, folder, stale)
+    return folder
 
 
 class CheckpointMirror:
@@ -200,6 +252,40 @@ class CheckpointMirror:
             self.sync()
             time.sleep(interval_s)
         self.sync()
+
+
+class GcsCheckpointStore(CheckpointStore):
+    """The checkpoint store of `provider.storage = gs://BUCKET/PREFIX` (`GceProvider.
+    checkpoint_store`): a `LocalFolderStore` (checkpoints fetched back from the chief's host
+    into `<run_dir>/checkpoints`, copied onto a new chief before it starts) whose folder is
+    mirrored to `gs://BUCKET/PREFIX/<run_id>/checkpoints` after every sync, so checkpoints
+    survive the orchestrator's machine too; `before_start` restores from the bucket when the
+    local folder is empty, and `finish` uploads the run directory to `.../<run_id>/results`."""
+
+    def __init__(self, folder: Path, base_url: str, run_id: str,
+                 store: GcsStore | None = None) -> None:
+        self.local = LocalFolderStore(folder)
+        self.gcs = store if store is not None else GcsStore()
+        self.mirror = CheckpointMirror(self.gcs, self.local.folder,
+                                       checkpoint_url(base_url, run_id))
+        self.results = results_url(base_url, run_id)
+
+    def location(self, chief: HostRunner) -> str:
+        return self.local.location(chief)
+
+    def before_start(self, chief: HostRunner) -> None:
+        if not any(self.local.folder.iterdir()):
+            self.mirror.restore()
+        self.local.before_start(chief)
+
+    def sync(self, chief: HostRunner) -> bool:
+        fetched = self.local.sync(chief)
+        self.mirror.sync()  # StorageError propagates: a checkpoint that is not durable is news
+        return fetched
+
+    def finish(self, run_dir: Path) -> None:
+        self.mirror.sync()
+        self.gcs.upload(run_dir, self.results)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -223,14 +223,17 @@ class FakeGce:
     `insert_op_s` (insert operation until DONE), `delete_op_s` / `stop_s` (STOPPING until gone).
     `ip_pool`: addresses handed to instances in order (e.g. namespace SSH hosts); default
     10.128.0.2, .3, ... `host_keys_for(ip)`: the (keytype, base64 blob) pairs the guest agent
-    would publish for a VM at `ip`; default: a fresh ed25519 key per VM.
+    would publish for a VM at `ip`; default: a fresh ed25519 key per VM. `on_gone(ip)`: called
+    when a VM starts stopping (deleted or preempted), so a VM backed by a real host takes its
+    processes with it as a real VM does (e.g. kill them on the namespace host).
     """
 
     def __init__(self, project: str = "test-project", zones: tuple[str, ...] = DEFAULT_ZONES,
                  provision_s: float = 0.2, staging_s: float = 0.1, insert_op_s: float = 0.1,
                  delete_op_s: float = 0.1, stop_s: float = 0.1, wait_cap_s: float = WAIT_CAP_S,
                  guest_attr_delay_s: float = 0.0, ip_pool: list[str] | None = None,
-                 host_keys_for: Callable[[str], list[tuple[str, str]]] | None = None) -> None:
+                 host_keys_for: Callable[[str], list[tuple[str, str]]] | None = None,
+                 on_gone: Callable[[str], None] | None = None) -> None:
         self.project = project
         self.zones = list(zones)
         self.provision_s, self.staging_s = provision_s, staging_s
@@ -246,6 +249,7 @@ class FakeGce:
         self.calls: collections.Counter[str] = collections.Counter()
         self._ip_pool = list(ip_pool) if ip_pool else None
         self._host_keys_for = host_keys_for or _random_host_keys
+        self._on_gone = on_gone
         self._ids = itertools.count(1000)
         self._lock = threading.RLock()
         self._server: ThreadingHTTPServer | None = None
@@ -321,6 +325,8 @@ class FakeGce:
             op.done_at = now
         with inst.watchers:
             inst.watchers.notify_all()
+        if self._on_gone is not None:
+            self._on_gone(inst.ip)
 
     def api_calls(self) -> int:
         with self._lock:
@@ -464,6 +470,7 @@ class FakeGce:
                 return self.request_ids[request_id]
             inst = self._instance(zone, name)
             now = time.time()
+            stopping = inst.deleting_at is None and inst.stopped_at is None
             if inst.deleting_at is None:
                 inst.deleting_at = now
                 inst.stopped_at = None
@@ -472,7 +479,9 @@ class FakeGce:
                                      max(self.delete_op_s, self.stop_s))
             if request_id:
                 self.request_ids[request_id] = op
-            return op
+        if stopping and self._on_gone is not None:
+            self._on_gone(inst.ip)
+        return op
 
     def list_instances(self, zone: str, expression: str) -> list[dict[str, Any]]:
         with self._lock:

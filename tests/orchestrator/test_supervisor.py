@@ -18,14 +18,13 @@ import pytest
 from orchestrator import results
 from orchestrator.plan import make_plan
 from orchestrator.run import build_trainer_spec, cluster_request
-from orchestrator.runtime.checkpoints import LocalFolderStore
 from orchestrator.runtime.control import ControlChannel
 from orchestrator.runtime.fleet import Fleet
 from orchestrator.runtime.progress import RunProgress
 from orchestrator.runtime.supervisor import Supervisor
 from orchestrator.transient.revocation import RevocationSchedule
 from orchestrator.validate import compose_experiment
-from provisioning.base import Cluster, HostId, HostState, Role
+from provisioning.base import Cluster, HostId, HostState, LocalFolderStore, Role
 from provisioning.journal import JOURNAL_FILE, Journal, list_unreleased
 from provisioning.local import LocalHostRunner, LocalProvider, LocalProviderConfig
 from trainer.layout import CHECKPOINT_DIR, CONTROL_FILE

@@ -1,8 +1,13 @@
-"""Fixtures for the GCE backend's tests: the fake Compute API and a provider wired to it."""
+"""Fixtures for the GCE backend's tests: the fake Compute API and a provider wired to it, and
+gcp-storage-emulator for Cloud Storage."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import contextlib
+import logging
+import os
+import signal
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +22,31 @@ from tests.fakes.keys import write_ssh_key
 
 PROJECT = "test-project"
 ZONES = ["us-central1-a", "us-central1-b", "us-east1-c"]
+BUCKET = "lab-bucket"
+
+
+@contextlib.contextmanager
+def storage_emulator(bucket: str = BUCKET) -> Iterator[str]:
+    """gcp-storage-emulator in memory on 127.0.0.1 (a free port) with `bucket`, and
+    STORAGE_EMULATOR_HOST / GOOGLE_CLOUD_PROJECT set for the real client while it runs (both
+    restored after). Yields the emulator's URL. Skips loudly when the emulator is missing."""
+    server_module = pytest.importorskip("gcp_storage_emulator.server",
+                                        reason="gcp-storage-emulator (dev extra) not installed")
+    logging.getLogger("gcp_storage_emulator").setLevel(logging.WARNING)
+    server = server_module.create_server("127.0.0.1", 0, in_memory=True, default_bucket=bucket)
+    server.start()
+    url = f"http://127.0.0.1:{server._api._httpd.server_address[1]}"
+    saved = {k: os.environ.get(k) for k in ("STORAGE_EMULATOR_HOST", "GOOGLE_CLOUD_PROJECT")}
+    os.environ.update(STORAGE_EMULATOR_HOST=url, GOOGLE_CLOUD_PROJECT=PROJECT)
+    try:
+        yield url
+    finally:
+        server.stop()
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 def gce_config(fake: FakeGce, tmp_path: Path, **overrides: Any) -> GceConfig:
@@ -41,6 +71,20 @@ def small_request(run_id: str, workdir: Path, workers: int = 2, gpu: str | None 
               HostSpec("evaluator-0", Role.EVALUATOR, "n1-standard-4", None, zone, False,
                        colocate_with="ps-0")]
     return ClusterRequest(run_id=run_id, hosts=hosts, workdir=workdir)
+
+
+def processes_die_with_vm(testbed: Any) -> Callable[[str], None]:
+    """The fake's `on_gone` for VMs backed by the namespace hosts of `testbed` (an
+    `SshTestBed`): a VM that is deleted or preempted takes every process on its host with it
+    (its sshd stays, as the next VM at that address needs it)."""
+    by_address = {h.address: h for h in testbed.hosts}
+
+    def gone(ip: str) -> None:
+        for pid in testbed.role_pids(by_address[ip]):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+    return gone
 
 
 @pytest.fixture(name="fake")

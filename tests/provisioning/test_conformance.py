@@ -1,5 +1,5 @@
 """The provider conformance suite: the launch contract (provisioning/base.py) checked the same
-way on every backend in tests/provisioning/backends.py (local here; ssh and gce add a bed).
+way on every backend in tests/provisioning/backends.py (local; ssh and gce with the slow tests).
 
 Only the contract's own verbs are used: nothing reaches into a backend's private state, and
 every check looks at the host through the runner (its files, its processes' output).
@@ -25,8 +25,9 @@ from provisioning.base import (
     HostState,
     Role,
 )
-from provisioning.journal import clean_up, list_unreleased
+from provisioning.journal import ResourceKind, clean_up, list_unreleased
 from tests.provisioning.backends import BACKENDS, SLOW_BACKENDS, Bed
+from tests.testbed.fixtures import ssh_testbed  # noqa: F401 (the gce bed's hosts)
 
 WAIT_S = 10.0
 #: Ignores SIGTERM, keeps a grandchild in its group; both bump a heartbeat file on the host.
@@ -59,7 +60,7 @@ REPORT = textwrap.dedent(
 @pytest.fixture(params=[pytest.param(name, marks=[pytest.mark.slow] if name in SLOW_BACKENDS
                                      else []) for name in sorted(BACKENDS)])
 def bed(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Bed]:
-    with BACKENDS[request.param](tmp_path) as made:
+    with BACKENDS[request.param](tmp_path, request) as made:
         yield made
 
 
@@ -180,11 +181,18 @@ def test_stop_all_kills_a_process_that_ignores_sigterm_and_its_group(bed: Bed, c
 
 def test_revoke_with_notice_then_poll_reports_the_machine_revoked(bed: Bed, cluster: Cluster):
     ps, chief = host(cluster, "ps-0"), host(cluster, "chief-0")
+    runner = bed.provider.runner(chief)
     if not bed.provider.can_revoke:
         with pytest.raises(NotImplementedError, match="cannot revoke"):
             bed.provider.revoke(ps, 1.0)
+        if bed.preempt is None:
+            return
+        victim = run_python(bed, runner, "import time; print('up', flush=True); time.sleep(60)")
+        assert victim.readline() == "up\n"
+        bed.preempt(ps)  # the cloud takes the machine away, from outside
+        assert victim.wait(WAIT_S) != 0
+        assert_machine_revoked(bed, cluster, runner)
         return
-    runner = bed.provider.runner(chief)
     watcher = run_python(bed, runner, textwrap.dedent("""
         import os, sys, time
         path = os.environ[sys.argv[1]]
@@ -199,12 +207,19 @@ def test_revoke_with_notice_then_poll_reports_the_machine_revoked(bed: Bed, clus
     notice = json.loads(watcher.readline())
     assert notice["host_id"] == ps.id and notice["deadline"] > time.time() - 1.0
     assert watcher.wait(WAIT_S) != 0  # killed without a goodbye, with its machine
+    assert_machine_revoked(bed, cluster, runner)
+
+
+def assert_machine_revoked(bed: Bed, cluster: Cluster, chief_runner: HostRunner) -> None:
+    """ps-0's machine is gone: poll says so for it and the chief on it, not for a worker, and
+    the chief's runner runs nothing more."""
+    ps, chief = host(cluster, "ps-0"), host(cluster, "chief-0")
     wait_until(lambda: bed.provider.poll(cluster)[ps.id] == HostState.REVOKED, "REVOKED")
     states = bed.provider.poll(cluster)
     assert states[chief.id] == HostState.REVOKED  # the colocated role went with the machine
     assert states[host(cluster, "worker-0").id] == HostState.RUNNING
     with pytest.raises(HostLostError):
-        run_python(bed, runner, "print(1)")
+        run_python(bed, chief_runner, "print(1)")
 
 
 # --- release ----------------------------------------------------------------------------------
@@ -257,6 +272,37 @@ def test_replacing_a_machine_replaces_the_roles_colocated_on_it(bed: Bed, cluste
         bed.provider.release(new_cluster)
 
 
+# --- the checkpoint store ---------------------------------------------------------------------
+
+WRITE_CHECKPOINT = textwrap.dedent(
+    """
+    import pathlib, sys
+    folder = pathlib.Path(sys.argv[1])
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "ckpt-1.index").write_text("step 1")
+    (folder / "checkpoint").write_text('model_checkpoint_path: "ckpt-1"')
+    """
+)
+
+
+def test_checkpoint_store_keeps_what_the_chief_wrote_for_a_chief_elsewhere(bed: Bed,
+                                                                          cluster: Cluster):
+    """The provider's store: what a chief writes at `location` survives `sync`, and after
+    `before_start` a chief on another machine reads it at its own `location`."""
+    store = bed.provider.checkpoint_store("conf", bed.workdir / "checkpoints")
+    chief = bed.provider.runner(host(cluster, "chief-0"))
+    store.before_start(chief)  # an empty store: nothing to seed, no error
+    process = run_python(bed, chief, WRITE_CHECKPOINT, store.location(chief))
+    assert process.wait(WAIT_S) == 0
+    assert store.sync(chief)
+    elsewhere = bed.provider.runner(host(cluster, "worker-1"))
+    store.before_start(elsewhere)
+    reader = run_python(bed, elsewhere, "import pathlib, sys; print(pathlib.Path(sys.argv[1], "
+                        "'ckpt-1.index').read_text())", store.location(elsewhere))
+    assert reader.readline() == "step 1\n" and reader.wait(WAIT_S) == 0
+    store.finish(bed.workdir)
+
+
 # --- clean-up from the journal ----------------------------------------------------------------
 
 
@@ -267,11 +313,14 @@ def test_clean_up_from_the_journal_after_a_crash(bed: Bed, cluster: Cluster, tmp
     runner = bed.provider.runner(host(cluster, "worker-1"))
     process = run_python(bed, runner, STUBBORN, "left")
     assert process.readline() == "up\n"
-    entries = list_unreleased(bed.journal_path)
-    assert [(e.backend, e.host_id, e.pid) for e in entries] == [
-        (bed.name, host(cluster, "worker-1").id, process.pid)]
+    groups = [e for e in list_unreleased(bed.journal_path)
+              if e.kind is ResourceKind.PROCESS_GROUP]
+    worker = host(cluster, "worker-1")
+    assert [(e.backend, e.host_id, e.pid) for e in groups] == [
+        (bed.name, worker.id, process.pid)]
     report = clean_up(bed.journal_path, grace_s=0.5, configs={bed.name: bed.config})
-    assert len(report) == 1 and str(process.pid) in report[0]
+    # It says what it stopped: the process group, or (a cloud backend) the worker's machine.
+    assert any(str(process.pid) in line or f"host {worker.id}" in line for line in report)
     assert_heartbeat_stopped(runner, "left", tmp_path)
     assert clean_up(bed.journal_path, configs={bed.name: bed.config}) == []
     assert list_unreleased(bed.journal_path) == []

@@ -73,11 +73,3 @@ def test_real_run_without_credentials_fails_at_once_in_one_line(tmp_path, monkey
     assert "provider=local" in lines[0]
     assert not (tmp_path / "run" / "journal.jsonl").exists()  # nothing was provisioned
 
-
-def test_gs_data_dir_is_refused_at_run_start_with_how_to_stage_it(tmp_path) -> None:
-    from orchestrator.config.validation import validate_data_dir
-
-    cfg = compose_experiment("cifar10_res32", ["job.data_dir=gs://bucket/cifar10"])
-    with pytest.raises(ConfigError) as info:
-        validate_data_dir(cfg)
-    assert "python -m provisioning.gce.storage download gs://bucket/cifar10" in info.value.line()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,26 +17,14 @@ from provisioning.gce.storage import (
     main,
     results_url,
 )
-
-BUCKET = "lab-bucket"
+from tests.provisioning.gce_fixtures import BUCKET, storage_emulator
 
 
 @pytest.fixture(name="emulator")
-def emulator_fixture(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+def emulator_fixture() -> Iterator[str]:
     """gcp-storage-emulator in memory on 127.0.0.1 (a free port), STORAGE_EMULATOR_HOST set."""
-    server_module = pytest.importorskip("gcp_storage_emulator.server",
-                                        reason="gcp-storage-emulator (dev extra) not installed")
-    logging.getLogger("gcp_storage_emulator").setLevel(logging.WARNING)
-    server = server_module.create_server("127.0.0.1", 0, in_memory=True, default_bucket=BUCKET)
-    server.start()
-    port = server._api._httpd.server_address[1]
-    url = f"http://127.0.0.1:{port}"
-    monkeypatch.setenv("STORAGE_EMULATOR_HOST", url)
-    monkeypatch.setenv("GOOGLE_CLOUD_PROJECT", "test-project")
-    try:
+    with storage_emulator() as url:
         yield url
-    finally:
-        server.stop()
 
 
 def make_tree(root: Path) -> dict[str, bytes]:
@@ -126,9 +113,10 @@ def test_run_checkpoint_store_mirrors_to_the_bucket_and_restores(emulator: str,
     """The store run.py uses with provider.storage=gs://...: a chief on a real (local) host
     writes checkpoints, sync mirrors them, finish uploads the run directory, and a store on an
     empty folder (a new orchestrator machine) restores them before the chief starts."""
-    from orchestrator.runtime.gcs_store import GcsCheckpointStore, checkpoint_store
     from provisioning.base import ClusterRequest, HostSpec, Role
     from provisioning.gce.config import GceConfig
+    from provisioning.gce.provider import GceProvider
+    from provisioning.gce.storage import GcsCheckpointStore
     from provisioning.local import LocalProvider
 
     provider = LocalProvider()
@@ -136,8 +124,8 @@ def test_run_checkpoint_store_mirrors_to_the_bucket_and_restores(emulator: str,
                                               tmp_path / "run"))
     try:
         chief = provider.runner(cluster.hosts[0])
-        store = checkpoint_store(GceConfig(storage=f"gs://{BUCKET}/exp"),
-                                 tmp_path / "run", "run-3", tmp_path / "run" / "checkpoints")
+        gce = GceProvider(GceConfig(storage=f"gs://{BUCKET}/exp"), api=object())
+        store = gce.checkpoint_store("run-3", tmp_path / "run" / "checkpoints")
         assert isinstance(store, GcsCheckpointStore)
         store.before_start(chief)  # nothing anywhere yet
         folder = Path(store.location(chief))
@@ -160,3 +148,75 @@ def test_run_checkpoint_store_mirrors_to_the_bucket_and_restores(emulator: str,
         other.release(again)
     assert read_tree(tmp_path / "elsewhere") == {"ckpt-1.index": b"i",
                                                  "checkpoint": b'model_checkpoint_path: "ckpt-1"\n'}
+
+
+def test_a_failed_object_fails_the_download_naming_it(emulator: str, tmp_path: Path) -> None:
+    """transfer_manager returns a failed object's exception in its results list; the store
+    checks every result, so the call fails naming the object (the others still arrive)."""
+    make_tree(tmp_path / "src")
+    url = GcsUrl.parse(f"gs://{BUCKET}/errors")
+    store = GcsStore()
+    store.upload(tmp_path / "src", url, ["a.txt"])
+    with pytest.raises(StorageError, match=r"1 of 2 object\(s\) under gs://lab-bucket/errors "
+                                           r"failed: gone\.bin: NotFound"):
+        store.download(url, tmp_path / "dst", ["a.txt", "gone.bin"])
+    assert (tmp_path / "dst" / "a.txt").read_bytes() == b"alpha\n"
+    with pytest.raises(StorageError, match="outside"):
+        store.download(url, tmp_path / "dst", ["../escape"])
+
+
+def cifar10_bin(root: Path, records: int = 16) -> dict[str, bytes]:
+    """CIFAR-10 in its binary format (a label byte 0-9 + 3072 random pixel bytes per record)."""
+    names = [f"data_batch_{i}.bin" for i in range(1, 6)] + ["test_batch.bin"]
+    files = {f"cifar-10-batches-bin/{n}": b"".join(bytes([i % 10]) + os.urandom(3072)
+                                                   for i in range(records)) for n in names}
+    for name, blob in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_bytes(blob)
+    return files
+
+
+def test_a_gs_data_dir_is_downloaded_once_into_the_cache(emulator: str, tmp_path: Path) -> None:
+    """The run's data step with job.data_dir=gs://...: the objects land in the data cache, the
+    run reads them from there; a second run downloads only what changed; a bucket without the
+    problem's files is one data error line."""
+    from orchestrator import data as data_step
+    from orchestrator.validate import compose_experiment
+    from provisioning.gce.storage import cached_copy
+    from trainer.problems import find_cifar_files
+
+    files = cifar10_bin(tmp_path / "src")
+    url = f"gs://{BUCKET}/datasets/cifar10"
+    GcsStore().upload(tmp_path / "src", GcsUrl.parse(url))
+
+    def config():  # type: ignore[no-untyped-def]
+        cfg = compose_experiment("cifar10_res32", [f"job.data_dir={url}"])
+        cfg.data_cache = str(tmp_path / "cache")
+        return cfg
+
+    cfg = config()
+    assert "first downloads" in (data_step.describe(cfg) or "")
+    folder = data_step.prepare(cfg)
+    assert folder == tmp_path / "cache" / "gs" / BUCKET / "datasets" / "cifar10"
+    assert cfg.job.data_dir == str(folder) and read_tree(folder) == files
+    assert find_cifar_files("image_cifar10", str(folder))
+    stamps = {p: p.stat().st_mtime_ns for p in folder.rglob("*") if p.is_file()}
+    changed = "cifar-10-batches-bin/test_batch.bin"
+    (tmp_path / "src" / changed).write_bytes(bytes(3073 * 4))  # 4 records of class 0
+    GcsStore().upload(tmp_path / "src", GcsUrl.parse(url), [changed])
+    assert data_step.prepare(config()) == folder
+    again = {p: p.stat().st_mtime_ns for p in folder.rglob("*") if p.is_file()}
+    assert [p.relative_to(folder).as_posix() for p in stamps if again[p] != stamps[p]] == [
+        changed]  # only the object that changed was downloaded again
+    assert (folder / changed).read_bytes() == (tmp_path / "src" / changed).read_bytes()
+
+    with pytest.raises(StorageError, match="no objects under gs://lab-bucket/nothing"):
+        cached_copy(f"gs://{BUCKET}/nothing", tmp_path / "cache")
+    other = compose_experiment("cifar10_res32", [f"job.data_dir=gs://{BUCKET}/errors-x"])
+    GcsStore().upload(tmp_path / "src", GcsUrl.parse(f"gs://{BUCKET}/errors-x"),
+                      ["cifar-10-batches-bin/test_batch.bin"])
+    other.data_cache = str(tmp_path / "cache")
+    with pytest.raises(data_step.DataError) as err:
+        data_step.prepare(other)
+    assert err.value.line().startswith(f"data error: gs://{BUCKET}/errors-x does not hold the "
+                                       "image_cifar10 files")

@@ -44,8 +44,9 @@ def test_given_data_dir_wins_and_must_hold_the_files(tmp_path: Path,
         validate_data_dir(cifar10_config(tmp_path, f"job.data_dir={empty}"))
     with pytest.raises(ConfigError, match=r"folder '/no/such' does not exist"):
         validate_data_dir(cifar10_config(tmp_path, "job.data_dir=/no/such"))
-    with pytest.raises(ConfigError, match=r"gs:// data is not staged onto the hosts by a run yet"):
-        validate_data_dir(cifar10_config(tmp_path, "job.data_dir=gs://bucket/cifar10"))
+    with pytest.raises(ConfigError, match=r"job.data_dir: 'gs:///cifar10' names no bucket"):
+        validate_data_dir(cifar10_config(tmp_path, "job.data_dir=gs:///cifar10"))
+    validate_data_dir(cifar10_config(tmp_path, "job.data_dir=gs://bucket/cifar10"))  # at run start
     validate_data_dir(cifar10_config(tmp_path))  # unset: the cache (fetched by the run)
     archive = make_archive("cifar-10-binary.tar.gz")
     own = tmp_path / "mine"
