@@ -20,6 +20,7 @@ Two ways to get the trainer's dependencies onto a machine:
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import posixpath
 import shlex
@@ -127,21 +128,25 @@ class WheelCache:
 
     def wheel(self) -> Wheel:
         """The wheel in `work_dir` if an earlier run built it there, else built now (into a
-        staging folder, renamed into place, so concurrent runs never see half a wheel)."""
+        staging folder, renamed into place, so concurrent runs never see half a wheel). The
+        build holds a file lock on `work_dir`: caches of other extras (a cluster of GPU and CPU
+        machines) and concurrent runs wait for one build instead of building it again."""
         with self._lock:
             if self._wheel is None:
-                built = sorted(self.work_dir.glob("transient_orchestrator-*.whl"))
-                if built:
-                    self._wheel = Wheel(built[-1], wheel_digest(built[-1]))
-                else:
-                    staging = Path(tempfile.mkdtemp(prefix=".build-", dir=self.work_dir))
-                    try:
-                        wheel = build_wheel(staging)
-                        target = self.work_dir / wheel.name
-                        wheel.path.replace(target)
-                        self._wheel = Wheel(target, wheel.digest)
-                    finally:
-                        shutil.rmtree(staging, ignore_errors=True)
+                with open(self.work_dir / ".build.lock", "w") as lock:
+                    fcntl.flock(lock, fcntl.LOCK_EX)
+                    built = sorted(self.work_dir.glob("transient_orchestrator-*.whl"))
+                    if built:
+                        self._wheel = Wheel(built[-1], wheel_digest(built[-1]))
+                    else:
+                        staging = Path(tempfile.mkdtemp(prefix=".build-", dir=self.work_dir))
+                        try:
+                            wheel = build_wheel(staging)
+                            target = self.work_dir / wheel.name
+                            wheel.path.replace(target)
+                            self._wheel = Wheel(target, wheel.digest)
+                        finally:
+                            shutil.rmtree(staging, ignore_errors=True)
             return self._wheel
 
     def prepared_wheelhouse(self) -> Path:
@@ -194,7 +199,10 @@ def ensure_environment(connection: SshConnection, root: str, python: str | None,
         raise ProvisionError(f"ssh host {connection.target.label}: python {interpreter!r} does "
                              f"not run there: {probe.stderr.strip()[-300:]}")
     version = probe.stdout.strip()
-    flavour = hashlib.sha256(f"{interpreter}\0{extra}".encode()).hexdigest()[:8]
+    # With a declared interpreter only our wheel is installed (--no-deps): the extra changes
+    # nothing, so GPU and CPU machines sharing a file system share one environment.
+    flavour = hashlib.sha256(f"{interpreter}\0{extra if python is None else ''}".encode()
+                             ).hexdigest()[:8]
     env_dir = posixpath.join(root, "envs", f"{wheel.digest[:16]}-py{version}-{flavour}")
     if python is not None:
         site = posixpath.join(env_dir, "site")
