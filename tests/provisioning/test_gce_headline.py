@@ -46,7 +46,7 @@ PREEMPTED_RUN = 2  # the sweep's third run: the 16-worker cluster
 ZONES = ("us-west1-b", "us-west1-a", "us-central1-a", "us-central1-b")
 BUCKET, PREFIX = "lab-bucket", "headline"
 TRAIN_STEPS = 100
-PREEMPT_AT_STEP = 10
+PREEMPT_AT_STEP = 1  # the first progress report: training is under way
 RUN_TIMEOUT_S = 1700
 CIFAR_TRAIN_PER_FILE, CIFAR_TEST = 40, 16
 
