@@ -2,6 +2,7 @@
 #   make run    set up what is missing, then train the embedded default (digits_local)
 #   make test   set up what is missing, then run the whole test suite
 #   make ci     what CI runs (.ci/run): dry-run every committed experiment, lint, test
+#   make gce-fake  the headline sweep on a fake Google Cloud (README "Running on Google Cloud")
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -11,10 +12,10 @@ LOGDIR ?= outputs
 
 EXPERIMENTS := $(sort $(basename $(notdir $(wildcard experiments/*.yaml))))
 
-.PHONY: setup run test test-fast validate dry-run ci bench lint tensorboard clean help
+.PHONY: setup run test test-fast gce-fake validate dry-run ci bench lint tensorboard clean help
 
 help:
-	@echo "make setup | run | test | test-fast | validate | dry-run | ci | bench | lint | tensorboard | clean"
+	@echo "make setup | run | test | test-fast | gce-fake | validate | dry-run | ci | bench | lint | tensorboard | clean"
 
 setup: $(STAMP)
 
@@ -36,6 +37,12 @@ test: setup
 
 test-fast: setup
 	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+
+# The headline sweep (+experiment=cifar10_res32 -m cluster.workers=4,8,16) end to end against
+# the fake Compute API, namespace sshd hosts as its VMs and the GCS emulator (root, sshd, ip)
+gce-fake: setup
+	bash .ci/testbed-deps
+	$(PY) -m pytest tests/provisioning/test_gce_headline.py -s $(PYTEST_ARGS)
 
 validate: setup
 	$(PY) -m orchestrator.validate

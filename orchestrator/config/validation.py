@@ -104,6 +104,9 @@ def validate_job(cfg: ExperimentConfig) -> None:
         raise ConfigError("job.problem", f"unknown problem '{j.problem}'",
                           "one of: " + ", ".join(problem_names))
     steps = j.lr_decay_steps
+    if j.lr_schedule == "step" and not steps:  # the trainer's spec refuses it after provisioning
+        raise ConfigError("job.lr_decay_steps", "required for lr_schedule=step (got [])",
+                          "the steps where the rate decays, e.g. [32000, 48000]")
     for i, (a, b) in enumerate(itertools.pairwise(steps)):
         if b <= a:
             raise ConfigError(f"job.lr_decay_steps.{i + 1}", f"must be greater than the step "

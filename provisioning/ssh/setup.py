@@ -25,6 +25,7 @@ Two ways to get the trainer's dependencies onto a machine:
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import json
 import posixpath
@@ -147,21 +148,25 @@ class WheelCache:
 
     def wheel(self) -> Wheel:
         """The wheel in `work_dir` if an earlier run built it there, else built now (into a
-        staging folder, renamed into place, so concurrent runs never see half a wheel)."""
+        staging folder, renamed into place, so concurrent runs never see half a wheel). The
+        build holds a file lock on `work_dir`: caches of other extras (a cluster of GPU and CPU
+        machines) and concurrent runs wait for one build instead of building it again."""
         with self._lock:
             if self._wheel is None:
-                built = sorted(self.work_dir.glob("transient_orchestrator-*.whl"))
-                if built:
-                    self._wheel = Wheel(built[-1], wheel_digest(built[-1]))
-                else:
-                    staging = Path(tempfile.mkdtemp(prefix=".build-", dir=self.work_dir))
-                    try:
-                        wheel = build_wheel(staging)
-                        target = self.work_dir / wheel.name
-                        wheel.path.replace(target)
-                        self._wheel = Wheel(target, wheel.digest)
-                    finally:
-                        shutil.rmtree(staging, ignore_errors=True)
+                with open(self.work_dir / ".build.lock", "w") as lock:
+                    fcntl.flock(lock, fcntl.LOCK_EX)
+                    built = sorted(self.work_dir.glob("transient_orchestrator-*.whl"))
+                    if built:
+                        self._wheel = Wheel(built[-1], wheel_digest(built[-1]))
+                    else:
+                        staging = Path(tempfile.mkdtemp(prefix=".build-", dir=self.work_dir))
+                        try:
+                            wheel = build_wheel(staging)
+                            target = self.work_dir / wheel.name
+                            wheel.path.replace(target)
+                            self._wheel = Wheel(target, wheel.digest)
+                        finally:
+                            shutil.rmtree(staging, ignore_errors=True)
             return self._wheel
 
     def prepared_wheelhouse(self) -> Path:
@@ -239,7 +244,10 @@ def ensure_environment(connection: SshConnection, root: str, python: str | None,
                 _put_if_absent(sftp, file, posixpath.join(remote_house, file.name))
     name, requires = wheel_metadata(wheel.path)
     spec = {"envs": posixpath.join(root, "envs"), "digest": wheel.digest[:16],
-            "flavour": hashlib.sha256(f"{interpreter}\0{extra}".encode()).hexdigest()[:8],
+            # With a declared interpreter only our wheel is installed (no dependencies): the
+            # extra changes nothing, so GPU and CPU machines sharing a file system share one.
+            "flavour": hashlib.sha256(f"{interpreter}\0{extra if python is None else ''}"
+                                      .encode()).hexdigest()[:8],
             "wheel": remote_wheel, "mode": "site" if python is not None else "venv",
             "wheelhouse": remote_house, "extra": extra, "name": name,
             "deps": hashlib.sha256("\n".join([str(extra), *requires]).encode()).hexdigest()[:16]}

@@ -267,6 +267,7 @@ BAD_OVERRIDES: list[tuple[str, list[str], str, str]] = [
     ("digits_local", ["sync=switch", "sync.switch_order=12"], "sync.switch_order", "invalid"),
     ("digits_local", ["job.lr_decay_steps=[1,x]"], "job.lr_decay_steps.1", "not a valid integer"),
     ("digits_local", ["job.lr_decay_steps=[5,3]"], "job.lr_decay_steps.1", "greater than"),
+    ("cifar10_res32", ["job.lr_decay_steps=[]"], "job.lr_decay_steps", "required for"),
     ("digits_local", ["job.learning_rate=nan"], "job.learning_rate", "finite"),
     ("digits_local", ["job.learning_rate=inf"], "job.learning_rate", "finite"),
     ("digits_local", ["job.learning_rate=-inf"], "job.learning_rate", "finite"),
