@@ -66,24 +66,27 @@ class Point:
 class _Live:
     point: Point
     proc: subprocess.Popen[bytes]
-    relay: threading.Thread
+    relays: list[threading.Thread]
 
 
 class _Output:
-    """Whole lines from every run and from the launcher, never interleaved mid-line."""
+    """Whole lines from every run and from the launcher, never interleaved mid-line; a run's
+    stderr goes to stderr (config and data errors, tracebacks), the rest to stdout."""
 
-    def __init__(self, stream: IO[str] | None = None) -> None:
+    def __init__(self, stream: IO[str] | None = None, errors: IO[str] | None = None) -> None:
         self._stream = stream or sys.stdout
+        self._errors = errors or sys.stderr
         self._lock = threading.Lock()
 
-    def line(self, text: str) -> None:
+    def line(self, text: str, error: bool = False) -> None:
+        stream = self._errors if error else self._stream
         with self._lock:
-            self._stream.write(text + "\n")
-            self._stream.flush()
+            stream.write(text + "\n")
+            stream.flush()
 
-    def relay(self, source: IO[bytes], prefix: str) -> None:
+    def relay(self, source: IO[bytes], prefix: str, error: bool) -> None:
         for raw in iter(source.readline, b""):
-            self.line(f"{prefix} {raw.decode(errors='replace').rstrip()}")
+            self.line(f"{prefix} {raw.decode(errors='replace').rstrip()}", error)
         source.close()
 
 
@@ -247,15 +250,17 @@ def _start(point: Point, payload: dict[str, Any], out: _Output, total: int) -> _
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "250"}
     proc = subprocess.Popen(  # own session: a terminal's Ctrl-C reaches the launcher only
         [sys.executable, "-m", "orchestrator.parallel"], stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, start_new_session=True,
         preexec_fn=parent_death_preexec(os.getpid(), signal.SIGTERM))
-    assert proc.stdin is not None and proc.stdout is not None
-    relay = threading.Thread(target=out.relay, args=(proc.stdout, point.label(total)),
-                             daemon=True)
-    relay.start()
+    assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+    relays = [threading.Thread(target=out.relay, args=(source, point.label(total), error),
+                               daemon=True)
+              for source, error in ((proc.stdout, False), (proc.stderr, True))]
+    for relay in relays:
+        relay.start()
     data = pickle.dumps({**payload, "config": point.config})
     threading.Thread(target=_feed, args=(proc.stdin, data), daemon=True).start()
-    return _Live(point, proc, relay)
+    return _Live(point, proc, relays)
 
 
 def _feed(stdin: IO[bytes], data: bytes) -> None:
@@ -271,7 +276,8 @@ def _finish(run: _Live, record: _Recorder, out: _Output, total: int) -> int:
     from orchestrator import results, sweep
 
     code = run.proc.wait()
-    run.relay.join(timeout=5)
+    for relay in run.relays:
+        relay.join(timeout=5)
     summary = results.read_summary(run.point.run_dir) or {}
     status = summary.get("status") or {0: "completed", 2: "config error",
                                        _EXIT_INTERRUPTED: "interrupted"}.get(code, "failed")

@@ -15,7 +15,9 @@ priority order, every waiting run that fits):
 
 The simulated durations come from ``provider=sim`` runs; ``python -m orchestrator.simulate.sweep
 ... queue.quota_gpus=16`` schedules the sweep it just simulated under the quota with every policy
-and writes ``queue.json`` beside ``runs.csv``.
+and writes ``queue.json`` beside ``runs.csv``. A real sweep launched concurrently
+(``hydra/launcher=parallel``, orchestrator/parallel.py) starts its runs by the same
+:func:`priority_key` and :func:`admit` (fifo and spf only: it does not preempt).
 """
 
 from __future__ import annotations

@@ -227,3 +227,30 @@ def _text(path: Path) -> str:
         return path.read_text()
     except OSError:
         return ""
+
+
+@pytest.mark.slow
+def test_installed_wheel_gives_hydra_the_launcher(tmp_path: Path) -> None:
+    """The wheel carries the plugin in Hydra's namespace package (and no __init__ of its own
+    there, which would hide other plugins); installed, Hydra discovers it outside the checkout."""
+    import zipfile
+
+    from provisioning.ssh.setup import build_wheel
+
+    wheel = build_wheel(tmp_path / "wheels").path
+    names = zipfile.ZipFile(wheel).namelist()
+    assert "hydra_plugins/transient_launcher/parallel.py" in names
+    assert "hydra_plugins/__init__.py" not in names
+    target = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
+                    "--target", str(target), str(wheel)], check=True, capture_output=True)
+    probe = ("from hydra.core.plugins import Plugins\n"
+             "from hydra.core.config_store import ConfigStore\n"
+             "from hydra.plugins.launcher import Launcher\n"
+             "found = [p for p in Plugins.instance().discover(Launcher)\n"
+             "         if p.__name__ == 'ParallelLauncher']\n"
+             "import sys; print(sys.modules[found[0].__module__].__file__)\n"
+             "print('parallel.yaml' in ConfigStore.instance().list('hydra/launcher'))\n")
+    out = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, capture_output=True,
+                         text=True, env={**ENV, "PYTHONPATH": str(target)}, check=True).stdout
+    assert out.split() == [str(target / "hydra_plugins/transient_launcher/parallel.py"), "True"]
