@@ -38,7 +38,7 @@ from provisioning.ssh.runner import sftp_makedirs, sftp_put
 
 #: What goes into the wheel build (the rest of the checkout is not needed to build it).
 _SOURCE_ITEMS = ("pyproject.toml", "README.md", "orchestrator", "trainer", "provisioning",
-                 "analysis", "hydra_plugins")
+                 "analysis")
 READY_MARKER = ".ready"
 INSTALL_TIMEOUT_S = 900.0
 

@@ -188,7 +188,10 @@ def test_ctrl_c_releases_every_concurrent_local_run(repo_root: Path, tmp_path: P
          "job.seed=1,2", "cluster.workers=1", "job.train_steps=100000",
          "job.eval_frequency=0", "hydra/launcher=parallel", f"hydra.sweep.dir={sweep_dir}"],
         cwd=repo_root, env={**ENV, "PYTHONPATH": str(repo_root)}, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True, start_new_session=True)
+        stderr=subprocess.PIPE, text=True, start_new_session=True,
+        # Ctrl-C as at a terminal, even when pytest itself runs in the background of a
+        # non-interactive shell (which ignores SIGINT, and children inherit that)
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     run_dirs = [sweep_dir / "0", sweep_dir / "1"]
     try:
         deadline = time.monotonic() + 300
@@ -229,21 +232,25 @@ def _text(path: Path) -> str:
         return ""
 
 
-@pytest.mark.slow
-def test_installed_wheel_gives_hydra_the_launcher(tmp_path: Path) -> None:
-    """The wheel carries the plugin in Hydra's namespace package (and no __init__ of its own
-    there, which would hide other plugins); installed, Hydra discovers it outside the checkout."""
-    import zipfile
+def test_packaging_and_hydra_find_the_plugin_outside_the_checkout(repo_root: Path,
+                                                                 tmp_path: Path) -> None:
+    """pyproject's package list (read by setuptools' own namespace-package finder, as the
+    wheel build does) takes the plugin and no ``hydra_plugins/__init__.py`` (which would hide
+    every other Hydra plugin); copied elsewhere, as an installed wheel lays it out, Hydra
+    discovers it by scanning the namespace package."""
+    import shutil
+    import tomllib
 
-    from provisioning.ssh.setup import build_wheel
+    from setuptools import find_namespace_packages
 
-    wheel = build_wheel(tmp_path / "wheels").path
-    names = zipfile.ZipFile(wheel).namelist()
-    assert "hydra_plugins/transient_launcher/parallel.py" in names
-    assert "hydra_plugins/__init__.py" not in names
-    target = tmp_path / "site"
-    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
-                    "--target", str(target), str(wheel)], check=True, capture_output=True)
+    include = tomllib.loads((repo_root / "pyproject.toml").read_text())["tool"]["setuptools"][
+        "packages"]["find"]["include"]
+    found = find_namespace_packages(where=str(repo_root), include=include)
+    assert "hydra_plugins.transient_launcher" in found and "hydra_plugins" not in found
+    assert not (repo_root / "hydra_plugins" / "__init__.py").exists()
+    site = tmp_path / "site"
+    shutil.copytree(repo_root / "hydra_plugins", site / "hydra_plugins",
+                    ignore=shutil.ignore_patterns("__pycache__"))
     probe = ("from hydra.core.plugins import Plugins\n"
              "from hydra.core.config_store import ConfigStore\n"
              "from hydra.plugins.launcher import Launcher\n"
@@ -252,5 +259,5 @@ def test_installed_wheel_gives_hydra_the_launcher(tmp_path: Path) -> None:
              "import sys; print(sys.modules[found[0].__module__].__file__)\n"
              "print('parallel.yaml' in ConfigStore.instance().list('hydra/launcher'))\n")
     out = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, capture_output=True,
-                         text=True, env={**ENV, "PYTHONPATH": str(target)}, check=True).stdout
-    assert out.split() == [str(target / "hydra_plugins/transient_launcher/parallel.py"), "True"]
+                         text=True, env={**ENV, "PYTHONPATH": str(site)}, check=True).stdout
+    assert out.split() == [str(site / "hydra_plugins/transient_launcher/parallel.py"), "True"]
