@@ -210,7 +210,7 @@ def launch(points: Sequence[Point], queue: Any, hydra_context: Any, task_functio
             time.sleep(POLL_S)
             for num in [n for n, r in live.items() if r.proc.poll() is not None]:
                 codes[num] = _finish(live.pop(num), record, out, total)
-    except KeyboardInterrupt:
+    except BaseException:  # Ctrl-C, SIGTERM, or the launcher's own failure: stop them all
         _stop(live, codes, record, out, total)
         for p in pending:
             record.write("not_started", p)
@@ -293,7 +293,7 @@ def _stop(live: dict[int, _Live], codes: dict[int, int | None], record: _Recorde
     """SIGTERM every live run and wait until each has released everything; a repeated Ctrl-C
     cannot cut the wait short (a run killed mid-release would leave servers behind)."""
     if live:
-        out.line(f"interrupted: stopping {len(live)} live run(s) and releasing their hosts")
+        out.line(f"stopping {len(live)} live run(s) and releasing their hosts")
     for run in live.values():
         if run.proc.poll() is None:
             run.proc.send_signal(signal.SIGTERM)

@@ -16,7 +16,6 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from orchestrator import results
-from orchestrator.config.errors import ConfigError
 
 RUNS_CSV = "runs.csv"
 #: The concurrent launcher's record of when each point was queued, started and ended.
@@ -38,7 +37,7 @@ def sweep_id(sweep_dir: str | Path) -> str:
 def point_error_exit(ex: BaseException, point: Sequence[str]) -> None:
     """Print a sweep point's config error as one line naming the field and the point, and exit
     2; re-raise ``ex`` when it is not a config error."""
-    from orchestrator.config.errors import CONFIG_ERROR_EXIT_CODE
+    from orchestrator.config.errors import CONFIG_ERROR_EXIT_CODE, ConfigError
     from orchestrator.config.hydra_errors import (
         config_error_from_hydra,
         exact_item_error,
@@ -137,6 +136,8 @@ def mark_killed(run_dir: Path) -> dict[str, Any] | None:
     ``runs.csv`` (the sweep's, or the run's own). Returns the summary, None when not killed.
     Idempotent: once the summary exists, nothing more happens.
     """
+    from orchestrator.config.errors import ConfigError
+
     run_dir = Path(run_dir)
     ours = (results.CONFIG_FILE, results.PLAN_FILE, results.EVENTS_FILE)
     if not all((run_dir / name).is_file() for name in ours) or \

@@ -222,7 +222,7 @@ def test_ctrl_c_releases_every_concurrent_local_run(repo_root: Path, tmp_path: P
         provision = next(e for e in events if e["kind"] == "provision")
         assert provision["sweep_id"] == sweep.sweep_id(sweep_dir)
     assert not live_processes_mentioning(str(sweep_dir))
-    assert "interrupted: stopping 2 live run(s)" in out
+    assert "stopping 2 live run(s)" in out
 
 
 def _text(path: Path) -> str:
