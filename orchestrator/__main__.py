@@ -22,8 +22,6 @@ from orchestrator.paths import CONF_DIR
 
 INTERRUPTED_EXIT_CODE = 130
 
-_failed_runs: list[str] = []
-
 
 def run_one(cfg: DictConfig) -> dict[str, Any] | None:
     """The Hydra task: one run (or one sweep point). Returns its summary, None for a dry run.
@@ -40,24 +38,14 @@ def run_one(cfg: DictConfig) -> dict[str, Any] | None:
 
 def _run_one(cfg: DictConfig) -> dict[str, Any] | None:
     from hydra.core.hydra_config import HydraConfig
-    from omegaconf.errors import OmegaConfBaseException
     from rich.console import Console
 
-    from orchestrator import data, sweep
-    from orchestrator.config.errors import from_omegaconf
-    from orchestrator.config.schema import to_experiment
-    from orchestrator.config.validation import validate, validate_run_start
+    from orchestrator import data, results, sweep
     from orchestrator.display import cost_text, render_plan, say_provider_note
-    from orchestrator.plan import make_plan
-    from orchestrator.run import execute_run
+    from orchestrator.run import before_provisioning, execute_run, planned_experiment
     from orchestrator.simulate.band import predict_band
 
-    try:
-        exp = to_experiment(cfg)
-    except OmegaConfBaseException as ex:
-        raise from_omegaconf(ex) from ex
-    validate(exp)
-    plan = make_plan(exp)
+    exp, plan = planned_experiment(cfg)
     plan.prediction = predict_band(exp, plan)  # None when no fitted model covers this setup
     hc = HydraConfig.get()
     overrides = list(hc.overrides.task)
@@ -70,20 +58,25 @@ def _run_one(cfg: DictConfig) -> dict[str, Any] | None:
         render_plan(plan, Console(), title=f"Plan: {title} (dry run: nothing provisioned)",
                     data=data.describe(exp))
         return None
-    if exp.provider.name != "sim":  # a simulated run provisions nothing and reads no data
-        validate_run_start(exp)  # cloud credentials: before a download or anything provisioned
-        data.prepare(exp)  # a bad job.data_dir or a failed download stops here, before provisioning
+    before_provisioning(exp)
     say_provider_note(plan, Console(), once=True)
     run_dir = Path(hc.runtime.output_dir)
     sweep.mark_killed_siblings(run_dir)  # earlier runs here whose orchestrator was killed
     resolved = OmegaConf.to_container(cfg, resolve=True)
     assert isinstance(resolved, dict)
-    summary = execute_run(exp, plan, run_dir, resolved, title)
     csv_dir = Path(hc.sweep.dir) if multirun else run_dir
+    try:
+        summary = execute_run(exp, plan, run_dir, resolved, title,
+                              sweep_id=sweep.sweep_id(hc.sweep.dir) if multirun else None)
+    except KeyboardInterrupt:  # released and recorded: its row says so too
+        summary = results.read_summary(run_dir)
+        if summary is not None:
+            sweep.append_run_row(csv_dir / sweep.RUNS_CSV, overrides, run_dir, summary)
+        raise
     sweep.append_run_row(csv_dir / sweep.RUNS_CSV, overrides, run_dir, summary)
     _report(summary, run_dir, cost_text(summary["cost_usd"], plan))
     if summary["status"] != "completed":
-        _failed_runs.append(str(run_dir))
+        sweep.failed_runs.append(str(run_dir))
     return summary
 
 
@@ -155,8 +148,10 @@ def main() -> None:
         overrides = [a for a in sys.argv[1:] if not a.startswith("-")]
         print(explain(exact_item_error(err, overrides)).line(), file=sys.stderr)
         sys.exit(CONFIG_ERROR_EXIT_CODE)
-    if _failed_runs:
-        print(f"{len(_failed_runs)} run(s) did not complete: " + ", ".join(_failed_runs),
+    from orchestrator.sweep import failed_runs
+
+    if failed_runs:
+        print(f"{len(failed_runs)} run(s) did not complete: " + ", ".join(failed_runs),
               file=sys.stderr)
         sys.exit(1)
 

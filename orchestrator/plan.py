@@ -72,6 +72,12 @@ class RunPlan:
     def total_steps(self) -> int:
         return self.phases[-1].end_step
 
+    @property
+    def gpus(self) -> int:
+        """GPUs the run holds at once (what a GPU quota counts): one per machine with a GPU;
+        a colocated role shares its owner's machine and holds none of its own."""
+        return sum(1 for h in self.hosts if h.gpu and h.colocate_with is None)
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 

@@ -334,6 +334,11 @@ def killed_summary(run_dir: Path) -> dict[str, Any]:
     return summary
 
 
+def read_summary(run_dir: Path) -> dict[str, Any] | None:
+    """The run's summary.json, None when there is none (or it cannot be read)."""
+    return _read_json(Path(run_dir) / SUMMARY_FILE) or None
+
+
 def run_status(run_dir: Path) -> str:
     """completed | failed | interrupted | killed from summary.json; ``running`` while a live
     process owns the directory; ``killed`` when the owner died without writing a summary."""

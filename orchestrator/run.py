@@ -33,6 +33,36 @@ from trainer.layout import CHECKPOINT_DIR, CLUSTER_JOBS, CONTROL_FILE
 from trainer.spec import JobSpec, PhaseSpec, StragglerSpec, TrainerSpec
 
 
+def planned_experiment(cfg: Any) -> tuple[ExperimentConfig, RunPlan]:
+    """A composed task config (Hydra's, without its ``hydra`` node) as validated dataclasses
+    and its plan; ConfigError for anything wrong with it."""
+    from omegaconf.errors import OmegaConfBaseException
+
+    from orchestrator.config.errors import from_omegaconf
+    from orchestrator.config.schema import to_experiment
+    from orchestrator.config.validation import validate
+    from orchestrator.plan import make_plan
+
+    try:
+        exp = to_experiment(cfg)
+    except OmegaConfBaseException as ex:
+        raise from_omegaconf(ex) from ex
+    validate(exp)
+    return exp, make_plan(exp)
+
+
+def before_provisioning(cfg: ExperimentConfig) -> None:
+    """What a real run checks and fetches before anything is provisioned: cloud credentials
+    (before a download), then the dataset (a bad ``job.data_dir`` or a failed download stops
+    here). A simulated run provisions nothing and reads no data."""
+    from orchestrator import data
+    from orchestrator.config.validation import validate_run_start
+
+    if cfg.provider.name != "sim":
+        validate_run_start(cfg)
+        data.prepare(cfg)
+
+
 def make_run_id(name: str) -> str:
     return f"{name}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
 
@@ -74,17 +104,21 @@ def straggler_specs(cfg: ExperimentConfig) -> list[StragglerSpec]:
     return specs
 
 
-def cluster_request(plan: RunPlan, run_id: str, run_dir: Path) -> ClusterRequest:
+def cluster_request(plan: RunPlan, run_id: str, run_dir: Path,
+                    sweep_id: str | None = None) -> ClusterRequest:
     # each host's work dir is hosts/<id>/ below run_dir
-    return ClusterRequest(run_id=run_id, hosts=plan.host_specs(), workdir=run_dir)
+    return ClusterRequest(run_id=run_id, hosts=plan.host_specs(), workdir=run_dir,
+                          sweep_id=sweep_id)
 
 
 def execute_run(cfg: ExperimentConfig, plan: RunPlan, run_dir: Path,
-                resolved_config: dict[str, Any], title: str) -> dict[str, Any]:
+                resolved_config: dict[str, Any], title: str,
+                sweep_id: str | None = None) -> dict[str, Any]:
     """Run one experiment in ``run_dir`` and return its summary (also written to disk).
 
     Never raises for a failed training run: the status says so. KeyboardInterrupt (Ctrl-C,
     SIGTERM via the entry point) is recorded as ``interrupted`` and re-raised after clean-up.
+    ``sweep_id`` (a sweep point's) reaches the provider on the cluster request.
     """
     if cfg.provider.name == "sim":  # simulated: nothing is provisioned (orchestrator/simulate)
         from orchestrator.simulate.run import execute_sim
@@ -111,10 +145,11 @@ def execute_run(cfg: ExperimentConfig, plan: RunPlan, run_dir: Path,
             # provision
             progress.status("provisioning")
             rec.event("provision", hosts=len(plan.hosts), provider=provider.name,
+                      sweep_id=sweep_id,
                       planned_revocations=[e.to_record() for e in revocations.pending])
             if cfg.preflight and provider.name not in LOCAL_PROVIDERS:
                 run_preflight(cfg)  # one local training step before paying for servers
-            cluster = provider.acquire(cluster_request(plan, run_id, run_dir))
+            cluster = provider.acquire(cluster_request(plan, run_id, run_dir, sweep_id))
             fleet = Fleet(provider, cluster, run_dir, build_trainer_spec(cfg, plan, cluster,
                                                                          run_id),
                           provider.checkpoint_store(run_id, run_dir / CHECKPOINT_DIR),

@@ -18,9 +18,39 @@ from omegaconf import DictConfig, OmegaConf
 from orchestrator import results
 
 RUNS_CSV = "runs.csv"
+#: The concurrent launcher's record of when each point was queued, started and ended.
+LAUNCHES_FILE = "launches.jsonl"
 
 # Number of runs in the current multirun (set by SweepValidator; None for a single run).
 sweep_size: int | None = None
+# Run directories whose run did not complete (this process's); the entry point exits 1 if any.
+failed_runs: list[str] = []
+
+
+def sweep_id(sweep_dir: str | Path) -> str:
+    """The id that names a sweep's resources (GCE's ``sweep-id`` label): the sweep folder's
+    parent and own name, ``<experiment>-<time>-<pid>`` for the default ``hydra.sweep.dir``."""
+    path = Path(sweep_dir).resolve()
+    return f"{path.parent.name}-{path.name}"
+
+
+def point_error_exit(ex: BaseException, point: Sequence[str]) -> None:
+    """Print a sweep point's config error as one line naming the field and the point, and exit
+    2; re-raise ``ex`` when it is not a config error."""
+    from orchestrator.config.errors import CONFIG_ERROR_EXIT_CODE, ConfigError
+    from orchestrator.config.hydra_errors import (
+        config_error_from_hydra,
+        exact_item_error,
+        explain,
+    )
+
+    err = config_error_from_hydra(ex)
+    if err is None:
+        raise ex
+    err = explain(exact_item_error(err, list(point)))
+    print(ConfigError(err.path, err.problem, err.allowed).line()
+          + f" [sweep point: {' '.join(point)}]", file=sys.stderr)
+    sys.exit(CONFIG_ERROR_EXIT_CODE)
 
 
 def expand_sweep(overrides: Sequence[str]) -> list[list[str]]:
@@ -43,12 +73,6 @@ class SweepValidator(Callback):
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         from hydra import compose
 
-        from orchestrator.config.errors import CONFIG_ERROR_EXIT_CODE, ConfigError
-        from orchestrator.config.hydra_errors import (
-            config_error_from_hydra,
-            exact_item_error,
-            explain,
-        )
         from orchestrator.config.schema import to_experiment
         from orchestrator.config.validation import validate
 
@@ -62,13 +86,7 @@ class SweepValidator(Callback):
             try:
                 validate(to_experiment(compose(config_name="config", overrides=combo)))
             except Exception as ex:
-                err = config_error_from_hydra(ex)
-                if err is None:
-                    raise
-                err = explain(exact_item_error(err, combo))
-                print(ConfigError(err.path, err.problem, err.allowed).line()
-                      + f" [sweep point: {' '.join(combo)}]", file=sys.stderr)
-                sys.exit(CONFIG_ERROR_EXIT_CODE)
+                point_error_exit(ex, combo)
 
 
 def override_columns(overrides: Sequence[str]) -> dict[str, str]:

@@ -161,11 +161,14 @@ class HostSpec:
 
 @dataclass(frozen=True)
 class ClusterRequest:
-    """Hosts wanted for one run. `workdir` is the run's directory on the orchestrator machine."""
+    """Hosts wanted for one run. `workdir` is the run's directory on the orchestrator machine;
+    `sweep_id` names the sweep the run belongs to (None for a single run): a backend may label
+    its resources with it (GCE does), any other may ignore it."""
 
     run_id: str
     hosts: list[HostSpec]
     workdir: Path
+    sweep_id: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "workdir", Path(self.workdir))

@@ -103,12 +103,13 @@ def free_port(port: int) -> None:
         _reserved_ports.discard(port)
 
 
-def _make_preexec(parent_pid: int):
-    """preexec_fn for the child: die with the parent. Loads nothing after fork (libc preloaded)."""
+def parent_death_preexec(parent_pid: int, sig: int = signal.SIGKILL):
+    """preexec_fn for a child: get ``sig`` when the parent (the forking thread) dies; SIGTERM
+    lets it clean up first. Loads nothing after fork (libc preloaded)."""
 
     def set_parent_death_signal() -> None:
         if _libc is not None:
-            _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+            _libc.prctl(_PR_SET_PDEATHSIG, sig, 0, 0, 0)
         # The parent may have died between fork and prctl; then nobody would signal us.
         if os.getppid() != parent_pid:
             os._exit(1)
@@ -285,7 +286,7 @@ class LocalHostRunner(HostRunner):
                     text=True,
                     bufsize=1,
                     start_new_session=True,
-                    preexec_fn=_make_preexec(os.getpid()),
+                    preexec_fn=parent_death_preexec(os.getpid()),
                 ))
             if self._journal is not None:
                 self._journal.record_process_group(

@@ -109,6 +109,8 @@ RANGES: dict[str, Range] = {
     "planner.top": AT_LEAST_ONE,
     "planner.min_p_deadline": Range(0, 1, high_open=False),
     "queue.quota_gpus": AT_LEAST_ONE,
+    "queue.max_concurrent": AT_LEAST_ONE,
+    "queue.run_gpus": NON_NEGATIVE,
     "queue.las_threshold_gpu_h": POSITIVE,
 }
 

@@ -65,9 +65,15 @@ class PlannerConfig:
 
 @dataclass
 class QueueConfig:
-    """Runs of a sweep sharing a GPU quota (simulated sweeps today; see README)."""
+    """Runs of a sweep sharing a GPU quota: the simulated sweep (orchestrator/simulate/sweep.py)
+    and the concurrent launcher of real sweeps (``hydra/launcher=parallel``,
+    orchestrator/parallel.py). One value per sweep: every point must agree."""
 
-    policy: QueuePolicy = QueuePolicy.spf  # fifo | spf | las; spf was best (docs/simulation.md)
+    policy: QueuePolicy = QueuePolicy.spf  # fifo | spf | las; spf was best (docs/simulation.md);
+    #   las preempts, so only the simulated sweep accepts it
     quota_gpus: int | None = None  # GPUs the project may hold at once; null = no quota
+    max_concurrent: int = 4  # parallel launcher: runs live at once (quota permitting)
+    run_gpus: int | None = None  # GPUs one run holds against the quota; null = its plan's
+    #   (one per machine with a GPU, so CPU-only local runs hold 0)
     las_threshold_gpu_h: float = 1.0  # 2D-LAS: GPU-hours after which a run drops a queue
     compare: bool = True  # also report every other policy on the same sweep

@@ -15,16 +15,18 @@ priority order, every waiting run that fits):
 
 The simulated durations come from ``provider=sim`` runs; ``python -m orchestrator.simulate.sweep
 ... queue.quota_gpus=16`` schedules the sweep it just simulated under the quota with every policy
-and writes ``queue.json`` beside ``runs.csv``.
+and writes ``queue.json`` beside ``runs.csv``. A real sweep launched concurrently
+(``hydra/launcher=parallel``, orchestrator/parallel.py) starts its runs by the same
+:func:`priority_key` and :func:`admit` (fifo and spf only: it does not preempt).
 """
 
 from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from orchestrator.config.schema import ExperimentConfig, Protocol
 from orchestrator.plan import RunPlan
@@ -32,6 +34,7 @@ from orchestrator.simulate.config import QueuePolicy
 from orchestrator.simulate.models import SimModels
 
 _EPS = 1e-9
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -96,11 +99,9 @@ def schedule(runs: Sequence[QueuedRun], quota_gpus: int, policy: QueuePolicy | s
     preemptions = 0
 
     def priority(s: _State) -> tuple[float, ...]:
-        if policy == QueuePolicy.fifo:
-            return (s.order,)
-        if policy == QueuePolicy.spf:
-            return (s.run.predicted_s, s.order)
-        return (level(s.attained), s.order)  # 2D-LAS: lower queue first, FIFO within one
+        if policy == QueuePolicy.las:  # 2D-LAS: lower queue first, FIFO within one
+            return (level(s.attained), s.order)
+        return priority_key(policy, s.run, s.order)
 
     def level(attained: float) -> int:
         """Queue of a run: 0 below the threshold, then one queue per doubling of service."""
@@ -120,12 +121,7 @@ def schedule(runs: Sequence[QueuedRun], quota_gpus: int, policy: QueuePolicy | s
             if s.running and not preemptive:
                 free -= s.run.gpus
                 chosen.append(s)
-        for s in waiting:
-            if s in chosen:
-                continue
-            if s.run.gpus <= free:
-                free -= s.run.gpus
-                chosen.append(s)
+        chosen += admit([s for s in waiting if s not in chosen], free, lambda s: s.run.gpus)
         for s in states:
             if s.running and s not in chosen:  # preempted (LAS only)
                 s.running = False
@@ -151,6 +147,34 @@ def schedule(runs: Sequence[QueuedRun], quota_gpus: int, policy: QueuePolicy | s
                 s.finished_at, s.running = now, False
     return Schedule(policy.value, {s.run.name: s.finished_at or 0.0 for s in states},
                     preemptions)
+
+
+def priority_key(policy: QueuePolicy | str, run: QueuedRun, order: int) -> tuple[float, ...]:
+    """Sort key of a run in a non-preemptive queue (``fifo``, ``spf``; ties in sweep order).
+
+    An unknown prediction (``math.inf``: no fitted model covers the run) sorts after every
+    predicted run under ``spf``."""
+    policy = QueuePolicy(policy)
+    if policy == QueuePolicy.las:
+        raise ValueError("las orders by service received, which needs preemption; "
+                         "it has no start order")
+    return (order,) if policy == QueuePolicy.fifo else (run.predicted_s, order)
+
+
+def admit(ordered: Sequence[T], free_gpus: float, gpus: Callable[[T], int],
+          slots: int | None = None) -> list[T]:
+    """Which of ``ordered`` (priority order) start now with ``free_gpus`` free: every run that
+    still fits, in order (work-conserving: a wide run may wait while narrower ones behind it
+    start), at most ``slots`` of them. The simulated queue and the concurrent sweep launcher
+    (orchestrator/parallel.py) both start runs by it."""
+    chosen: list[T] = []
+    for item in ordered:
+        if slots is not None and len(chosen) >= slots:
+            break
+        if gpus(item) <= free_gpus:
+            free_gpus -= gpus(item)
+            chosen.append(item)
+    return chosen
 
 
 def predict_time_s(cfg: ExperimentConfig, plan: RunPlan, models: SimModels) -> float:

@@ -155,7 +155,7 @@ def _run_points(job: tuple[list[tuple[int, list[str]]], list[str], str]) -> list
             predicted = predict_time_s(cfg, plan, models)
         except NoModelError:
             continue
-        gpus = sum(1 for h in plan.hosts if h.role == "worker" and h.gpu)
+        gpus = plan.gpus if cfg.queue.run_gpus is None else cfg.queue.run_gpus
         queued.append(QueuedRun(str(num), gpus, summary["wall_time_s"], predicted))
     return queued
 

@@ -146,6 +146,7 @@ class GceProvider(Provider):
         self._vms: dict[str, _Vm] = {}  # by VM name
         self._host_vm: dict[HostId, str] = {}
         self._workdirs: dict[str, Path] = {}  # run_id -> request.workdir
+        self._sweep_ids: dict[str, str] = {}  # run_id -> request.sweep_id
         self._poll_cache: dict[str, tuple[float, dict[str, Any]]] = {}
         self._serial = itertools.count()
         self._lock = threading.RLock()
@@ -156,6 +157,8 @@ class GceProvider(Provider):
 
     def acquire(self, request: ClusterRequest) -> Cluster:
         self._workdirs[request.run_id] = request.workdir
+        if request.sweep_id:  # the request's sweep labels this run's VMs (replacements too)
+            self._sweep_ids[request.run_id] = request.sweep_id
         vms = self._plan_vms(request.run_id, request.hosts)
         try:
             self._create(vms)
@@ -187,7 +190,7 @@ class GceProvider(Provider):
         """A fresh VM request (new name, new host ids) for the hosts of one machine."""
         first = specs[0]
         host_ids = [f"{run_id}-{s.name}-{next(self._serial)}" for s in specs]
-        labels = make_run_labels(run_id, self._sweep_id, "_".join(s.role.value for s in specs),
+        labels = make_run_labels(run_id, self._sweep_ids.get(run_id, self._sweep_id), "_".join(s.role.value for s in specs),
                                  host_ids[0], self._owner)
         return VmRequest(name=vm_name(run_id, slot, next(self._serial)),
                          zone=zone or first.zone or "", machine_type=first.machine_type,

@@ -1,0 +1,1 @@
+"""This project's Hydra launcher plugin: ``hydra/launcher=parallel`` (see parallel.py)."""

@@ -1,0 +1,369 @@
+"""The concurrent sweep: ``-m hydra/launcher=parallel``, every sweep point in its own process.
+
+Hydra's basic launcher runs a sweep's points one after another. This launcher (the Hydra plugin
+``hydra_plugins/transient_launcher``, which only hands over to :func:`launch`) starts each point
+as a process of its own, ``python -m orchestrator.parallel``, that re-enters the same task
+(``run_one``) through Hydra's ``run_job`` exactly as the basic launcher does in-process: each
+point has its own run directory (and lock), provider, hosts, journal and ``summary.json``, and
+appends its row to the sweep's ``runs.csv`` under that file's lock.
+
+Runs start in ``queue.policy`` order (``fifo`` or ``spf``: the ordering and admission code of
+the simulated quota queue, orchestrator/simulate/queue.py) while at most ``queue.max_concurrent``
+are live and their GPUs fit under ``queue.quota_gpus``. ``las`` needs preemption, which a real
+sweep does not do, so it is a config error here.
+
+Before the first point starts, every point is composed, validated and planned, and what a run
+checks before provisioning (credentials, data) is checked: a config error in any point stops
+the sweep with one line and exit 2, with nothing provisioned for any point. Ctrl-C or SIGTERM
+stops every live run (each gets SIGTERM: the same clean-up as a single run's Ctrl-C), waits for
+all of them to release, starts nothing more, and exits 130. A point's process also gets SIGTERM
+if the orchestrator dies (parent-death signal), so no run outlives it unreleased.
+
+Output: the points' processes have no terminal (so no live progress bars); their lines are
+relayed whole, each prefixed with ``[i/n]``, and the launcher prints one line per state change
+(queued, started, ended). ``launches.jsonl`` in the sweep folder records the same changes with
+times, GPUs and predictions.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+#: How often the launcher looks at its runs' processes.
+POLL_S = 0.2
+_EXIT_INTERRUPTED = 130
+
+
+@dataclass
+class Point:
+    """One sweep point as the launcher schedules it."""
+
+    num: int  # Hydra's job number (the run's subfolder)
+    overrides: list[str]
+    config: Any  # the sweep config of this point (DictConfig, ``hydra`` node included)
+    run_dir: Path
+    gpus: int  # held against queue.quota_gpus while it runs
+    predicted_s: float  # the speed model's prediction; inf when no fitted model covers it
+    dry_run: bool = False
+
+    def label(self, total: int) -> str:
+        return f"[{self.num + 1}/{total}]"
+
+
+@dataclass
+class _Live:
+    point: Point
+    proc: subprocess.Popen[bytes]
+    relays: list[threading.Thread]
+
+
+class _Output:
+    """Whole lines from every run and from the launcher, never interleaved mid-line; a run's
+    stderr goes to stderr (config and data errors, tracebacks), the rest to stdout."""
+
+    def __init__(self, stream: IO[str] | None = None, errors: IO[str] | None = None) -> None:
+        self._stream = stream or sys.stdout
+        self._errors = errors or sys.stderr
+        self._lock = threading.Lock()
+
+    def line(self, text: str, error: bool = False) -> None:
+        stream = self._errors if error else self._stream
+        with self._lock:
+            stream.write(text + "\n")
+            stream.flush()
+
+    def relay(self, source: IO[bytes], prefix: str, error: bool) -> None:
+        for raw in iter(source.readline, b""):
+            self.line(f"{prefix} {raw.decode(errors='replace').rstrip()}", error)
+        source.close()
+
+
+# --- before anything starts -----------------------------------------------------------------
+
+
+def prepare(config: Any, loader: Any, job_overrides: Sequence[Sequence[str]],
+            initial_job_idx: int) -> tuple[list[Point], Any]:
+    """Compose, validate and plan every point, check what a run checks before provisioning,
+    and check the sweep's queue settings; the points and the sweep's ``queue`` config. Exits 2
+    with the one-line error naming the field and the point on the first problem (nothing has
+    started yet)."""
+    from omegaconf import open_dict
+
+    from orchestrator.config.errors import ConfigError
+    from orchestrator.run import before_provisioning, planned_experiment
+    from orchestrator.simulate.models import NoModelError, SimModels
+    from orchestrator.simulate.queue import predict_time_s
+    from orchestrator.sweep import point_error_exit
+
+    models = SimModels.load()
+    points, exps = [], []
+    for offset, overrides in enumerate(job_overrides):
+        num = initial_job_idx + offset
+        try:
+            sweep_config = loader.load_sweep_config(config, list(overrides))
+            with open_dict(sweep_config):
+                sweep_config.hydra.job.id = num
+                sweep_config.hydra.job.num = num
+                # resolved here: ${now:} and ${pid:} would give another folder in the child
+                sweep_config.hydra.sweep.dir = str(sweep_config.hydra.sweep.dir)
+                sweep_config.hydra.sweep.subdir = str(sweep_config.hydra.sweep.subdir)
+            exp, plan = planned_experiment(_task(sweep_config))
+            if not exp.dry_run:
+                before_provisioning(exp)
+            try:
+                predicted = predict_time_s(exp, plan, models)
+            except NoModelError:
+                predicted = math.inf  # spf starts it after every predicted run
+            gpus = plan.gpus if exp.queue.run_gpus is None else exp.queue.run_gpus
+            run_dir = Path(sweep_config.hydra.sweep.dir) / str(sweep_config.hydra.sweep.subdir)
+            points.append(Point(num, list(overrides), sweep_config, run_dir, gpus, predicted,
+                                exp.dry_run))
+            exps.append(exp)
+        except Exception as ex:
+            point_error_exit(ex, list(overrides))
+    for point, exp in zip(points, exps, strict=True):
+        try:
+            _check_queue(exp, exps[0], point)
+        except ConfigError as ex:
+            point_error_exit(ex, point.overrides)
+    return points, exps[0].queue if exps else None
+
+
+def _check_queue(exp: Any, first: Any, point: Point) -> None:
+    """One queue setting per sweep, a policy a real sweep can follow, and a run that fits."""
+    from orchestrator.config.errors import ConfigError
+    from orchestrator.simulate.config import QueuePolicy
+
+    for name in ("policy", "quota_gpus", "max_concurrent"):
+        mine, theirs = getattr(exp.queue, name), getattr(first.queue, name)
+        if mine != theirs:
+            raise ConfigError(f"queue.{name}", f"differs between sweep points ({theirs} and "
+                              f"{mine})", "a sweep has one value: set it outside the sweep")
+    if exp.queue.policy == QueuePolicy.las:
+        raise ConfigError("queue.policy", "las preempts runs (checkpoint, stop, restart "
+                          "later), which a real sweep does not do; only simulated sweeps "
+                          "(python -m orchestrator.simulate.sweep) queue by it",
+                          "fifo, spf")
+    quota = exp.queue.quota_gpus
+    if quota is not None and point.gpus > quota:
+        raise ConfigError("queue.quota_gpus", f"the run needs {point.gpus} GPUs, more than "
+                          f"the quota of {quota}: it could never start",
+                          "raise the quota, or make the run smaller")
+
+
+# --- running the points -----------------------------------------------------------------------
+
+
+def launch(points: Sequence[Point], queue: Any, hydra_context: Any, task_function: Any,
+           sweep_dir: Path, output: IO[str] | None = None) -> list[int | None]:
+    """Run every point in its own process under the sweep's ``queue`` settings; each point's
+    exit code (0 completed, 1 failed, 2 config error, 130 interrupted), None for one never
+    started.
+
+    Raises KeyboardInterrupt (Ctrl-C, SIGTERM) once every live run has stopped and released."""
+    from hydra.core.singleton import Singleton
+
+    from orchestrator import sweep
+    from orchestrator.simulate.queue import QueuedRun, admit, priority_key
+
+    if not points:
+        return []
+    quota, policy = queue.quota_gpus, queue.policy
+    total = sweep.sweep_size or len(points)
+    out = _Output(output)
+    record = _Recorder(sweep_dir / sweep.LAUNCHES_FILE)
+    payload = {"context": hydra_context, "task": _task_reference(task_function),
+               "instances": Singleton.get_state()["instances"], "sweep_size": total}
+    queued = {p.num: QueuedRun(str(p.num), p.gpus, math.nan, p.predicted_s) for p in points}
+    pending = sorted(points, key=lambda p: priority_key(policy, queued[p.num], p.num))
+    codes: dict[int, int | None] = {p.num: None for p in points}
+    live: dict[int, _Live] = {}
+    out.line(f"sweep of {len(points)} runs, at most {queue.max_concurrent} at once"
+             + (f" under a quota of {quota} GPUs" if quota is not None else "")
+             + f", {policy} order: " + " ".join(p.label(total) for p in pending))
+    for p in pending:
+        record.write("queued", p)
+    try:
+        while pending or live:
+            used = sum(r.point.gpus for r in live.values())
+            free = math.inf if quota is None else quota - used
+            for p in admit(pending, free, lambda p: p.gpus,
+                           queue.max_concurrent - len(live)):
+                pending.remove(p)
+                live[p.num] = _start(p, payload, out, total)
+                used += p.gpus
+                record.write("started", p, pid=live[p.num].proc.pid)
+                out.line(f"{p.label(total)} started: {' '.join(p.overrides)} ({p.gpus} GPUs"
+                         + (f", {used} of {quota} in use" if quota is not None else "") + ")")
+            time.sleep(POLL_S)
+            for num in [n for n, r in live.items() if r.proc.poll() is not None]:
+                codes[num] = _finish(live.pop(num), record, out, total)
+    except BaseException:  # Ctrl-C, SIGTERM, or the launcher's own failure: stop them all
+        _stop(live, codes, record, out, total)
+        for p in pending:
+            record.write("not_started", p)
+        if pending:
+            out.line("not started: " + ", ".join(f"{p.label(total)} {' '.join(p.overrides)}"
+                                                 for p in pending))
+        raise
+    return [codes[p.num] for p in points]
+
+
+def _task(config: Any) -> Any:
+    from omegaconf import OmegaConf, open_dict, read_write
+
+    task = OmegaConf.create(OmegaConf.to_container(config, resolve=False))
+    with read_write(task), open_dict(task):
+        del task["hydra"]
+    return task
+
+
+def _task_reference(task_function: Any) -> str:
+    """``module:name`` of the task, importable in a fresh process (``python -m orchestrator``
+    runs it as ``__main__``; its real name is ``orchestrator.__main__``)."""
+    module = task_function.__module__
+    if module == "__main__":
+        spec = getattr(sys.modules["__main__"], "__spec__", None)
+        if spec is None:
+            raise RuntimeError("the parallel launcher needs a task function it can import "
+                               "again (run it with python -m)")
+        module = spec.name
+    return f"{module}:{task_function.__qualname__}"
+
+
+def _start(point: Point, payload: dict[str, Any], out: _Output, total: int) -> _Live:
+    from provisioning.local import parent_death_preexec
+
+    # wide enough that rich does not wrap a run's lines (the terminal wraps them, prefixed)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "250"}
+    proc = subprocess.Popen(  # own session: a terminal's Ctrl-C reaches the launcher only
+        [sys.executable, "-m", "orchestrator.parallel"], stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, start_new_session=True,
+        preexec_fn=parent_death_preexec(os.getpid(), signal.SIGTERM))
+    assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+    relays = [threading.Thread(target=out.relay, args=(source, point.label(total), error),
+                               daemon=True)
+              for source, error in ((proc.stdout, False), (proc.stderr, True))]
+    for relay in relays:
+        relay.start()
+    data = pickle.dumps({**payload, "config": point.config})
+    threading.Thread(target=_feed, args=(proc.stdin, data), daemon=True).start()
+    return _Live(point, proc, relays)
+
+
+def _feed(stdin: IO[bytes], data: bytes) -> None:
+    """The payload, written while the child starts (it is larger than a pipe's buffer)."""
+    try:
+        stdin.write(data)
+        stdin.close()
+    except (BrokenPipeError, OSError):
+        pass  # it died at once; its exit code says so
+
+
+def _finish(run: _Live, record: _Recorder, out: _Output, total: int) -> int:
+    from orchestrator import results, sweep
+
+    code = run.proc.wait()
+    for relay in run.relays:
+        relay.join(timeout=5)
+    summary = results.read_summary(run.point.run_dir) or {}
+    status = summary.get("status") or {0: "completed", 2: "config error",
+                                       _EXIT_INTERRUPTED: "interrupted"}.get(code, "failed")
+    if code != 0 or status != results.STATUS_COMPLETED:
+        sweep.failed_runs.append(str(run.point.run_dir))
+    record.write("ended", run.point, exit_code=code, status=status)
+    out.line(f"{run.point.label(total)} ended: {status} (exit {code}); {run.point.run_dir}")
+    return code
+
+
+def _stop(live: dict[int, _Live], codes: dict[int, int | None], record: _Recorder,
+          out: _Output, total: int) -> None:
+    """SIGTERM every live run and wait until each has released everything; a repeated Ctrl-C
+    cannot cut the wait short (a run killed mid-release would leave servers behind)."""
+    if live:
+        out.line(f"stopping {len(live)} live run(s) and releasing their hosts")
+    for run in live.values():
+        if run.proc.poll() is None:
+            run.proc.send_signal(signal.SIGTERM)
+    while live:
+        try:
+            time.sleep(POLL_S)
+            for num in [n for n, r in live.items() if r.proc.poll() is not None]:
+                codes[num] = _finish(live.pop(num), record, out, total)
+        except KeyboardInterrupt:
+            out.line(f"still releasing {len(live)} run(s): "
+                     + ", ".join(r.point.label(total) for r in live.values()))
+
+
+class _Recorder:
+    """``launches.jsonl``: one JSON line per state change of a point."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        path.parent.mkdir(parents=True, exist_ok=True)
+
+    def write(self, kind: str, point: Point, **fields: Any) -> None:
+        entry = {"time": time.time(), "kind": kind, "num": point.num,
+                 "overrides": point.overrides, "gpus": point.gpus,
+                 "predicted_s": None if math.isinf(point.predicted_s)
+                 else round(point.predicted_s, 1), **fields}
+        with open(self.path, "a") as fh:
+            fh.write(json.dumps(entry) + "\n")
+
+
+# --- inside a point's process -------------------------------------------------------------------
+
+
+def _on_sigterm(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def child_main() -> int:
+    """One sweep point (``python -m orchestrator.parallel``, its payload on stdin): Hydra's
+    state as the launcher had it, then ``run_job`` with the task, as the basic launcher runs
+    it. Exit code: 0 completed, 1 failed, 2 config error, 130 interrupted."""
+    import importlib
+    import traceback
+
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        payload = pickle.load(sys.stdin.buffer)
+        from hydra.core.singleton import Singleton
+        from hydra.core.utils import JobStatus, run_job, setup_globals
+
+        from orchestrator import sweep
+        from orchestrator.config.schema import register_configs
+
+        setup_globals()
+        register_configs()  # the ${pid:} resolver (resolvers are not pickled)
+        Singleton.set_state({"instances": payload["instances"],
+                             "omegaconf_resolvers": Singleton.get_state()["omegaconf_resolvers"]})
+        sweep.sweep_size = payload["sweep_size"]
+        module, _, name = payload["task"].partition(":")
+        task = getattr(importlib.import_module(module), name)
+        ret = run_job(hydra_context=payload["context"], task_function=task,
+                      config=payload["config"], job_dir_key="hydra.sweep.dir",
+                      job_subdir_key="hydra.sweep.subdir")
+    except KeyboardInterrupt:
+        return _EXIT_INTERRUPTED
+    if ret.status == JobStatus.FAILED:
+        error = ret._return_value
+        traceback.print_exception(error)
+        return 1
+    return 1 if sweep.failed_runs else 0
+
+
+if __name__ == "__main__":
+    sys.exit(child_main())
