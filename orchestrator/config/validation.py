@@ -155,6 +155,15 @@ def validate_provider(cfg: ExperimentConfig) -> None:
         raise ConfigError("revocation.model", f"provider '{cfg.provider.name}' cannot revoke "
                           "hosts on demand", "use revocation=none, or a provider that can "
                           "(local)")
+    for path, problem in cfg.provider.check()[:1]:  # the backend's own checks (ssh: key files)
+        raise ConfigError(path, problem)
+
+
+def validate_market(cfg: ExperimentConfig) -> None:
+    """The pricing's transient market is the one the backend's VMs are sold in (after the
+    cluster's checks: a GPU the cloud no longer offers is the more useful line)."""
+    from provisioning.registry import backend
+
     market = backend(cfg.provider.name).provider.transient_market
     if market is not None and market != cfg.pricing.transient_market:
         raise ConfigError("pricing.transient_market",
@@ -162,8 +171,6 @@ def validate_provider(cfg: ExperimentConfig) -> None:
                           f"'{cfg.pricing.name}' sells {cfg.pricing.transient_market} ones, so "
                           "prices and predicted revocations would be another market's",
                           f"a pricing whose transient_market is {market}")
-    for path, problem in cfg.provider.check()[:1]:  # the backend's own checks (ssh: key files)
-        raise ConfigError(path, problem)
 
 
 def worker_count(cfg: ExperimentConfig) -> int:
@@ -196,6 +203,7 @@ def validate(cfg: ExperimentConfig) -> None:
                           "a non-empty name without '/'")
     validate_provider(cfg)
     validate_cluster(cfg)
+    validate_market(cfg)
     validate_job(cfg)
     validate_sync(cfg)
     st.validate_recovery(cfg.cluster.recovery)

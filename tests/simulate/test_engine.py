@@ -153,7 +153,7 @@ def test_market_follows_the_cloud_not_a_setting() -> None:
 
 
 @pytest.mark.parametrize(("overrides", "line"), [
-    (["+experiment=cifar10_res32", "pricing=papers_2019"],
+    (["+experiment=cifar10_res32", "pricing=papers_2019", "cluster.worker_groups.0.gpu=v100"],
      "config error: pricing.transient_market: provider=gce creates spot VMs, but pricing "
      "'papers_2019' sells preemptible ones"),
     ([*BASE, "sim.market=spot"],
