@@ -36,6 +36,7 @@ from trainer.spec import StragglerSpec
 CLOSURES_PER_CHUNK_PER_WORKER = 8  # ASP closures scheduled between two host syncs
 MIN_CLOSURES_PER_CHUNK_PER_WORKER = 2  # with several steps per closure: keep double-buffering
 CHUNK_POLL_S = 0.005  # how often the chief re-counts a chunk's unfinished closures
+SETTLE_POLL_S = 0.05  # how often a drain re-counts (and re-reads the hung workers)
 UNKNOWN_WORKER = -1
 # Automatic steps per closure: a closure should last about this long on its worker, so the
 # chief's per-closure cost (a few ms of Python and RPC) stays a small share of it, while a
@@ -289,9 +290,9 @@ def asp_runner(coordinator: Any, asp_step: Callable, args: tuple, workers: int,
         return scheduled, done
 
     def drain() -> list[Any]:
-        coordinator.join()
-        done = (previous.pop() if previous else []) + lagging
-        lagging.clear()
+        pending = (previous.pop() if previous else []) + lagging
+        done, late = settle(pending, coordinator)
+        lagging[:] = late
         return done
 
     def warm() -> None:
@@ -331,6 +332,32 @@ def wait_for_chunk(chunk: list[Any], workers: int) -> tuple[list[Any], list[Any]
             late = {id(r) for r in running}
             return [r for r in chunk if id(r) not in late], running
         running[0]._status_available_event.wait(CHUNK_POLL_S)
+
+
+def settle(pending: list[Any], coordinator: Any) -> tuple[list[Any], list[Any]]:
+    """Wait for every closure in `pending` (all that were scheduled) except those held by
+    hung workers; returns (finished, still running).
+
+    A closure on a worker that hangs without dying ends only when the worker resumes or
+    gRPC keepalive declares it lost (then it is rerun on another worker); waiting for it
+    at a checkpoint or a budget end (`coordinator.join()`) would stall the whole run. While
+    the chief's heartbeat names hung workers (trainer/heartbeat.py), up to that many
+    closures are left running and carried on; the accounting reads the PS global step, so
+    their steps are charged when they land (at most one closure per hung worker).
+    """
+    from trainer.heartbeat import unresponsive
+
+    if not pending or getattr(pending[-1], "_status_available_event", None) is None:
+        coordinator.join()  # nothing tracked, or TF internals moved: the plain barrier
+        return pending, []
+    while True:
+        running = [r for r in pending if not finished(r)]
+        if len(running) <= len(unresponsive()):
+            if not running:
+                coordinator.join()  # raises a closure's error, as the barrier did
+            late = {id(r) for r in running}
+            return [r for r in pending if id(r) not in late], running
+        running[0]._status_available_event.wait(SETTLE_POLL_S)
 
 
 def bsp_runner(coordinator: Any, accumulate: Callable, apply: Callable, args: tuple,
