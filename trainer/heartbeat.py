@@ -36,14 +36,17 @@ def unresponsive() -> frozenset[int]:
 
 
 def start_heartbeats(addresses: list[str], period_s: float = HEARTBEAT_S,
-                     unresponsive_s: float = UNRESPONSIVE_S) -> None:
-    """One daemon thread per worker address (index = position in the cluster spec)."""
+                     unresponsive_s: float = UNRESPONSIVE_S) -> threading.Event:
+    """One daemon thread per worker address (index = position in the cluster spec); they
+    stop after their current beat once the returned event is set."""
     import grpc
+
+    stop = threading.Event()
 
     def beat(index: int, address: str) -> None:
         status = grpc.insecure_channel(address).unary_unary(STATUS_RPC)
         silent_since: float | None = None
-        while True:
+        while not stop.is_set():
             started = time.time()
             try:
                 status(b"", timeout=unresponsive_s)
@@ -62,8 +65,10 @@ def start_heartbeats(addresses: list[str], period_s: float = HEARTBEAT_S,
                     events.emit("worker_responsive", worker=index,
                                 silent_s=round(time.time() - silent_since, 1))
                 silent_since = None
-            time.sleep(max(0.0, period_s - (time.time() - started)))
+            stop.wait(max(0.0, period_s - (time.time() - started)))
+        _silent.discard(index)
 
     for index, address in enumerate(addresses):
         threading.Thread(target=beat, args=(index, address), name=f"heartbeat-{index}",
                          daemon=True).start()
+    return stop

@@ -2,10 +2,11 @@
 
 - ASP: every closure computes a gradient on a worker and applies it to the PS directly.
 - BSP: a global step schedules one accumulate closure per worker, waits for all of them
-  (`coordinator.join()` is the barrier), then one apply on the PS averages the accumulated
-  gradients by their count and updates the weights. A lost worker's closure is rescheduled
-  on a survivor by the coordinator, so the barrier never waits on a dead worker; dividing
-  by the count (not by the worker count) keeps the average right if that closure ran twice.
+  (`barrier`), then one apply on the PS averages the accumulated gradients by their count
+  and updates the weights. A lost worker's closure is rescheduled on a survivor by the
+  coordinator, a hung worker's by `barrier` once the heartbeat names it, so the barrier
+  never waits on a dead or hung worker; dividing by the count (not by the worker count)
+  keeps the average right if that closure ran twice.
 
 Steps per closure (ASP): one closure may run several steps in a loop on its worker, each
 with its own batch, gradient and update, exactly as if they had been scheduled one by one:
@@ -308,9 +309,24 @@ def asp_runner(coordinator: Any, asp_step: Callable, args: tuple, workers: int,
 
 def finished(remote: Any) -> bool:
     """Whether a closure's RemoteValue has its result (or its error) without waiting.
-    Private TF state; where it moved, everything counts as finished once waited for."""
+    Private TF state; where it moved, everything counts as finished once waited for.
+
+    Set when the function returned, so its updates to the PS are done; the coordinator
+    then still copies the result to the chief before it counts the closure done, which on a
+    worker hung at that moment waits for the worker: `coordinator.join()` would, this not."""
     event = getattr(remote, "_status_available_event", None)
     return True if event is None else event.is_set()
+
+
+def all_hung(running: list[Any]) -> bool:
+    """Whether every closure in `running` (non-empty) is held by a worker that the chief's
+    heartbeat names hung (trainer/heartbeat.py, trainer/tfcompat.py `held_by`)."""
+    from trainer.heartbeat import unresponsive
+    from trainer.tfcompat import held_by
+
+    hung = unresponsive()
+    held = held_by(hung) if hung else None
+    return bool(held) and all(id(r) in held for r in running)
 
 
 def wait_for_chunk(chunk: list[Any], workers: int) -> tuple[list[Any], list[Any]]:
@@ -340,23 +356,52 @@ def settle(pending: list[Any], coordinator: Any) -> tuple[list[Any], list[Any]]:
 
     A closure on a worker that hangs without dying ends only when the worker resumes or
     gRPC keepalive declares it lost (then it is rerun on another worker); waiting for it
-    at a checkpoint or a budget end (`coordinator.join()`) would stall the whole run. While
-    the chief's heartbeat names hung workers (trainer/heartbeat.py), up to that many
-    closures are left running and carried on; the accounting reads the PS global step, so
-    their steps are charged when they land (at most one closure per hung worker).
+    at a checkpoint or a budget end (`coordinator.join()`) would stall the whole run. Once
+    the chief's heartbeat names hung workers (trainer/heartbeat.py), the closures they hold
+    (`all_hung`) are left running and carried on; the accounting reads the PS global step,
+    so their steps are charged when they land (at most one closure per hung worker).
     """
-    from trainer.heartbeat import unresponsive
-
-    if not pending or getattr(pending[-1], "_status_available_event", None) is None:
-        coordinator.join()  # nothing tracked, or TF internals moved: the plain barrier
+    if not pending:
+        return [], []  # nothing in flight but, maybe, closures left to hung workers
+    if getattr(pending[-1], "_status_available_event", None) is None:
+        coordinator.join()  # TF internals moved: the plain barrier
         return pending, []
     while True:
         running = [r for r in pending if not finished(r)]
-        if len(running) <= len(unresponsive()):
-            if not running:
-                coordinator.join()  # raises a closure's error, as the barrier did
+        if not running or all_hung(running):
+            coordinator.done()  # raises a closure's error, as join() did, without waiting
             late = {id(r) for r in running}
             return [r for r in pending if id(r) not in late], running
+        running[0]._status_available_event.wait(SETTLE_POLL_S)
+
+
+def barrier(results: list[Any], reschedule: Callable[[], Any],
+            coordinator: Any) -> list[Any]:
+    """Wait for a BSP step's gradient closures; returns those that delivered one.
+
+    A dead worker's closure is rerun on a survivor by the coordinator. A hung worker's is
+    not (it is neither finished nor failed until the worker resumes or keepalive gives up,
+    minutes at worst): once the chief's heartbeat names hung workers (trainer/heartbeat.py)
+    and only closures they hold are left (`all_hung`), each is scheduled again for a
+    survivor, so the step waits about UNRESPONSIVE_S, not for the hung worker. A left closure that ends
+    later adds its gradient to a later step, whose mean divides by the count: at least
+    once, as after a worker loss.
+    """
+    if getattr(results[-1], "_status_available_event", None) is None:
+        coordinator.join()  # TF internals moved: the plain barrier
+        return results
+    done: list[Any] = []
+    waiting = results
+    while True:
+        running = [r for r in waiting if not finished(r)]
+        done += [r for r in waiting if finished(r)]
+        if not running:
+            coordinator.done()  # raises a closure's error, as join() did, without waiting
+            return done
+        if all_hung(running):
+            waiting = [reschedule() for _ in running]  # the hung closures are left behind
+            continue
+        waiting = running
         running[0]._status_available_event.wait(SETTLE_POLL_S)
 
 
@@ -366,7 +411,9 @@ def bsp_runner(coordinator: Any, accumulate: Callable, apply: Callable, args: tu
 
     def run(n: int) -> tuple[int, list[Any]]:
         results = [coordinator.schedule(accumulate, args=args) for _ in range(workers)]
-        coordinator.join()  # the barrier; a dead worker's closure is rerun on a survivor
+        # the barrier; a dead worker's closure is rerun on a survivor, a hung one's too
+        results = barrier(results, lambda: coordinator.schedule(accumulate, args=args),
+                          coordinator)
         apply()
         return 1, results
 

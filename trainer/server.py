@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import sys
+import threading
 import time
+from typing import Any
 
 from trainer import events
+from trainer.control import unreachable
 from trainer.spec import TrainerSpec
 from trainer.startup import STARTUP
 
@@ -21,6 +26,13 @@ SIGNAL_POLL_S = 0.2
 # server only runs the functions the chief sends it, so it never needs Keras; TF catches the
 # ImportError this entry causes. Measured: 8.3 -> 4.4 CPU s per server process.
 SKIPPED_AT_IMPORT = "keras.src.optimizers"
+# A server that joins a job already training (a replacement: the chief, which starts its
+# server only after every ps and worker answered, already serves) imports TensorFlow in a
+# thread at this nice value: on a shared host (the local backend: every role on the same
+# cores) its seconds of import CPU would otherwise come out of the survivors' training,
+# which then ran at ~70 % until it was done. Nice is per thread on Linux, and the server's
+# own threads are created later by the main thread, so they serve at normal priority.
+LATE_JOIN_IMPORT_NICE = 10
 
 
 def run_server(spec: TrainerSpec, role: str, index: int) -> None:
@@ -30,8 +42,11 @@ def run_server(spec: TrainerSpec, role: str, index: int) -> None:
     every peer; the evaluator is not part of it.
     """
     sys.modules.setdefault(SKIPPED_AT_IMPORT, None)  # type: ignore[arg-type]
-    import tensorflow as tf
-
+    late = not unreachable(spec.cluster.get("chief", [])[:1], timeout_s=0.5)
+    if late:
+        print(f"[{role}] joining a running job: TensorFlow imported at nice "
+              f"{LATE_JOIN_IMPORT_NICE}", flush=True)
+    tf = import_tensorflow(LATE_JOIN_IMPORT_NICE if late else 0)
     STARTUP.mark("import_tf")
     assert role in ("ps", "worker"), f"run_server: role must be ps or worker (got {role})"
     addresses = spec.cluster[role]
@@ -47,3 +62,21 @@ def run_server(spec: TrainerSpec, role: str, index: int) -> None:
     # handlers, so SIGTERM would be ignored. The server's own threads do the serving.
     while server is not None:  # holding the reference keeps the server alive
         time.sleep(SIGNAL_POLL_S)
+
+
+def import_tensorflow(nice: int = 0) -> Any:
+    """`import tensorflow`, in a thread lowered by `nice` when it is positive (the caller's
+    own priority is unchanged)."""
+    if nice > 0:
+        def low_priority_import() -> None:
+            # not Linux, or not allowed: import at normal priority
+            with contextlib.suppress(OSError, AttributeError):
+                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
+            import tensorflow  # noqa: F401
+
+        worker = threading.Thread(target=low_priority_import, name="import-tensorflow")
+        worker.start()
+        worker.join()
+    import tensorflow as tf  # done by the thread; raises here if the import failed
+
+    return tf

@@ -26,6 +26,10 @@ the hung worker (the context registers every new function on every remote worker
 `install()` makes it run the same save ops eagerly instead (what TF does for one task):
 one shard after the other, no function to register; a checkpoint of digits takes the same
 ~0.2 s.
+
+Which closure a worker runs is not public either: `install()` records it
+(`Worker._process_closure`), so that the chief can tell a closure held by a hung worker
+from one a healthy worker is still running (`held_by`, trainer/protocols.py).
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ import contextlib
 from typing import Any
 
 _installed = False
+_held: dict[int, Any] = {}  # worker index -> weak reference to its closure's RemoteValue
 
 
 def install() -> bool:
@@ -69,8 +74,43 @@ def install() -> bool:
             self._context_handle))
 
     context.Context.executor = property(borrowed, original.fset, doc=original.__doc__)
-    _installed = _eager_multi_task_save()
+    _installed = _eager_multi_task_save() and _track_held_closures()
     return _installed
+
+
+def held_by(workers: frozenset[int]) -> set[int] | None:
+    """`id()`s of the RemoteValues of the closures these workers run now; None when the
+    tracking is not installed (nobody can tell: callers wait for every closure)."""
+    if not _installed:
+        return None
+    held = set()
+    for index in workers:
+        ref = _held.get(index)
+        value = ref() if ref is not None else None
+        if value is not None:
+            held.add(id(value))
+    return held
+
+
+def _track_held_closures() -> bool:
+    from tensorflow.python.distribute.coordinator import cluster_coordinator
+
+    worker_class = cluster_coordinator.Worker
+    process = getattr(worker_class, "_process_closure", None)
+    if process is None or not hasattr(cluster_coordinator.Closure, "build_output_remote_value"):
+        print("[chief] closure tracking not installed: the chief waits for hung workers",
+              flush=True)
+        return False
+
+    def tracked(self: Any, closure: Any) -> Any:
+        _held[self.worker_index] = getattr(closure, "_output_remote_value_ref", None)
+        try:
+            return process(self, closure)
+        finally:
+            _held.pop(self.worker_index, None)
+
+    worker_class._process_closure = tracked
+    return True
 
 
 def _eager_multi_task_save() -> bool:
