@@ -29,6 +29,7 @@ would not run on a remote worker).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -308,14 +309,28 @@ def asp_runner(coordinator: Any, asp_step: Callable, args: tuple, workers: int,
 
 
 def finished(remote: Any) -> bool:
-    """Whether a closure's RemoteValue has its result (or its error) without waiting.
-    Private TF state; where it moved, everything counts as finished once waited for.
+    """Whether a closure is done, its result copied to the chief (or failed), so that
+    reading it never waits. Private TF state; where it moved, everything counts as finished
+    once waited for.
 
-    Set when the function returned, so its updates to the PS are done; the coordinator
-    then still copies the result to the chief before it counts the closure done, which on a
-    worker hung at that moment waits for the worker: `coordinator.join()` would, this not."""
+    The function's return (its updates to the PS done) sets the status; the coordinator
+    then copies the result to the chief, which on a worker hung at that moment waits for the
+    worker, and so would anything that reads the result, or `coordinator.join()`."""
     event = getattr(remote, "_status_available_event", None)
-    return True if event is None else event.is_set()
+    if event is None:
+        return True
+    if not event.is_set():
+        return False
+    return (getattr(remote, "_has_fetched_to_local", True)
+            or getattr(remote, "_values", None) is None)  # failed, aborted or no result
+
+
+def pause(remote: Any, seconds: float) -> None:
+    """Wait up to `seconds` for `remote`'s status (or just sleep, when it has one and only
+    its copy to the chief is pending)."""
+    if not remote._status_available_event.wait(seconds):
+        return
+    time.sleep(seconds)
 
 
 def all_hung(running: list[Any]) -> bool:
@@ -347,7 +362,7 @@ def wait_for_chunk(chunk: list[Any], workers: int) -> tuple[list[Any], list[Any]
         if len(running) <= allowed:
             late = {id(r) for r in running}
             return [r for r in chunk if id(r) not in late], running
-        running[0]._status_available_event.wait(CHUNK_POLL_S)
+        pause(running[0], CHUNK_POLL_S)
 
 
 def settle(pending: list[Any], coordinator: Any) -> tuple[list[Any], list[Any]]:
@@ -372,7 +387,7 @@ def settle(pending: list[Any], coordinator: Any) -> tuple[list[Any], list[Any]]:
             coordinator.done()  # raises a closure's error, as join() did, without waiting
             late = {id(r) for r in running}
             return [r for r in pending if id(r) not in late], running
-        running[0]._status_available_event.wait(SETTLE_POLL_S)
+        pause(running[0], SETTLE_POLL_S)
 
 
 def barrier(results: list[Any], reschedule: Callable[[], Any],
@@ -402,7 +417,7 @@ def barrier(results: list[Any], reschedule: Callable[[], Any],
             waiting = [reschedule() for _ in running]  # the hung closures are left behind
             continue
         waiting = running
-        running[0]._status_available_event.wait(SETTLE_POLL_S)
+        pause(running[0], SETTLE_POLL_S)
 
 
 def bsp_runner(coordinator: Any, accumulate: Callable, apply: Callable, args: tuple,
