@@ -113,7 +113,8 @@ def worker_recovery(events: list[dict], killed: float) -> dict[str, float | None
     after = [e for e in events if e["time"] >= killed - 0.5]
 
     def first(kind: str, role: str = "chief") -> float | None:
-        return next((e["time"] - killed for e in after if e["kind"] == kind
+        # >= 0: the chief may report the loss before the orchestrator records the kill
+        return next((max(0.0, e["time"] - killed) for e in after if e["kind"] == kind
                      and e["role"] == role), None)
 
     startup = next((e["total_s"] for e in after if e["kind"] == "startup"
@@ -321,11 +322,11 @@ def write_doc(baseline: float, rows: list[tuple], delays: list[float],
         "|---|---|---|",
         f"| worker kill → throughput back at ≥ 80 % | {_spread(transient['worker_recovery_s'])} "
         "| replacement VM ready 66–78 s + TF warm start 12 s (CM-DARE) |",
-        f"| … of which: kill → the chief's `worker_failure` | "
+        f"| worker kill → the chief knows (`worker_failure`) | "
         f"{_spread(transient['worker_detect_s'])} | |",
-        f"| … the replacement worker's own start-up (`startup`) | "
+        f"| the replacement worker's own start-up (`startup`, at nice 10) | "
         f"{_spread(transient['replacement_startup_s'])} | |",
-        f"| … kill → the replacement rejoined (`worker_rejoined`) | "
+        f"| worker kill → the replacement rejoined (`worker_rejoined`) | "
         f"{_spread(transient['worker_rejoin_s'])} | |",
         f"| PS kill → training resumed from checkpoint | {_spread(transient['ps_resume_s'])} "
         f"(first step at {_spread(transient['ps_first_step_s'])}; "
@@ -338,8 +339,9 @@ def write_doc(baseline: float, rows: list[tuple], delays: list[float],
         "the orchestrator and trainer add on top. \"Back\" means: from that step report on, "
         f"the global steps of the next {RECOVERY_SUSTAIN_S:.0f} s reach 80 % of the rate of "
         f"the {RECOVERY_BEFORE_S:.0f} s before the kill. The survivors never stop (the "
-        "coordinator reruns the lost closure at once); on shared cores what dents their rate "
-        "is the replacement's own start-up (its TensorFlow import), which runs beside them.",
+        "coordinator reruns the lost closure at once); on shared cores what dented their rate "
+        "was the replacement's own start-up (seconds of TensorFlow import beside them), so a "
+        "server that joins a running job now imports at nice 10 (trainer/server.py).",
         "",
         *extra,
     ]
