@@ -39,6 +39,7 @@ CLOSURES_PER_CHUNK_PER_WORKER = 8  # ASP closures scheduled between two host syn
 MIN_CLOSURES_PER_CHUNK_PER_WORKER = 2  # with several steps per closure: keep double-buffering
 CHUNK_POLL_S = 0.005  # how often the chief re-counts a chunk's unfinished closures
 SETTLE_POLL_S = 0.05  # how often a drain re-counts (and re-reads the hung workers)
+COPY_POLL_S = 0.001  # how often a wait re-checks a result being copied to the chief
 UNKNOWN_WORKER = -1
 # Automatic steps per closure: a closure should last about this long on its worker, so the
 # chief's per-closure cost (a few ms of Python and RPC) stays a small share of it, while a
@@ -326,11 +327,13 @@ def finished(remote: Any) -> bool:
 
 
 def pause(remote: Any, seconds: float) -> None:
-    """Wait up to `seconds` for `remote`'s status (or just sleep, when it has one and only
-    its copy to the chief is pending)."""
-    if not remote._status_available_event.wait(seconds):
-        return
-    time.sleep(seconds)
+    """Wait up to `seconds` for `remote`'s status; when it has one already and only its copy
+    to the chief is pending (a millisecond on a live worker), a short sleep."""
+    event = remote._status_available_event
+    if event.is_set():
+        time.sleep(min(seconds, COPY_POLL_S))
+    else:
+        event.wait(seconds)
 
 
 def all_hung(running: list[Any]) -> bool:
