@@ -17,6 +17,7 @@ KINDS = frozenset({
     "worker_steps", "worker_rejoined", "protocol_switch", "preemption_notice",
     # performance and recovery (issues 11, 12): trainer/loop.py, trainer/startup.py
     "steps_per_closure", "startup", "checkpoint_skipped", "worker_unresponsive",
+    "worker_responsive",
 })
 
 _identity: dict[str, Any] = {"role": "unknown", "index": 0}

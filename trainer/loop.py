@@ -48,7 +48,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from trainer import control, events, layout
+from trainer import control, events, layout, tfcompat
 from trainer.checkpoints import checkpoint_paths, restore_newest
 from trainer.heartbeat import start_heartbeats
 from trainer.meter import Meter, WorkerFailureEvents, watch_rejoins
@@ -100,6 +100,7 @@ def train(spec: TrainerSpec) -> None:
     resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
         tf.train.ClusterSpec(spec.cluster), task_type="chief", task_id=0, rpc_layer="grpc")
     strategy = tf.distribute.ParameterServerStrategy(resolver)
+    tfcompat.install()  # a hung worker must not stall the others (trainer/tfcompat.py)
     coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
     membership = Membership()
     logging.getLogger("tensorflow").addHandler(WorkerFailureEvents(membership))
@@ -301,8 +302,7 @@ def _train(spec: TrainerSpec, tf: Any, strategy: Any, coordinator: Any,
                           "wall_s": round(time.time() - phase_started, 3)}
 
     # termination: final checkpoint, then DONE tells the evaluator to finish
-    coordinator.join()
-    account()
+    account(runners["asp"].drain())  # every closure, but not those of hung workers
     if previous_phase:
         events.emit("phase_end", **previous_phase, switch_s=0.0)
     final_path = save_checkpoint("final")

@@ -29,6 +29,7 @@ from trainer.spec import TrainerSpec
 from trainer.summaries import write_scalar
 
 SAMPLE_CLOSURES = 64  # at most this many closure results are read per report
+FETCH_WAIT_S = 1.0  # the first and the final report wait this long (twice) for their loss
 
 
 class Meter:
@@ -78,8 +79,7 @@ class Meter:
         job = (step, list(self.sample), self.last)
         self.sample.clear()
         if force or self.loss is None:
-            self._jobs.join()  # the fetcher is idle: no report is emitted twice or late
-            self._fetch(*job)
+            self._fetch_here(job)
         else:
             with contextlib.suppress(queue.Full):  # busy on a hung worker: skip this sample
                 self._jobs.put_nowait(job)
@@ -89,6 +89,20 @@ class Meter:
             write_scalar("steps_per_sec", rate, step)
             write_scalar("learning_rate", lr, step)
         self.last_time, self.last_step = now, step
+
+    def _fetch_here(self, job: tuple[int, list[Any], Any]) -> None:
+        """Fetch `job` before reporting it, but never wait on a hung worker: a result whose
+        copy to the chief is still pending waits for its worker (trainer/protocols.py
+        `finished`). At most FETCH_WAIT_S for the fetcher to finish its job (so no report is
+        emitted twice or late), then at most FETCH_WAIT_S for this one; past that the
+        report goes out with the last loss known."""
+        with self._jobs.all_tasks_done:
+            self._jobs.all_tasks_done.wait_for(lambda: not self._jobs.unfinished_tasks,
+                                               timeout=FETCH_WAIT_S)
+        fetch = threading.Thread(target=self._fetch, args=job, name="meter-fetch-now",
+                                 daemon=True)
+        fetch.start()
+        fetch.join(FETCH_WAIT_S)
 
     def _fetcher(self) -> None:
         while True:

@@ -2,10 +2,11 @@
 
 - ASP: every closure computes a gradient on a worker and applies it to the PS directly.
 - BSP: a global step schedules one accumulate closure per worker, waits for all of them
-  (`coordinator.join()` is the barrier), then one apply on the PS averages the accumulated
-  gradients by their count and updates the weights. A lost worker's closure is rescheduled
-  on a survivor by the coordinator, so the barrier never waits on a dead worker; dividing
-  by the count (not by the worker count) keeps the average right if that closure ran twice.
+  (`barrier`), then one apply on the PS averages the accumulated gradients by their count
+  and updates the weights. A lost worker's closure is rescheduled on a survivor by the
+  coordinator, a hung worker's by `barrier` once the heartbeat names it, so the barrier
+  never waits on a dead or hung worker; dividing by the count (not by the worker count)
+  keeps the average right if that closure ran twice.
 
 Steps per closure: one closure may run several steps in a loop on its worker, so that the
 chief's cost per closure (Python dispatch, one RPC round) is paid once per K steps.
@@ -57,6 +58,8 @@ from trainer.spec import StragglerSpec
 CLOSURES_PER_CHUNK_PER_WORKER = 8  # ASP closures scheduled between two host syncs
 MIN_CLOSURES_PER_CHUNK_PER_WORKER = 2  # with several steps per closure: keep double-buffering
 CHUNK_POLL_S = 0.005  # how often the chief re-counts a chunk's unfinished closures
+SETTLE_POLL_S = 0.05  # how often a drain re-counts (and re-reads the hung workers)
+COPY_POLL_S = 0.001  # how often a wait re-checks a result being copied to the chief
 UNKNOWN_WORKER = -1
 # Automatic steps per closure: a closure should last about this long on its worker, so the
 # chief's per-closure cost (a few ms of Python and RPC) stays a small share of it, while a
@@ -460,9 +463,9 @@ def asp_runner(coordinator: Any, asp_step: Callable, args: tuple, workers: int,
         return scheduled, done
 
     def drain() -> list[Any]:
-        coordinator.join()
-        done = (previous.pop() if previous else []) + lagging
-        lagging.clear()
+        pending = (previous.pop() if previous else []) + lagging
+        done, late = settle(pending, coordinator)
+        lagging[:] = late
         return done
 
     def warm() -> None:
@@ -477,10 +480,53 @@ def asp_runner(coordinator: Any, asp_step: Callable, args: tuple, workers: int,
 
 
 def finished(remote: Any) -> bool:
-    """Whether a closure's RemoteValue has its result (or its error) without waiting.
-    Private TF state; where it moved, everything counts as finished once waited for."""
+    """Whether a closure is done, its result copied to the chief (or failed), so that
+    reading it never waits. Private TF state; where it moved, everything counts as finished
+    once waited for.
+
+    The function's return (its updates to the PS done) sets the status; the coordinator
+    then copies the result to the chief, which on a worker hung at that moment waits for the
+    worker, and so would anything that reads the result, or `coordinator.join()`."""
     event = getattr(remote, "_status_available_event", None)
-    return True if event is None else event.is_set()
+    if event is None:
+        return True
+    if not event.is_set():
+        return False
+    return (getattr(remote, "_has_fetched_to_local", True)
+            or getattr(remote, "_values", None) is None)  # failed, aborted or no result
+
+
+def pause(remote: Any, seconds: float) -> None:
+    """Wait up to `seconds` for `remote`'s status; when it has one already and only its copy
+    to the chief is pending (a millisecond on a live worker), a short sleep."""
+    event = remote._status_available_event
+    if event.is_set():
+        time.sleep(min(seconds, COPY_POLL_S))
+    else:
+        event.wait(seconds)
+
+
+def all_hung(running: list[Any]) -> bool:
+    """Whether every closure in `running` (non-empty) is held by a worker that the chief's
+    heartbeat names hung (trainer/heartbeat.py, trainer/tfcompat.py `held_by`)."""
+    from trainer.heartbeat import unresponsive
+    from trainer.tfcompat import held_by
+
+    hung = unresponsive()
+    held = held_by(hung) if hung else None
+    return bool(held) and all(id(r) in held for r in running)
+
+
+def any_hung(running: list[Any] | None = None) -> bool:
+    """Whether a worker is named hung now (and, given `running`, holds one of those closures)."""
+    from trainer.heartbeat import unresponsive
+    from trainer.tfcompat import held_by
+
+    hung = unresponsive()
+    if not hung or running is None:
+        return bool(hung)
+    held = held_by(hung)
+    return bool(held) and any(id(r) in held for r in running)
 
 
 def wait_for_chunk(chunk: list[Any], workers: int) -> tuple[list[Any], list[Any]]:
@@ -501,7 +547,62 @@ def wait_for_chunk(chunk: list[Any], workers: int) -> tuple[list[Any], list[Any]
         if len(running) <= allowed:
             late = {id(r) for r in running}
             return [r for r in chunk if id(r) not in late], running
-        running[0]._status_available_event.wait(CHUNK_POLL_S)
+        pause(running[0], CHUNK_POLL_S)
+
+
+def settle(pending: list[Any], coordinator: Any) -> tuple[list[Any], list[Any]]:
+    """Wait for every closure in `pending` (all that were scheduled) except those held by
+    hung workers; returns (finished, still running).
+
+    A closure on a worker that hangs without dying ends only when the worker resumes or
+    gRPC keepalive declares it lost (then it is rerun on another worker); waiting for it
+    at a checkpoint or a budget end (`coordinator.join()`) would stall the whole run. Once
+    the chief's heartbeat names hung workers (trainer/heartbeat.py), the closures they hold
+    (`all_hung`) are left running and carried on; the accounting reads the PS global step,
+    so their steps are charged when they land (at most one closure per hung worker).
+    """
+    if not pending:
+        return [], []  # nothing in flight but, maybe, closures left to hung workers
+    if getattr(pending[-1], "_status_available_event", None) is None:
+        coordinator.join()  # TF internals moved: the plain barrier
+        return pending, []
+    while True:
+        running = [r for r in pending if not finished(r)]
+        if not running or all_hung(running):
+            coordinator.done()  # raises a closure's error, as join() did, without waiting
+            late = {id(r) for r in running}
+            return [r for r in pending if id(r) not in late], running
+        pause(running[0], SETTLE_POLL_S)
+
+
+def barrier(results: list[Any], reschedule: Callable[[], Any],
+            coordinator: Any) -> list[Any]:
+    """Wait for a BSP step's gradient closures; returns those that delivered one.
+
+    A dead worker's closure is rerun on a survivor by the coordinator. A hung worker's is
+    not (it is neither finished nor failed until the worker resumes or keepalive gives up,
+    minutes at worst): once the chief's heartbeat names hung workers (trainer/heartbeat.py)
+    and only closures they hold are left (`all_hung`), each is scheduled again for a
+    survivor, so the step waits about UNRESPONSIVE_S, not for the hung worker. A left closure that ends
+    later adds its gradient to a later step, whose mean divides by the count: at least
+    once, as after a worker loss.
+    """
+    if getattr(results[-1], "_status_available_event", None) is None:
+        coordinator.join()  # TF internals moved: the plain barrier
+        return results
+    done: list[Any] = []
+    waiting = results
+    while True:
+        running = [r for r in waiting if not finished(r)]
+        done += [r for r in waiting if finished(r)]
+        if not running:
+            coordinator.done()  # raises a closure's error, as join() did, without waiting
+            return done
+        if all_hung(running):
+            waiting = [reschedule() for _ in running]  # the hung closures are left behind
+            continue
+        waiting = running
+        pause(running[0], SETTLE_POLL_S)
 
 
 def bsp_runner(coordinator: Any, steps: Steps, args: tuple, workers: int,
@@ -511,7 +612,7 @@ def bsp_runner(coordinator: Any, steps: Steps, args: tuple, workers: int,
     """run(n): up to `n` BSP global steps; returns (steps applied, closure results).
 
     One step (n == 1, K == 1, a worker lost, or K still being measured): one accumulate
-    closure per worker, `coordinator.join()` as the barrier, one apply on the PS. Otherwise
+    closure per worker, `barrier` (hung workers' closures rescheduled), one apply on the PS. Otherwise
     one group of min(K, n) steps held on the PS (module docstring). `steps_per_closure` 0 =
     automatic: after AUTO_SAMPLE_STEPS one-step rounds (and the first, which includes the
     trace), K = 1 when the chief's share of a round is small (`choose_k`), else from the median
@@ -526,7 +627,9 @@ def bsp_runner(coordinator: Any, steps: Steps, args: tuple, workers: int,
         started = time.perf_counter()
         results = [coordinator.schedule(steps.bsp_accumulate, args=args)
                    for _ in range(workers)]
-        coordinator.join()  # the barrier; a dead worker's closure is rerun on a survivor
+        # the barrier; a dead worker's closure is rerun on a survivor, a hung one's too
+        results = barrier(results, lambda: coordinator.schedule(steps.bsp_accumulate,
+                                                                args=args), coordinator)
         steps.bsp_apply()
         if not state["k"]:
             state["samples"].append((results, time.perf_counter() - started))
@@ -564,9 +667,13 @@ def bsp_runner(coordinator: Any, steps: Steps, args: tuple, workers: int,
             running = [r for r in results if not finished(r)]
             if not running:
                 break
-            if membership.disruptions != disruptions:  # a closure failed: end the group
+            if membership.disruptions != disruptions or any_hung(running):
+                # a closure failed, or one is held by a hung worker: end the group; the
+                # survivors leave (a rerun, or the hung closure when it resumes, finds it closed)
                 steps.bsp_close()
-                coordinator.join()  # the survivors leave; a rerun finds the group closed
+                while any(not finished(r) for r in results) and not all_hung(
+                        [r for r in results if not finished(r)]):
+                    pause(running[0], SETTLE_POLL_S)
                 return int(steps.bsp_discard()) - start, results
             if getattr(running[0], "_status_available_event", None) is None:
                 coordinator.join()  # TF internals moved: no failure detection mid-group
@@ -577,8 +684,8 @@ def bsp_runner(coordinator: Any, steps: Steps, args: tuple, workers: int,
 
     def run(n: int) -> tuple[int, list[Any]]:
         k = state["k"]
-        if n <= 1 or k in (0, 1) or membership.lost:
-            return one_step()
+        if n <= 1 or k in (0, 1) or membership.lost or any_hung():
+            return one_step()  # a group needs every worker; one step reschedules around them
         return group(min(k, n))
 
     def warm() -> None:

@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import threading
 import time
+from collections.abc import Callable
+from typing import Any
 
 from trainer import events
+from trainer.control import unreachable
 from trainer.spec import TrainerSpec
 from trainer.startup import STARTUP, import_server_lib
 
@@ -15,6 +21,13 @@ INTRA_OP_THREADS = 1
 # The kernel may deliver SIGTERM to any of TF's threads; Python then runs the handler only
 # when the main thread next executes bytecode. Short sleeps bound that delay.
 SIGNAL_POLL_S = 0.2
+# A server that joins a job already training (a replacement: the chief, which starts its
+# server only after every ps and worker answered, already serves) imports TensorFlow in a
+# thread at this nice value: on a shared host (the local backend: every role on the same
+# cores) its import CPU would otherwise come out of the survivors' training, which then ran
+# at ~70 % until it was done. Nice is per thread on Linux, and the server's own threads are
+# created later by the main thread, so they serve at normal priority.
+LATE_JOIN_IMPORT_NICE = 10
 
 
 def run_server(spec: TrainerSpec, role: str, index: int) -> None:
@@ -23,7 +36,11 @@ def run_server(spec: TrainerSpec, role: str, index: int) -> None:
     The cluster given to TensorFlow holds ps, worker and chief, so that every server knows
     every peer; the evaluator is not part of it.
     """
-    server_lib, config_pb2 = import_server_lib()
+    late = not unreachable(spec.cluster.get("chief", [])[:1], timeout_s=0.5)
+    if late:
+        print(f"[{role}] joining a running job: TensorFlow imported at nice "
+              f"{LATE_JOIN_IMPORT_NICE}", flush=True)
+    server_lib, config_pb2 = at_nice(import_server_lib, LATE_JOIN_IMPORT_NICE if late else 0)
     assert role in ("ps", "worker"), f"run_server: role must be ps or worker (got {role})"
     addresses = spec.cluster[role]
     assert 0 <= index < len(addresses), (
@@ -38,3 +55,28 @@ def run_server(spec: TrainerSpec, role: str, index: int) -> None:
     # handlers, so SIGTERM would be ignored. The server's own threads do the serving.
     while server is not None:  # holding the reference keeps the server alive
         time.sleep(SIGNAL_POLL_S)
+
+
+def at_nice(load: Callable[[], Any], nice: int) -> Any:
+    """`load()` (an import), in a thread lowered by `nice` when it is positive (the caller's
+    own priority is unchanged); its result or its exception comes back to the caller."""
+    if nice <= 0:
+        return load()
+    out: list[Any] = []
+    failed: list[BaseException] = []
+
+    def low_priority() -> None:
+        # not Linux, or not allowed: load at normal priority
+        with contextlib.suppress(OSError, AttributeError):
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
+        try:
+            out.append(load())
+        except BaseException as ex:  # re-raised in the caller's thread
+            failed.append(ex)
+
+    worker = threading.Thread(target=low_priority, name="import-tensorflow")
+    worker.start()
+    worker.join()
+    if failed:
+        raise failed[0]
+    return out[0]

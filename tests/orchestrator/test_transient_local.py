@@ -49,6 +49,14 @@ def test_chaos_workers_and_the_parameter_server_are_killed(repo_root: Path,
     revoked = [e for e in events if e["kind"] == "revocation"]
     assert sorted(e["role"] for e in revoked) == ["chief", "evaluator", "ps", "worker", "worker"]
     assert kinds["recovery_start"] == kinds["recovery_end"]  # every recovery closed
+    # the chief saw each worker killed while it trained (the coordinator's worker_failure
+    # names the worker's index; the survivors carried on meanwhile)
+    started = min(e["time"] for e in events if e["kind"] == "train_start")
+    failures = [e for e in events if e["kind"] == "worker_failure"]
+    for kill in (e for e in revoked if e["role"] == "worker" and e["time"] > started):
+        index = int(kill["host"].rsplit("-", 1)[1])
+        assert any(f["worker"] == index and 0 <= f["time"] - kill["time"] + 1 < 15
+                   for f in failures), (kill, failures)
     # each kill came 2 s after a preemption notice; the PS's notice made the chief checkpoint
     assert kinds["revocation_notice"] == 3
     ps_notice = next(e for e in events if e["kind"] == "revocation_notice" and e["role"] == "ps")

@@ -211,31 +211,69 @@ def test_resume_continues_from_checkpoint(cluster: LocalCluster, tmp_path: Path)
     assert "resumed from" in chief.tail(200)
 
 
-def test_hung_worker_is_named_and_the_run_survives(cluster: LocalCluster,
-                                                   tmp_path: Path) -> None:
+def test_hung_worker_is_named_and_the_other_trains_on(cluster: LocalCluster,
+                                                      tmp_path: Path) -> None:
     """Worker 1 hangs without dying (SIGSTOP): the chief's heartbeat names it
-    (`worker_unresponsive`, trainer/heartbeat.py) within seconds; after SIGCONT the run
-    completes. Not asserted, because it does not hold yet: that worker 0 trains on at full
-    speed meanwhile (TensorFlow stalls the whole cluster behind the hung worker's call)."""
-    _, path = spec_for(cluster, tmp_path / "hang", [PhaseSpec("asp", 1500)],
-                       steps_per_closure=1)
+    (`worker_unresponsive`, trainer/heartbeat.py) within seconds, and worker 0 trains on
+    meanwhile, through checkpoints (drains that do not wait for the hung worker's closure,
+    and saves that register no function with it: trainer/tfcompat.py). After SIGCONT it
+    answers again (`worker_responsive`) and the run ends on its exact budget: the hung
+    closure's steps were applied once, not twice."""
+    steps, k = 500, 2
+    _, path = spec_for(cluster, tmp_path / "hang", [PhaseSpec("asp", steps)],
+                       steps_per_closure=k, checkpoint_frequency=40)
     chief = cluster.start("chief", 0, path)
-    wait_for_step(chief, 100)
+    wait_for_step(chief, 60, timeout=180)  # the chief's start-up, on a loaded machine
     victim = next(s for s in cluster.servers if s.name == "worker1")
     os.kill(victim.proc.pid, signal.SIGSTOP)
     stopped = time.time()
     try:
-        silent = chief.wait_event("worker_unresponsive", timeout=60)
-        time.sleep(max(0.0, stopped + 15 - time.time()))
-        during = [e["step"] for e in chief.of_kind("step") if stopped + 1 < e["time"]]
+        silent = chief.wait_event("worker_unresponsive", timeout=30)
+        time.sleep(max(0.0, silent["time"] + 6 - time.time()))  # 6 s more while named
     finally:
         os.kill(victim.proc.pid, signal.SIGCONT)
-    print(f"hung worker: named {silent['time'] - stopped:.1f} s after SIGSTOP; steps "
-          f"reported in the next 14 s: {during}")
-    assert silent["worker"] == 1, chief.tail()
-    assert silent["time"] - stopped < 30, silent  # ~5 s (UNRESPONSIVE_S + a beat)
+    resumed = time.time()
     assert chief.wait(180) == 0, chief.tail()
-    assert chief.of_kind("train_end")[0]["step"] >= 1500
+    # after it was named (by then what was queued before the stop is long done), the
+    # global step still advanced, through a checkpoint; a stalled cluster reports nothing
+    window = [(e["kind"], e["step"]) for e in chief.events
+              if silent["time"] < e["time"] < resumed and e["kind"] in ("step", "checkpoint")]
+    print(f"hung worker: named {silent['time'] - stopped:.1f} s after SIGSTOP; "
+          f"{resumed - stopped:.1f} s stopped; reported after it was named: {window}")
+    assert silent["worker"] == 1, chief.tail()
+    assert silent["time"] - stopped < 15, silent  # ~5 s (UNRESPONSIVE_S + a beat)
+    steps_seen = [step for _, step in window]
+    assert steps_seen and max(steps_seen) - min(steps_seen) >= 12, (window, chief.tail())
+    assert ("checkpoint" in dict(window)), (window, chief.tail())
+    back = chief.of_kind("worker_responsive")
+    assert [e["worker"] for e in back] == [1] and back[0]["time"] >= resumed, back
+    assert steps <= chief.of_kind("train_end")[0]["step"] <= steps + k, chief.tail()
+
+
+def test_hung_worker_does_not_hold_the_bsp_barrier(cluster: LocalCluster,
+                                                   tmp_path: Path) -> None:
+    """BSP: a hung worker blocks the step it holds a gradient for until the heartbeat names
+    it (~5 s); then its closure is scheduled again for the survivor and the steps go on,
+    each still one update from (at least) one gradient per worker."""
+    steps = 200
+    _, path = spec_for(cluster, tmp_path / "bsphang", [PhaseSpec("bsp", steps)])
+    chief = cluster.start("chief", 0, path)
+    wait_for_step(chief, 30, timeout=180)
+    victim = next(s for s in cluster.servers if s.name == "worker1")
+    os.kill(victim.proc.pid, signal.SIGSTOP)
+    try:
+        silent = chief.wait_event("worker_unresponsive", timeout=30)
+        time.sleep(max(0.0, silent["time"] + 6 - time.time()))
+    finally:
+        os.kill(victim.proc.pid, signal.SIGCONT)
+    resumed = time.time()
+    assert chief.wait(180) == 0, chief.tail()
+    reported = [e["step"] for e in chief.of_kind("step") if silent["time"] < e["time"] < resumed]
+    print(f"hung BSP worker: steps reported after it was named: {reported}")
+    assert len(reported) >= 2 and reported[-1] - reported[0] >= 5, (reported, chief.tail())
+    done = json.loads((tmp_path / "bsphang" / "checkpoints" / "DONE").read_text())
+    assert done["step"] == steps and done["bsp_updates"] == steps
+    assert WORKERS * steps <= done["bsp_gradients"] <= WORKERS * steps + 2, done
 
 
 def test_bsp_survives_a_killed_worker(cluster: LocalCluster, tmp_path: Path) -> None:

@@ -1,0 +1,135 @@
+"""Work-arounds for TensorFlow internals that make one hung worker stall the whole cluster.
+
+Found with a SIGSTOPped worker in a local ASP run (2.21): the other workers stopped after
+their current closure and waited until the stopped one was resumed. Python stacks of the
+chief showed each healthy worker thread of the `ClusterCoordinator` blocked in
+`Executor.__del__` -> `wait()` when leaving `context.executor_scope(worker.executor)`:
+
+- `context.executor_scope` saves the thread's previous executor as a new Python `Executor`
+  wrapper (`Context.executor` builds one per call) and drops it when the scope ends;
+- `Executor.__del__` waits for every pending node of the executor it wraps, here the
+  context's default executor;
+- the default executor holds the asynchronous `DestroyTensorHandle` requests sent when the
+  chief drops a remote tensor (every closure's outputs, on every worker), and the one sent to
+  the stopped worker never completes until it runs again (or its connection fails).
+
+So every closure on every worker ended by waiting for an RPC to the hung worker. The wrapper
+returned by `Context.executor` does not own the executor (it only borrows the context's
+handle), so waiting when it is dropped is not needed for correctness: `install()` makes
+`Context.executor` return a borrowed view whose deletion frees the view without waiting.
+Explicit waits (`context.async_wait()`, `executor.wait()`) keep their meaning.
+
+The chief's checkpoints stalled the same way: with variables on more than one task (the PS
+and the chief's save counter), `MultiDeviceSaver.save` wraps the save in a new
+`tf.function` each time, and registering that function with the eager context blocked on
+the hung worker (the context registers every new function on every remote worker).
+`install()` makes it run the same save ops eagerly instead (what TF does for one task):
+one shard after the other, no function to register; a checkpoint of digits takes the same
+~0.2 s.
+
+Which closure a worker runs is not public either: `install()` records it
+(`Worker._process_closure`), so that the chief can tell a closure held by a hung worker
+from one a healthy worker is still running (`held_by`, trainer/protocols.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+_installed = False
+_held: dict[int, Any] = {}  # worker index -> weak reference to its closure's RemoteValue
+
+
+def install() -> bool:
+    """Patch `Context.executor` (idempotent). False, with a printed reason, where the
+    internals moved: the cluster then works as before, stalls included."""
+    global _installed
+    if _installed:
+        return True
+    try:
+        from tensorflow.python import pywrap_tfe
+        from tensorflow.python.eager import context, executor
+
+        original = context.Context.executor
+        assert isinstance(original, property) and original.fset is not None
+        assert hasattr(pywrap_tfe, "TFE_ContextGetExecutorForThread")
+    except (ImportError, AttributeError, AssertionError) as exc:
+        print(f"[chief] executor work-around not installed ({exc!r}): a hung worker "
+              "stalls the others until it returns", flush=True)
+        return False
+
+    class BorrowedExecutor(executor.Executor):
+        """The thread's current executor, borrowed: dropping it does not wait for it."""
+
+        __slots__ = ()
+
+        def __del__(self) -> None:
+            with contextlib.suppress(TypeError):  # interpreter shutdown, as upstream
+                pywrap_tfe.TFE_DeleteExecutor(self._handle)  # frees the view only
+
+    def borrowed(self: Any) -> executor.Executor:
+        self.ensure_initialized()
+        return BorrowedExecutor(pywrap_tfe.TFE_ContextGetExecutorForThread(
+            self._context_handle))
+
+    context.Context.executor = property(borrowed, original.fset, doc=original.__doc__)
+    _installed = _eager_multi_task_save() and _track_held_closures()
+    return _installed
+
+
+def held_by(workers: frozenset[int]) -> set[int] | None:
+    """`id()`s of the RemoteValues of the closures these workers run now; None when the
+    tracking is not installed (nobody can tell: callers wait for every closure)."""
+    if not _installed:
+        return None
+    held = set()
+    for index in workers:
+        ref = _held.get(index)
+        value = ref() if ref is not None else None
+        if value is not None:
+            held.add(id(value))
+    return held
+
+
+def _track_held_closures() -> bool:
+    from tensorflow.python.distribute.coordinator import cluster_coordinator
+
+    worker_class = cluster_coordinator.Worker
+    process = getattr(worker_class, "_process_closure", None)
+    if process is None or not hasattr(cluster_coordinator.Closure, "build_output_remote_value"):
+        print("[chief] closure tracking not installed: the chief waits for hung workers",
+              flush=True)
+        return False
+
+    def tracked(self: Any, closure: Any) -> Any:
+        _held[self.worker_index] = getattr(closure, "_output_remote_value_ref", None)
+        try:
+            return process(self, closure)
+        finally:
+            _held.pop(self.worker_index, None)
+
+    worker_class._process_closure = tracked
+    return True
+
+
+def _eager_multi_task_save() -> bool:
+    from tensorflow.python.checkpoint import functional_saver
+
+    saver = functional_saver.MultiDeviceSaver
+    if not hasattr(saver, "save"):
+        print("[chief] checkpoint work-around not installed: a hung worker stalls "
+              "checkpoints until it returns", flush=True)
+        return False
+    save = saver.save
+
+    def eager_save(self: Any, *args: Any, **kwargs: Any) -> Any:
+        tasks = getattr(self, "_num_unique_tasks", 1)
+        self._num_unique_tasks = 1  # skips the per-save tf.function (see the docstring)
+        try:
+            return save(self, *args, **kwargs)
+        finally:
+            self._num_unique_tasks = tasks
+
+    saver.save = eager_save
+    return True
