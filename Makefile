@@ -1,7 +1,7 @@
 # One command sets up and runs the local default; one passes the tests (README "Quick start").
 #   make run    set up what is missing, then train the embedded default (digits_local)
-#   make test   set up what is missing, then run the whole test suite
-#   make ci     what CI runs (.ci/run): dry-run every committed experiment, lint, test
+#   make test   set up what is missing, then run the whole test suite but the headline sweep
+#   make ci     what CI runs (.ci/run): dry-run every committed experiment, lint, test, gce-fake
 #   make gce-fake  the headline sweep on a fake Google Cloud (README "Running on Google Cloud")
 PYTHON ?= python3
 VENV ?= .venv
@@ -33,7 +33,7 @@ run: setup
 
 test: setup
 	bash .ci/testbed-deps  # sshd + iproute2 for the SSH test bed, when missing
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not headline" $(PYTEST_ARGS)
 
 test-fast: setup
 	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
@@ -42,7 +42,7 @@ test-fast: setup
 # the fake Compute API, namespace sshd hosts as its VMs and the GCS emulator (root, sshd, ip)
 gce-fake: setup
 	bash .ci/testbed-deps
-	$(PY) -m pytest tests/provisioning/test_gce_headline.py -s $(PYTEST_ARGS)
+	$(PY) -m pytest -m headline tests/provisioning/test_gce_headline.py -s $(PYTEST_ARGS)
 
 validate: setup
 	$(PY) -m orchestrator.validate
@@ -55,7 +55,7 @@ dry-run: setup
 	  then echo "dry run ok   $$e"; else echo "dry run FAIL $$e"; failed="$$failed $$e"; fi; \
 	done; test -z "$$failed" || { echo "failed dry runs:$$failed"; exit 1; }
 
-ci: dry-run lint test
+ci: dry-run lint test gce-fake
 
 bench: setup
 	$(PY) -m bench
