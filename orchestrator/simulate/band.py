@@ -91,8 +91,11 @@ def predict_band(cfg: ExperimentConfig, plan: RunPlan) -> dict[str, Any] | None:
         if cal is None:
             return {"unavailable": f"{ex}; not calibrated on this machine yet: a run measures "
                                    "the step time here first"}
-        band = summarize_runs(simulate_many(cfg, plan, max(1, cfg.sim.repeats),
-                                            calibrate.calibrated_models(models, cfg, cal)))
+        try:
+            band = summarize_runs(simulate_many(cfg, plan, max(1, cfg.sim.repeats),
+                                                calibrate.calibrated_models(models, cfg, cal)))
+        except NoModelError as still:  # e.g. a GPU cluster whose model the papers never ran
+            return {"unavailable": f"{ex}; calibrated for CPU workers only: {still}"}
         band["calibration"] = cal
     market, _ = cloud_market(cfg)
     band["source"] = (f"{cfg.sim.repeats} simulations (provider=sim models"
