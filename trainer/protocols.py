@@ -68,8 +68,10 @@ TARGET_CLOSURE_S = 0.05
 MAX_AUTO_STEPS_PER_CLOSURE = 32
 AUTO_SAMPLE_STEPS = 4  # BSP: one-step closures measured (after the first) before choosing K
 # BSP groups pay off when the chief's dispatch and barrier are a noticeable share of a round
-# (fast devices, many workers); below this share of the round's wall time K stays 1.
-BSP_MIN_CHIEF_SHARE = 0.25
+# (fast devices, many workers); below this share of the round's wall time K stays 1. Set to
+# 1.0 (automatic K is always 1 for BSP) until groups are shown faster on a quiet machine and
+# with a hung worker in a group (an explicit job.steps_per_closure > 1 still runs groups).
+BSP_MIN_CHIEF_SHARE = 1.0
 BSP_CLOSED = -1  # `bsp_group` value of no open group
 BARRIER_POLL_S = 0.0005  # first pause of a BSP worker waiting at a round's barrier
 BARRIER_POLL_MAX_S = 0.016  # the pause doubles up to this
