@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from provisioning.journal import ResourceKind, list_unreleased
+from tests.provisioning.gce_fixtures import preempt_a_worker
 from tests.provisioning.test_gce_ssh import fake_on_bed
 from tests.testbed import SshTestBed
 from tests.testbed.fixtures import host_python, ssh_testbed  # noqa: F401
@@ -47,7 +48,6 @@ def events(run_dir: Path) -> list[dict]:
 def test_cli_on_fake_gce_stockout_preemption_and_nothing_left(
         ssh_testbed: SshTestBed, tmp_path: Path) -> None:
     bed = ssh_testbed
-    by_address = {h.address: h for h in bed.hosts}
     run_dir = tmp_path / "run"
     with fake_on_bed(bed, 3, zones=ZONES, provision_s=0.2, staging_s=0.2, insert_op_s=0.1,
                      delete_op_s=0.2, stop_s=0.2, wait_cap_s=1.0) as fake:
@@ -71,11 +71,7 @@ def test_cli_on_fake_gce_stockout_preemption_and_nothing_left(
                 assert proc.poll() is None, proc.stdout.read()[-4000:]  # type: ignore[union-attr]
                 assert time.monotonic() < deadline, "no training step 100"
                 time.sleep(0.2)
-            worker = next(i for i in fake.live_instances()
-                          if i.body["labels"]["role"] == "worker")
-            fake.preempt(worker.zone, worker.name)
-            for pid in bed.role_pids(by_address[worker.ip]):  # the VM's processes die with it
-                os.kill(pid, signal.SIGKILL)
+            worker = preempt_a_worker(fake, bed)
             out, _ = proc.communicate(timeout=max(10, deadline - time.monotonic()))
         except BaseException:
             os.killpg(proc.pid, signal.SIGKILL)

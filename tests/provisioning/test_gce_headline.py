@@ -30,6 +30,7 @@ import pytest
 
 from provisioning.gce.storage import GcsStore, GcsUrl
 from provisioning.journal import ResourceKind, list_unreleased
+from tests.provisioning.gce_fixtures import preempt_a_worker
 from tests.provisioning.test_gce_ssh import fake_on_bed
 from tests.provisioning.test_gce_storage import BUCKET, emulator_fixture  # noqa: F401
 from tests.testbed import SshTestBed, skip_reason
@@ -97,7 +98,6 @@ def bed_fixture(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SshTestBed
 
 def test_headline_sweep_on_fake_gce(bed: SshTestBed, emulator: str, tmp_path: Path) -> None:
     hosts = bed.hosts
-    by_address = {h.address: h for h in hosts}
     data_dir = write_cifar10(tmp_path / "cifar10")
     sweep_dir = tmp_path / "sweep"
     started = time.monotonic()
@@ -131,11 +131,7 @@ def test_headline_sweep_on_fake_gce(bed: SshTestBed, emulator: str, tmp_path: Pa
                 assert proc.poll() is None, proc.stdout.read()[-6000:]  # type: ignore[union-attr]
                 assert time.monotonic() < deadline, f"no step {PREEMPT_AT_STEP} in run 3"
                 time.sleep(0.3)
-            worker = next(i for i in fake.live_instances()
-                          if i.body["labels"]["role"] == "worker")
-            fake.preempt(worker.zone, worker.name)
-            for pid in bed.role_pids(by_address[worker.ip]):  # the VM's processes die with it
-                os.kill(pid, signal.SIGKILL)
+            worker = preempt_a_worker(fake, bed)
             out, _ = proc.communicate(timeout=max(10, deadline - time.monotonic()))
         except BaseException:
             with contextlib.suppress(ProcessLookupError):
