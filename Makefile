@@ -10,9 +10,10 @@ STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 LOGDIR ?= outputs
 
+PACKAGES := orchestrator provisioning trainer analysis hydra_plugins bench
 EXPERIMENTS := $(sort $(basename $(notdir $(wildcard experiments/*.yaml))))
 
-.PHONY: setup run test test-fast gce-fake validate dry-run ci bench lint tensorboard clean help
+.PHONY: setup bytecode run test test-fast gce-fake validate dry-run ci bench lint tensorboard clean help
 
 help:
 	@echo "make setup | run | test | test-fast | gce-fake | validate | dry-run | ci | bench | lint | tensorboard | clean"
@@ -28,10 +29,17 @@ $(STAMP): pyproject.toml
 	PYTHONWARNINGS="ignore:Editable installation" $(PY) -m pip install --quiet -e '.[cpu,dev]'
 	@touch $(STAMP)
 
-run: setup
+# Our packages' bytecode, compiled ahead: every role of every run imports them, and where
+# PYTHONDONTWRITEBYTECODE is set (CI images, some containers) Python never caches it itself
+# (0.3 CPU s per orchestrator start). Only changed files are recompiled; a stale file is
+# simply recompiled in memory.
+bytecode: setup
+	@$(PY) -m compileall -q $(PACKAGES) > /dev/null
+
+run: bytecode
 	$(PY) -m orchestrator +experiment=digits_local
 
-test: setup
+test: bytecode
 	bash .ci/testbed-deps  # sshd + iproute2 for the SSH test bed, when missing
 	$(PY) -m pytest -m "not headline" $(PYTEST_ARGS)
 
@@ -40,7 +48,7 @@ test-fast: setup
 
 # The headline sweep (+experiment=cifar10_res32 -m cluster.workers=4,8,16) end to end against
 # the fake Compute API, namespace sshd hosts as its VMs and the GCS emulator (root, sshd, ip)
-gce-fake: setup
+gce-fake: bytecode
 	bash .ci/testbed-deps
 	$(PY) -m pytest -m headline tests/provisioning/test_gce_headline.py -s $(PYTEST_ARGS)
 
@@ -57,7 +65,7 @@ dry-run: setup
 
 ci: dry-run lint test gce-fake
 
-bench: setup
+bench: bytecode
 	$(PY) -m bench
 
 lint: setup

@@ -1,8 +1,11 @@
 """Select a provider backend by name (the Hydra `provider` group's `name`).
 
-Backends register themselves with `register_provider(name, factory, config)` when their module
-is imported; modules are imported lazily, on first use of their name, so `local` runs without
-any cloud SDK installed. `config` is the backend's typed schema (a `ProviderConfig` subclass
+Backends register themselves with `register_provider(name, factory, config)` when their package
+is imported; packages are imported lazily, on first use of their name, so `local` runs without
+any cloud SDK installed. A package may name its factory as ``"module:Class"``: composing the
+config (every backend's schema is stored at start) then imports only its light config module,
+and the provider's module (paramiko, Google clients) loads when a provider is built or its
+class is read. `config` is the backend's typed schema (a `ProviderConfig` subclass
 living next to the backend); `orchestrator/config/schema.py` stores each one in Hydra's
 ConfigStore so `provider=<name>` composes against it.
 """
@@ -33,12 +36,24 @@ _BACKEND_MODULES: dict[str, str] = {
 @dataclass(frozen=True)
 class Backend:
     """A registered backend: `factory(config, journal=...)` builds its provider; `provider`
-    is the class (its `can_revoke` is read at validation, before anything is built)."""
+    is the class (its `can_revoke` is read at validation, before anything is built). `target`
+    is the factory or its ``"module:attribute"`` path, imported on first use."""
 
     name: str
-    factory: Callable[..., Provider]
+    target: Callable[..., Provider] | str
     config: type[ProviderConfig]
-    provider: type[Provider]
+
+    @property
+    def factory(self) -> Callable[..., Provider]:
+        if not isinstance(self.target, str):
+            return self.target
+        module, _, attribute = self.target.partition(":")
+        return getattr(importlib.import_module(module), attribute)
+
+    @property
+    def provider(self) -> type[Provider]:
+        factory = self.factory
+        return factory if isinstance(factory, type) and issubclass(factory, Provider) else Provider
 
 
 class UnknownProviderError(BadRequestError, UnknownNameError):
@@ -49,11 +64,11 @@ class UnknownProviderError(BadRequestError, UnknownNameError):
 _backends: Registry[Backend] = Registry("provider")
 
 
-def register_provider(name: str, factory: type[Provider],
+def register_provider(name: str, factory: type[Provider] | str,
                       config: type[ProviderConfig] = ProviderConfig) -> None:
-    """Make `get_provider(name, cfg)` call `factory(cfg, journal=...)`. Re-registering
-    replaces."""
-    _backends.register(name, Backend(name, factory, config, factory))
+    """Make `get_provider(name, cfg)` call `factory(cfg, journal=...)`; `factory` may be a
+    ``"module:Class"`` path, imported when first needed. Re-registering replaces."""
+    _backends.register(name, Backend(name, factory, config))
 
 
 def unregister_provider(name: str) -> None:
@@ -124,8 +139,7 @@ def make_config(name: str, values: Mapping[str, Any]) -> ProviderConfig:
 def provider_class(name: str) -> type[Provider]:
     """The class of backend `name`, to read what it can do (`billed`, `plan_note`) without
     building one: the dry run asks too."""
-    factory = backend(name).factory
-    return factory if isinstance(factory, type) and issubclass(factory, Provider) else Provider
+    return backend(name).provider
 
 
 def _module_exists(module: str) -> bool:

@@ -153,6 +153,8 @@ def _train(spec: TrainerSpec, tf: Any, strategy: Any, coordinator: Any,
                 v.accumulators.append(tf.Variable(tf.zeros(p.shape, p.dtype),
                                                   trainable=False))
 
+    STARTUP.mark("model")
+
     # checkpoint: resume is the normal path (a fresh run just finds nothing to restore).
     # Names, not addresses, identify variables: a new cluster at new addresses restores.
     checkpoint = tf.train.Checkpoint(
@@ -170,6 +172,7 @@ def _train(spec: TrainerSpec, tf: Any, strategy: Any, coordinator: Any,
     ckpt_dir.mkdir(parents=True, exist_ok=True)
     (ckpt_dir / "trainer_spec.json").write_text(json.dumps(spec.to_dict(), indent=2))
 
+    STARTUP.mark("restore")
     steps = build_steps(strategy, model, optimizer, job, v, spec.stragglers, workers)
 
     def chosen(protocol: str) -> Callable[[int, float], None]:
@@ -242,7 +245,7 @@ def _train(spec: TrainerSpec, tf: Any, strategy: Any, coordinator: Any,
     runners["asp"].warm()  # type: ignore[attr-defined]
     if job.steps_per_closure != 1 and any(p.protocol == "bsp" for p in spec.phases):
         runners["bsp"].warm()  # type: ignore[attr-defined]
-    STARTUP.mark("model")
+    STARTUP.mark("trace")
     train_started = time.time()
     v.train_epoch.assign(train_started)
     start_step = P.step

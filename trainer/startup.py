@@ -11,8 +11,9 @@ Phases, in order, as a role passes them:
 - ps/worker: `server` (the gRPC server up and listening);
 - chief: `data` (dataset load, done while the servers start),
   `wait_servers` (until every ps/worker port accepts), `connect` (strategy and
-  coordinator), `model` (per-worker datasets, variables on the PS, checkpoint restore, the
-  steps' traces and instantiation on the workers), `first_step` (the first closures);
+  coordinator), `model` (per-worker datasets, the model's and counters' variables created on
+  the PS), `restore` (the newest checkpoint, if any), `trace` (the steps' traces and their
+  instantiation on the workers), `first_step` (the first closures);
 - evaluator: `model` (dataset and local model built).
 
 The chief's `total_s` therefore runs from its process start to its first applied step.
@@ -35,7 +36,7 @@ from trainer import events
 # evaluator build the Keras model but never use its scikit-learn wrapper, which Keras imports
 # inside try/except: 7.2 -> 5.6 CPU s. The entry is removed once TensorFlow is in, so a later
 # import of the real module (the digits problem's first split) still works.
-SKIPPED_AT_IMPORT = ("sklearn",)
+SKIPPED_AT_IMPORT = ("sklearn", "pandas", "matplotlib")
 
 
 def process_start_time() -> float:

@@ -6,9 +6,9 @@ or credentials.
 """
 
 from provisioning.gce.config import GceConfig
-from provisioning.gce.provider import GceProvider
 from provisioning.registry import register_provider
 
-register_provider(GceProvider.name, GceProvider, GceConfig)
+# the provider module (and with it paramiko, for the VMs' SSH) loads when first needed
+register_provider("gce", "provisioning.gce.provider:GceProvider", GceConfig)
 
-__all__ = ["GceConfig", "GceProvider"]
+__all__ = ["GceConfig"]
