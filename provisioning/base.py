@@ -13,6 +13,9 @@ Shape (after SkyPilot's provision API and submitit's executors):
     provider.revoke(host, notice_s)                    optional (`can_revoke`): local, ssh, sim
     provider.clean_up(entries) -> [str]                stop what a crashed run's journal lists
     provider.checkpoint_store(run_id, folder)          where checkpoints are kept durable
+    Provider.preview(hosts) -> PlanPreview | None      the dry run's table of what it creates
+    Provider.check_credentials(config)                 at run start: (field, problem) | None
+    Provider.fetch_dataset(url, cache_root) -> Path    a `job.data_dir` URL (`dataset_schemes`)
 
     runner.setup()                                     optional: make `trainer_command` work
     runner.trainer_command() -> argv                   how `python -m trainer` starts there
@@ -45,6 +48,7 @@ import abc
 import contextlib
 import enum
 import os
+import re
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -62,6 +66,8 @@ STOP_GRACE_S = 5.0
 PREEMPTION_NOTICE_FILE = layout.NOTICE_FILE
 #: Environment variable holding the notice file's absolute path for every started process.
 PREEMPTION_NOTICE_ENV = layout.NOTICE_ENV
+#: The config field a dataset location comes from (`Provider.fetch_dataset` errors name it).
+DATA_DIR_FIELD = "job.data_dir"
 
 
 class Role(enum.StrEnum):
@@ -100,6 +106,16 @@ class CapacityError(ProvisionError):
 
 class BadRequestError(ProvisionError):
     """The request can never succeed as written; stop and tell the user (the message says why)."""
+
+
+class BadFieldError(BadRequestError):
+    """A bad request whose cause is one config field: `field` as the user types it (e.g.
+    `job.data_dir`), `problem` what is wrong; the orchestrator reports it as that field's
+    config error."""
+
+    def __init__(self, field: str, problem: str) -> None:
+        super().__init__(f"{field}: {problem}")
+        self.field, self.problem = field, problem
 
 
 class HostLostError(ProvisionError):
@@ -449,6 +465,41 @@ class Provider(abc.ABC):
         types, zones, machine types), said once by the dry run and the run; None: nothing."""
         return None
 
+    @classmethod
+    def preview(cls, hosts: Sequence[HostSpec]) -> PlanPreview | None:
+        """What this backend would create for the planned `hosts` (gce: VMs per zone), a table
+        the dry run shows under the hosts. Reads the plan only: no cloud call, no credentials.
+        Default: None (nothing to add to the host table)."""
+        return None
+
+    @classmethod
+    def check_credentials(cls, config: ProviderConfig) -> tuple[str, str] | None:
+        """Whether this machine may use the cloud behind `config`, asked when a real run starts
+        (never by a dry run), before any download: (field as the user types it, what is wrong
+        and how to fix it), which stops the run as a config error; None: nothing missing.
+        Default: None (no credentials to check)."""
+        return None
+
+    #: URL schemes of `job.data_dir` that `fetch_dataset` reads (gce: ``("gs",)``). The data
+    #: step asks the run's backend first, then any backend claiming the scheme: the copy lands
+    #: on the orchestrator's machine and reaches hosts through `HostRunner.copy` either way.
+    dataset_schemes: ClassVar[tuple[str, ...]] = ()
+
+    @classmethod
+    def fetch_dataset(cls, url: str, cache_root: Path, download: bool = True) -> Path:
+        """The folder on the orchestrator's machine holding the dataset at `url` (a
+        `job.data_dir`), kept under `cache_root` (the data cache) by a backend that downloads it
+        and brought up to date there; `download` False: only where it would be (the dry run),
+        nothing transferred. Raises BadRequestError for a URL it cannot read (the message
+        says why; a BadFieldError for `job.data_dir` when the URL itself is wrong),
+        ProvisionError when the transfer fails. Default: a local path passes through
+        (absolute); any `scheme://` URL is a BadFieldError."""
+        scheme = url_scheme(url)
+        if scheme is None:
+            return Path(url).expanduser().resolve()
+        name = getattr(cls, "name", cls.__name__)
+        raise BadFieldError(DATA_DIR_FIELD, f"provider {name!r} reads no {scheme}:// URLs")
+
     @abc.abstractmethod
     def acquire(self, request: ClusterRequest) -> Cluster:
         """One RUNNING host per `request.hosts` entry, in the same order.
@@ -511,6 +562,22 @@ class Provider(abc.ABC):
         return [CleanUpResult(e, False, f"{e.kind} {e.resource_id} on host {e.host_id} "
                               f"({e.address or '?'}): backend {self.name!r} cannot clean up; "
                               f"release it by hand") for e in entries]
+
+
+def url_scheme(location: str) -> str | None:
+    """`gs` for ``gs://bucket/x``; None for a local path (which has no ``scheme://``)."""
+    found = re.match(r"([A-Za-z][A-Za-z0-9+.-]*)://", location)
+    return found.group(1) if found else None
+
+
+@dataclass(frozen=True)
+class PlanPreview:
+    """A table `Provider.preview` adds to the dry run: a title, column names, one row per
+    resource (each as long as `columns`)."""
+
+    title: str
+    columns: tuple[str, ...]
+    rows: list[tuple[str, ...]]
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,15 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from provisioning.base import BadRequestError, Provider, ProviderConfig, ResourceJournal
+from provisioning.base import (
+    DATA_DIR_FIELD,
+    BadFieldError,
+    BadRequestError,
+    Provider,
+    ProviderConfig,
+    ResourceJournal,
+    url_scheme,
+)
 from trainer.registry import Registry, UnknownNameError
 
 DEFAULT_PROVIDER = "local"
@@ -140,6 +148,27 @@ def provider_class(name: str) -> type[Provider]:
     """The class of backend `name`, to read what it can do (`billed`, `plan_note`) without
     building one: the dry run asks too."""
     return backend(name).provider
+
+
+def dataset_reader(url: str, preferred: str = DEFAULT_PROVIDER) -> type[Provider]:
+    """The backend class whose `fetch_dataset` reads the `job.data_dir` `url`: backend
+    `preferred` (the run's) for a local path or a scheme it lists in `dataset_schemes`, else
+    the first backend that lists the scheme (a `gs://` dataset on a local run: it is downloaded
+    to this machine whichever backend runs the hosts).
+
+    Raises BadFieldError for `job.data_dir` naming the schemes this installation reads."""
+    scheme = url_scheme(url)
+    own = provider_class(preferred)
+    if scheme is None or scheme in own.dataset_schemes:
+        return own
+    readers = {name: backend(name).provider for name in provider_names() if name != preferred}
+    for reader in readers.values():
+        if scheme in reader.dataset_schemes:
+            return reader
+    known = sorted(f"{s}:// ({name})" for name, cls in {preferred: own, **readers}.items()
+                   for s in cls.dataset_schemes)
+    raise BadFieldError(DATA_DIR_FIELD, f"no provider reads {scheme}:// URLs, only "
+                        f"{''.join(k + ', ' for k in known)}and local folders")
 
 
 def _module_exists(module: str) -> bool:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from provisioning.base import BadRequestError, ProvisionError
+from provisioning.base import BadFieldError, ProvisionError
 from provisioning.gce.config import CREDENTIALS_ADC, CREDENTIALS_ANONYMOUS, GceConfig
 from provisioning.gce.errors import (
     TransientApiError,
@@ -38,13 +38,9 @@ AUTH_HINT = ("run `gcloud auth application-default login` (or set provider.crede
 REQUEST_TIMEOUT_S = 150.0
 
 
-class GceAuthError(BadRequestError):
+class GceAuthError(BadFieldError):
     """No usable credentials or project: `field` is the config key to fix, the message says how
     to authenticate."""
-
-    def __init__(self, field: str, problem: str) -> None:
-        super().__init__(f"{field}: {problem}")
-        self.field, self.problem = field, problem
 
 
 def resolve_credentials(cfg: GceConfig) -> tuple[Any, str]:

@@ -37,7 +37,9 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from provisioning.base import (
+    DATA_DIR_FIELD,
     STOP_GRACE_S,
+    BadFieldError,
     BadRequestError,
     CapacityError,
     CheckpointStore,
@@ -50,9 +52,12 @@ from provisioning.base import (
     HostRunner,
     HostSpec,
     HostState,
+    PlanPreview,
     Provider,
+    ProviderConfig,
     ProvisionError,
     ResourceJournal,
+    url_scheme,
 )
 from provisioning.catalog import Market
 from provisioning.gce.body import (
@@ -152,6 +157,53 @@ class GceProvider(Provider):
         self._lock = threading.RLock()
         self._owner = owner_labels()
         self.revocations: dict[HostId, str] = {}  # host -> "preempted" | "gone" (for reports)
+
+    # --- class-level hooks (read without building a provider) -----------------------------
+
+    dataset_schemes = ("gs",)  # job.data_dir=gs://BUCKET/PREFIX (storage.cached_copy)
+
+    @classmethod
+    def preview(cls, hosts: Sequence[HostSpec]) -> PlanPreview:
+        """The VMs the plan creates, per zone (colocated roles share a VM; `preview.py`)."""
+        from provisioning.gce.preview import preview_vms
+
+        vms = preview_vms(hosts)
+        rows = [(zone, vm.slot, vm.machine_type, vm.gpu, "Spot" if vm.spot else "on-demand",
+                 ", ".join(vm.hosts))
+                for zone in dict.fromkeys(vm.zone for vm in vms) for vm in vms if vm.zone == zone]
+        return PlanPreview(f"GCE VMs to create ({len(vms)})",
+                           ("zone", "VM", "machine", "GPU", "model", "roles on it"), rows)
+
+    @classmethod
+    def check_credentials(cls, config: ProviderConfig) -> tuple[str, str] | None:
+        """Google credentials and a project for `config` (`api.resolve_credentials`)."""
+        from provisioning.gce.api import GceAuthError, resolve_credentials
+
+        try:
+            resolve_credentials(config)  # type: ignore[arg-type]
+        except GceAuthError as error:
+            return error.field, error.problem
+        return None
+
+    @classmethod
+    def fetch_dataset(cls, url: str, cache_root: Path, download: bool = True) -> Path:
+        """A `gs://BUCKET/PREFIX` dataset: downloaded into `<cache_root>/gs/BUCKET/PREFIX`,
+        only objects missing there or of another size (`storage.cached_copy`)."""
+        if url_scheme(url) != "gs":
+            return super().fetch_dataset(url, cache_root, download)
+        from provisioning.gce.storage import GcsUrl, StorageError, cache_folder, cached_copy
+
+        try:
+            folder = cache_folder(GcsUrl.parse(url), cache_root)
+        except ValueError:
+            raise BadFieldError(DATA_DIR_FIELD, f"'{url}' names no bucket, "
+                                "expected gs://BUCKET[/PREFIX]") from None
+        if not download:
+            return folder
+        try:
+            return cached_copy(url, cache_root)
+        except StorageError as error:
+            raise ProvisionError(str(error)) from None
 
     # --- acquire ---------------------------------------------------------------------------
 

@@ -189,6 +189,11 @@ def _check_results(verb: str, url: GcsUrl, names: Sequence[str], results: Sequen
                            f"failed: " + "; ".join(failed))
 
 
+def cache_folder(url: GcsUrl, cache_root: Path) -> Path:
+    """Where `cached_copy` keeps the objects under `url`: `<cache_root>/gs/BUCKET/PREFIX`."""
+    return Path(cache_root).expanduser() / "gs" / url.bucket / url.prefix
+
+
 def cached_copy(url: str, cache_root: Path, store: GcsStore | None = None) -> Path:
     """A local copy of the objects under the `gs://` URL `url`, kept in
     `<cache_root>/gs/BUCKET/PREFIX`: only objects missing there or of another size are
@@ -198,7 +203,7 @@ def cached_copy(url: str, cache_root: Path, store: GcsStore | None = None) -> Pa
     StorageError (nothing under `url`, no credentials, a failed transfer) and ValueError for a
     URL that is not `gs://BUCKET[/PREFIX]`."""
     parsed = GcsUrl.parse(url)
-    folder = Path(cache_root).expanduser() / "gs" / parsed.bucket / parsed.prefix
+    folder = cache_folder(parsed, cache_root)
     store = store if store is not None else GcsStore()
     remote = store.list(parsed)
     remote = {name: size for name, size in remote.items() if name and not name.endswith("/")}
