@@ -5,7 +5,8 @@ reads its dataset from the per-user cache (``data_cache``, ``$TRANSIENT_DATA_CAC
 ``~/.cache/transient-orchestrator/datasets``), downloaded into it first when missing
 (``trainer/data.py``); the run's trainer spec then names that folder. A ``gs://BUCKET/PREFIX``
 data_dir is downloaded once into the same cache (``<cache>/gs/BUCKET/PREFIX``, only what changed
-on later runs) and read from there. Remote hosts get the folder from the deployer
+on later runs) and read from there: a URL is read by the backend that lists its scheme
+(`Provider.fetch_dataset`; gs:// by gce, whichever backend runs the hosts). Remote hosts get the folder from the deployer
 (:func:`stage_to` per machine that reads it), through the launch contract's ``copy``.
 """
 
@@ -15,7 +16,8 @@ from pathlib import Path
 
 from orchestrator.config.errors import ConfigError
 from orchestrator.config.schema import ExperimentConfig
-from provisioning.base import Cluster, Host, HostRunner, Provider, Role
+from provisioning.base import Cluster, Host, HostRunner, Provider, ProvisionError, Role, url_scheme
+from provisioning.registry import dataset_reader
 
 STAGED_DATA_DIR = "data"  # on a remote host, relative to its work dir
 # The roles that read the files: they load the arrays and ship them into each worker's dataset
@@ -55,8 +57,8 @@ def describe(cfg: ExperimentConfig) -> str | None:
         validate_data_dir(cfg)
     except ConfigError as err:
         return f"[yellow]{escape(err.line())}[/yellow] (the run stops there)"
-    if cfg.job.data_dir and cfg.job.data_dir.startswith("gs://"):
-        folder = data.cache_root(cfg.data_cache) / "gs" / cfg.job.data_dir[5:].strip("/")
+    if cfg.job.data_dir and url_scheme(cfg.job.data_dir):
+        folder = _fetch(cfg, download=False)
         return (f"{cfg.job.problem} from {cfg.job.data_dir}: the run first downloads what "
                 f"{folder} lacks")
     if cfg.job.data_dir:
@@ -85,11 +87,8 @@ def prepare(cfg: ExperimentConfig, console=None) -> Path | None:
     from trainer import data
 
     validate_data_dir(cfg)
-    if cfg.job.data_dir and cfg.job.data_dir.startswith("gs://"):
-        cfg.job.data_dir = str(_from_bucket(cfg))
-        return Path(cfg.job.data_dir)
     if cfg.job.data_dir:  # absolute: the roles run in their hosts' work dirs
-        given = Path(cfg.job.data_dir).expanduser().resolve()
+        given = _fetch(cfg)
         cfg.job.data_dir = str(given)
         return given
     ds = _dataset(cfg)
@@ -104,18 +103,20 @@ def prepare(cfg: ExperimentConfig, console=None) -> Path | None:
     return folder
 
 
-def _from_bucket(cfg: ExperimentConfig) -> Path:
-    """The cached local copy of a `gs://` data_dir (downloaded as needed); DataError when the
-    bucket cannot be read or does not hold the problem's files."""
-    from provisioning.gce.storage import StorageError, cached_copy
+def _fetch(cfg: ExperimentConfig, download: bool = True) -> Path:
+    """The local folder of a given ``job.data_dir``: a folder as it is, a URL (``gs://...``)
+    through the backend that reads its scheme (`Provider.fetch_dataset`), downloaded into the
+    data cache as needed (`download` False: where it would be). DataError when the URL cannot
+    be read or does not hold the problem's files."""
     from trainer import data
 
     url = str(cfg.job.data_dir)
+    reader = dataset_reader(url, cfg.provider.name)
     try:
-        folder = cached_copy(url, data.cache_root(cfg.data_cache))
-    except (StorageError, ValueError) as err:
+        folder = reader.fetch_dataset(url, data.cache_root(cfg.data_cache), download)
+    except ProvisionError as err:
         raise DataError(f"cannot download {url}: {err}") from None
-    if not data.holds_files(cfg.job.problem, folder):
+    if download and url_scheme(url) and not data.holds_files(cfg.job.problem, folder):
         raise DataError(f"{url} does not hold the {cfg.job.problem} files (downloaded into "
                         f"{folder}; see python -m trainer.data list)")
     return folder

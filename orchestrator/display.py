@@ -69,8 +69,7 @@ def render_plan(plan: RunPlan, console: Console | None = None, title: str | None
                   f"{plan.hourly_usd:.4f}")
     console.print(hosts)
 
-    if plan.provider == "gce":
-        render_gce_vms(plan, console)
+    render_preview(plan, console)
 
     phases = Table(title="Phases (global-step targets)", title_justify="left")
     for col in ("#", "protocol", "start step", "end step", "BSP-equiv. steps", "hparams"):
@@ -112,16 +111,14 @@ def render_plan(plan: RunPlan, console: Console | None = None, title: str | None
         console.print(f"[yellow]warning:[/yellow] {warning}")
 
 
-def render_gce_vms(plan: RunPlan, console: Console) -> None:
-    """The VMs `provider=gce` would create, per zone (colocated roles share a VM)."""
-    from provisioning.gce.preview import preview_vms
-
-    vms = preview_vms(plan.hosts)
-    table = Table(title=f"GCE VMs to create ({len(vms)})", title_justify="left")
-    for col in ("zone", "VM", "machine", "GPU", "model", "roles on it"):
+def render_preview(plan: RunPlan, console: Console) -> None:
+    """What the plan's backend would create (`Provider.preview`; gce: its VMs per zone)."""
+    preview = provider_class(plan.provider).preview(plan.host_specs())
+    if preview is None:
+        return
+    table = Table(title=preview.title, title_justify="left")
+    for col in preview.columns:
         table.add_column(col)
-    for zone in dict.fromkeys(vm.zone for vm in vms):
-        for vm in (v for v in vms if v.zone == zone):
-            table.add_row(zone, vm.slot, vm.machine_type, vm.gpu,
-                          "Spot" if vm.spot else "on-demand", ", ".join(vm.hosts))
+    for row in preview.rows:
+        table.add_row(*row)
     console.print(table)

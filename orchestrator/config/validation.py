@@ -216,6 +216,8 @@ def validate(cfg: ExperimentConfig) -> None:
 def validate_data_dir(cfg: ExperimentConfig) -> None:
     """At run start: a given job.data_dir must hold the problem's files; unset, the problem
     needs a dataset the run can fetch into the cache (orchestrator/data.py)."""
+    from provisioning.base import BadFieldError, url_scheme
+    from provisioning.registry import dataset_reader
     from trainer import data
 
     _, _, file_backed = _registries()
@@ -228,10 +230,13 @@ def validate_data_dir(cfg: ExperimentConfig) -> None:
                               "download", "set job.data_dir to the folder with its files")
         return
     unset = f"or leave job.data_dir unset to download them into {data.cache_root(cfg.data_cache)}"
-    if given.startswith("gs://"):  # downloaded at run start (orchestrator/data.py)
-        if not given[5:].split("/", 1)[0]:
-            raise ConfigError("job.data_dir", f"'{given}' names no bucket",
-                              f"gs://BUCKET/PREFIX with the {problem} files, {unset}")
+    if url_scheme(given):  # a backend's dataset URL, downloaded at run start (data.py)
+        try:
+            dataset_reader(given, cfg.provider.name).fetch_dataset(
+                given, data.cache_root(cfg.data_cache), download=False)
+        except BadFieldError as error:
+            raise ConfigError(error.field, error.problem,
+                              f"a location with the {problem} files, {unset}") from None
         return
     if not Path(given).expanduser().is_dir():
         raise ConfigError("job.data_dir", f"folder '{given}' does not exist",
@@ -244,10 +249,8 @@ def validate_data_dir(cfg: ExperimentConfig) -> None:
 def validate_run_start(cfg: ExperimentConfig) -> None:
     """At run start (never in a dry run): access to the cloud the run will use, so a run
     without credentials fails at once with one line saying what to do (before any download)."""
-    if cfg.provider.name == "gce":
-        from provisioning.gce.api import GceAuthError, resolve_credentials
+    from provisioning.registry import provider_class
 
-        try:
-            resolve_credentials(cfg.provider)  # type: ignore[arg-type]
-        except GceAuthError as error:
-            raise ConfigError(error.field, error.problem) from None
+    problem = provider_class(cfg.provider.name).check_credentials(cfg.provider)
+    if problem is not None:
+        raise ConfigError(*problem)
