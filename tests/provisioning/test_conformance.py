@@ -16,7 +16,9 @@ from pathlib import Path
 import pytest
 
 from provisioning.base import (
+    DATA_DIR_FIELD,
     PREEMPTION_NOTICE_ENV,
+    BadFieldError,
     Cluster,
     ClusterRequest,
     HostLostError,
@@ -26,6 +28,7 @@ from provisioning.base import (
     Role,
 )
 from provisioning.journal import ResourceKind, clean_up, list_unreleased
+from provisioning.registry import make_config, provider_class, provider_names
 from tests.provisioning.backends import BACKENDS, SLOW_BACKENDS, Bed
 from tests.testbed.fixtures import ssh_testbed  # noqa: F401 (the gce bed's hosts)
 
@@ -324,3 +327,41 @@ def test_clean_up_from_the_journal_after_a_crash(bed: Bed, cluster: Cluster, tmp
     assert_heartbeat_stopped(runner, "left", tmp_path)
     assert clean_up(bed.journal_path, configs={bed.name: bed.config}) == []
     assert list_unreleased(bed.journal_path) == []
+
+
+# --- class-level hooks: read from the class, no provider built, so every backend, fast --------
+
+
+@pytest.mark.parametrize("name", provider_names())
+def test_class_hooks_keep_the_contract_on_every_backend(name: str, tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """`fetch_dataset`, `preview` and `check_credentials` as the orchestrator calls them: a
+    local folder passes through, an unlisted URL scheme is a `job.data_dir` error, a listed one
+    names a folder in the cache without transferring anything; a preview's rows fit its
+    columns; a credentials problem names a field of the backend's config."""
+    cls = provider_class(name)
+    folder = tmp_path / "data"
+    assert cls.fetch_dataset(str(folder), tmp_path / "cache") == folder.resolve()
+    with pytest.raises(BadFieldError) as error:
+        cls.fetch_dataset("nosuch://bucket/x", tmp_path / "cache")
+    assert error.value.field == DATA_DIR_FIELD and "nosuch://" in error.value.problem
+    for scheme in cls.dataset_schemes:
+        where = cls.fetch_dataset(f"{scheme}://bucket/prefix", tmp_path / "cache", download=False)
+        assert where.is_relative_to(tmp_path / "cache") and not (tmp_path / "cache").exists()
+
+    hosts = [HostSpec("ps-0", Role.PS), HostSpec("chief-0", Role.CHIEF, colocate_with="ps-0"),
+             HostSpec("worker-0", Role.WORKER, transient=True)]
+    preview = cls.preview(hosts)
+    assert preview is None or (preview.rows and all(len(row) == len(preview.columns)
+                                                    for row in preview.rows))
+
+    for variable in ("GOOGLE_APPLICATION_CREDENTIALS", "GOOGLE_CLOUD_PROJECT"):
+        monkeypatch.delenv(variable, raising=False)  # no cloud credentials on this machine
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("CLOUDSDK_CONFIG", str(tmp_path / "gcloud"))
+    config = make_config(name, {})
+    problem = cls.check_credentials(config)
+    if problem is not None:
+        field, why = problem
+        section, _, key = field.partition(".")
+        assert section == "provider" and hasattr(config, key) and why, problem

@@ -36,6 +36,20 @@ def test_headline_sweep_points_validate_and_preview_vms_per_zone(workers: int) -
                for vm in vms[1:])
 
 
+def test_the_dry_run_shows_the_backends_preview_gce_vms_and_nothing_for_local() -> None:
+    from rich.console import Console
+
+    from orchestrator.display import render_preview
+
+    console = Console(record=True, width=200)
+    render_preview(make_plan(compose_experiment("cifar10_res32", ["cluster.workers=4"])), console)
+    text = console.export_text()
+    assert "GCE VMs to create (5)" in text
+    assert "ps-0, chief-0, evaluator-0" in text and text.count("Spot") == 4
+    render_preview(make_plan(compose_experiment("digits_local")), console)
+    assert console.export_text() == ""  # provider=local adds no table
+
+
 def test_provider_gce_composes_its_typed_config() -> None:
     cfg = compose_experiment("cifar10_res32", ["provider.zones=[us-east1-c]",
                                                "provider.termination_action=STOP"])
