@@ -20,6 +20,9 @@
 - runners: the SSH backend's, over one connection per VM opened on first use (`gce/ssh.py`).
 - clean_up (after a crash, from the journal) and `python -m orchestrator.gc` (`orphans.py`) delete
   leftovers; `checkpoint_store` mirrors checkpoints to `provider.storage` (`storage.py`).
+- class-level hooks of the contract, read without building a provider: `preview` (the dry
+  run's VMs per zone, `preview.py`), `check_credentials` (`api.resolve_credentials`, at run
+  start) and `fetch_dataset` for `job.data_dir=gs://...` (`storage.cached_copy`).
 """
 
 from __future__ import annotations
