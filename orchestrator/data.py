@@ -5,9 +5,10 @@ reads its dataset from the per-user cache (``data_cache``, ``$TRANSIENT_DATA_CAC
 ``~/.cache/transient-orchestrator/datasets``), downloaded into it first when missing
 (``trainer/data.py``); the run's trainer spec then names that folder. A ``gs://BUCKET/PREFIX``
 data_dir is downloaded once into the same cache (``<cache>/gs/BUCKET/PREFIX``, only what changed
-on later runs) and read from there: a URL is read by the backend that lists its scheme
-(`Provider.fetch_dataset`; gs:// by gce, whichever backend runs the hosts). Remote hosts get the folder from the deployer
-(:func:`stage_to` per machine that reads it), through the launch contract's ``copy``.
+on later runs) and read from there: a URL is fetched by the backend that lists its scheme
+(`Provider.fetch_dataset`; gs:// by gce, whichever backend runs the hosts). Remote hosts get
+the folder from the deployer (:func:`stage_to` per machine that reads it), through the launch
+contract's ``copy``.
 """
 
 from __future__ import annotations
