@@ -16,8 +16,8 @@ KINDS = frozenset({
     # transient servers (issue 4): see trainer/loop.py and trainer/control.py for the fields
     "worker_steps", "worker_rejoined", "protocol_switch", "preemption_notice",
     # performance and recovery (issues 11, 12): trainer/loop.py, trainer/startup.py
-    "steps_per_closure", "startup", "checkpoint_skipped", "worker_unresponsive",
-    "worker_responsive",
+    "steps_per_closure", "closure_unrolled", "startup", "checkpoint_skipped",
+    "worker_unresponsive", "worker_responsive",
 })
 
 _identity: dict[str, Any] = {"role": "unknown", "index": 0}

@@ -186,7 +186,7 @@ def _train(spec: TrainerSpec, tf: Any, strategy: Any, coordinator: Any,
                     protocol=None, step_time_s=None)
     args = (iterator, worker_ids)
     runners = {"asp": asp_runner(coordinator, steps.asp, args, workers,
-                                 job.steps_per_closure, chosen("asp")),
+                                 job.steps_per_closure, chosen("asp"), steps.asp_unrolled),
                "bsp": bsp_runner(coordinator, steps, args, workers, job.steps_per_closure,
                                  membership, chosen("bsp"))}
     writer = tf.summary.create_file_writer(spec.layout.tensorboard("train"))

@@ -17,7 +17,10 @@ is small: a group saves only that share, `bsp_runner`). Counts are tensor argume
 so a short last closure keeps budgets exact without a retrace.
 
 - ASP: each step of a closure has its own batch, gradient and update, exactly as if the steps
-  had been scheduled one by one.
+  had been scheduled one by one. A full closure of K steps runs the K steps unrolled (one
+  traced function per K, `asp_unrolled`), not in a `tf.range` loop: a loop over steps that
+  read and update PS variables is split into a worker loop and a PS loop kept in step by RPCs
+  on every iteration (measured: unrolled 15-25 % more steps/s at K = 8 on the digits CNN).
 - BSP (`bsp_runner`): a *group* of K global steps is N closures, one per worker, each running
   the same K synchronous rounds. A round is the barrier of one global step, held on the PS
   instead of by the chief: every worker adds its gradient to the accumulators, then takes a
@@ -53,6 +56,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from trainer import events
 from trainer.spec import StragglerSpec
 
 CLOSURES_PER_CHUNK_PER_WORKER = 8  # ASP closures scheduled between two host syncs
@@ -187,6 +191,7 @@ class Steps:
     """The tf.functions of both protocols (see the module docstring)."""
 
     asp: Callable  # worker: (iterator, worker_id, steps) -> result vector
+    asp_unrolled: Callable[[int], Callable]  # K -> worker fn (iterator, worker_id): K steps
     bsp_accumulate: Callable  # worker: (iterator, worker_id) -> result vector
     bsp_apply: Callable  # chief, ops on the PS: one update from the accumulated gradients
     bsp_rounds: Callable  # worker: (iterator, worker_id, group) -> result vector
@@ -270,6 +275,27 @@ def build_steps(strategy: Any, model: Any, optimizer: Any, job: Any, v: Any,
             loss, seconds = timed(iterator, worker_id, asp_body)
             total += seconds
         return result(loss, worker_id, total / tf.cast(tf.maximum(steps, 1), tf.float64), steps)
+
+    unrolled: dict[int, Callable] = {}
+
+    def asp_unrolled(k: int) -> Callable:
+        """The ASP closure of exactly `k` steps, unrolled in Python (one traced function per
+        K): the same steps as `asp_step`'s loop without its cost. A `tf.range` loop whose
+        body reads and updates variables on the PS becomes a while loop split between the
+        worker and the PS, synchronised by RPCs on every iteration; measured on the digits
+        CNN, 40 steps/s looped vs 67 unrolled (K = 16). Each step still reads the weights
+        the previous one updated: ops on the same variable run in program order."""
+        if k not in unrolled:
+            @tf.function
+            def asp_k(iterator: Any, worker_id: Any) -> Any:
+                loss, total = tf.constant(0.0, tf.float64), tf.constant(0.0, tf.float64)
+                for _ in range(k):
+                    loss, seconds = timed(iterator, worker_id, asp_body)
+                    total += seconds
+                return result(loss, worker_id, total / k, k)
+
+            unrolled[k] = asp_k
+        return unrolled[k]
 
     @tf.function
     def bsp_accumulate(iterator: Any, worker_id: Any) -> Any:
@@ -391,8 +417,8 @@ def build_steps(strategy: Any, model: Any, optimizer: Any, job: Any, v: Any,
         with tf.control_dependencies(resets):
             return v.global_step.read_value()
 
-    return Steps(asp_step, bsp_accumulate, bsp_apply, bsp_rounds, bsp_open, bsp_close,
-                 bsp_discard)
+    return Steps(asp_step, asp_unrolled, bsp_accumulate, bsp_apply, bsp_rounds, bsp_open,
+                 bsp_close, bsp_discard)
 
 
 def auto_steps_per_closure(step_time_s: float) -> int:
@@ -411,6 +437,7 @@ def median_step_time(results: list[Any]) -> float | None:
 def asp_runner(coordinator: Any, asp_step: Callable, args: tuple, workers: int,
                steps_per_closure: int = 1,
                on_choice: Callable[[int, float], None] | None = None,
+               unrolled: Callable[[int], Callable] | None = None,
                ) -> Callable[[int], tuple[int, list[Any]]]:
     """run(n): schedule up to `n` ASP steps (one chunk of closures of `steps_per_closure`
     steps each, the last one shorter if `n` says so); returns (steps scheduled, results),
@@ -421,12 +448,36 @@ def asp_runner(coordinator: Any, asp_step: Callable, args: tuple, workers: int,
     `drain()` waits for everything scheduled (before a protocol switch or a checkpoint).
     `steps_per_closure` 0 = automatic: the first chunk runs one step per closure, then K is
     chosen from its measured step times and reported through `on_choice(K, step_time_s)`.
+
+    `unrolled(K)` (Steps.asp_unrolled) gives the closure of exactly K steps without a loop,
+    used for every full closure once traced, the looped `asp_step` meanwhile and for shorter
+    ones: an explicit K is traced by `warm()`, an automatic one in a background thread once
+    chosen (`prepare_unrolled`).
     """
     import tensorflow as tf
 
     previous: list[list[Any]] = []
     state = {"k": steps_per_closure}
     counts: dict[int, Any] = {}
+    ready: dict[int, Callable] = {}  # K -> unrolled closure, traced
+
+    def prepare(k: int, background: bool = True) -> None:
+        if unrolled is None or not 1 < k <= MAX_AUTO_STEPS_PER_CLOSURE:
+            return
+        started = time.time()
+
+        def use(fn: Callable) -> None:
+            ready[k] = fn
+            events.emit("closure_unrolled", steps=k, trace_s=round(time.time() - started, 3))
+
+        if background:
+            prepare_unrolled(unrolled(k), args, use)
+        else:
+            from trainer.tfcompat import schedule_specs
+
+            fn = unrolled(k)
+            fn.get_concrete_function(*schedule_specs(args))
+            use(fn)
 
     def count_tensor(k: int) -> Any:
         if k not in counts:
@@ -438,6 +489,7 @@ def asp_runner(coordinator: Any, asp_step: Callable, args: tuple, workers: int,
         if step_time is None:
             return  # every sample was lost with a worker: try again with the next chunk
         state["k"] = auto_steps_per_closure(step_time)
+        prepare(state["k"])
         if on_choice is not None:
             on_choice(state["k"], step_time)
 
@@ -449,7 +501,10 @@ def asp_runner(coordinator: Any, asp_step: Callable, args: tuple, workers: int,
         scheduled, current = 0, []
         while scheduled < n and len(current) < per_worker * workers:
             size = min(k, n - scheduled)
-            current.append(coordinator.schedule(asp_step, args=(*args, count_tensor(size))))
+            if size == k and k in ready:
+                current.append(coordinator.schedule(ready[k], args=args))
+            else:
+                current.append(coordinator.schedule(asp_step, args=(*args, count_tensor(size))))
             scheduled += size
         done: list[Any] = []
         if previous:
@@ -475,10 +530,37 @@ def asp_runner(coordinator: Any, asp_step: Callable, args: tuple, workers: int,
         update), so that a later switch to ASP does not pay for it."""
         coordinator.schedule(asp_step, args=(*args, count_tensor(0)))
         coordinator.join()
+        # an explicit K: its unrolled closure now too, before the clock starts (an automatic
+        # K is known only later, and traced then in the background)
+        prepare(steps_per_closure, background=False)
 
     run.drain = drain  # type: ignore[attr-defined]
     run.warm = warm  # type: ignore[attr-defined]
     return run
+
+
+def prepare_unrolled(fn: Callable, args: tuple, on_ready: Callable[[Callable], Any]) -> None:
+    """Trace `fn` for `coordinator.schedule(fn, args)` in a daemon thread, then call
+    `on_ready(fn)`; the chief keeps scheduling meanwhile.
+
+    Tracing a K-step closure takes seconds (K copies of the model's step), and a new
+    function is registered on every worker, which waits for a hung one (trainer/tfcompat.py):
+    on the chief's thread either would stall every worker. A trace that fails (a PS lost
+    meanwhile) leaves the looped closure in use."""
+    import threading
+
+    from trainer.tfcompat import schedule_specs
+
+    def trace() -> None:
+        try:
+            fn.get_concrete_function(*schedule_specs(args))
+        except Exception as exc:  # the looped closure stays in use
+            print(f"[chief] unrolled closure not traced ({type(exc).__name__}: {exc}); "
+                  "steps stay in a loop", flush=True)
+            return
+        on_ready(fn)
+
+    threading.Thread(target=trace, name="trace-unrolled", daemon=True).start()
 
 
 def finished(remote: Any) -> bool:

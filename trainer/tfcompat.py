@@ -133,3 +133,14 @@ def _eager_multi_task_save() -> bool:
 
     saver.save = eager_save
     return True
+
+
+def schedule_specs(args: tuple) -> list[Any]:
+    """The arguments `ClusterCoordinator.schedule(fn, args)` traces `fn` with: worker 0's
+    slice of per-worker values, as type specs (private TF; a trace made with them is the one
+    `schedule` finds in the function's cache)."""
+    import tensorflow as tf
+    from tensorflow.python.distribute.coordinator import cluster_coordinator as cc
+
+    return list(tf.nest.map_structure(cc._maybe_as_type_spec,
+                                      cc._select_worker_slice(0, tuple(args))))

@@ -85,7 +85,8 @@ def test_asp_reaches_accuracy(cluster: LocalCluster, tmp_path: Path) -> None:
     assert statistics.median(after[1]) < 0.1, after  # the episode ended at step 250
     chosen = chief.of_kind("steps_per_closure")
     assert len(chosen) == 1 and chosen[0]["auto"] and chosen[0]["steps"] >= 1, chosen
-    kinds = [e["kind"] for e in chief.events if e["kind"] != "steps_per_closure"]
+    kinds = [e["kind"] for e in chief.events
+             if e["kind"] not in ("steps_per_closure", "closure_unrolled")]
     assert kinds[0] == "train_start" and kinds[-1] == "train_end"
     assert chief.of_kind("train_start")[0]["workers"] == WORKERS
     assert {"step", "checkpoint", "phase_start", "phase_end"} <= set(kinds)
@@ -123,6 +124,10 @@ def test_steps_per_closure_keeps_budgets_and_bsp_exact(cluster: LocalCluster,
     chief, evaluator = cluster.train(spec_path=path, timeout=150)
     chosen = chief.of_kind("steps_per_closure")
     assert [(c["steps"], c["auto"]) for c in chosen] == [(8, False)], chosen
+    # full ASP closures ran unrolled (traced before training), the short last ones looped
+    unrolled = chief.of_kind("closure_unrolled")
+    assert [u["steps"] for u in unrolled] == [8], unrolled
+    assert unrolled[0]["time"] <= chief.of_kind("train_start")[0]["time"]
     ends = chief.of_kind("phase_end")
     assert [e["step"] for e in ends] == [203, 263, 421], ends  # exact, no overshoot
     done = json.loads((tmp_path / "spc" / "checkpoints" / "DONE").read_text())
