@@ -82,6 +82,7 @@ log = logging.getLogger(__name__)
 PINNED_KEYS_FILE = "ssh_pinned_host_keys.jsonl"
 #: How long release() and clean_up() try to reach a machine that was lost.
 RETRY_LOST_CONNECT_S = 3.0
+KILL_CONFIRM_S = 5.0  # after KILL, how long a leftover group may take to be gone (reaped)
 
 _wheel_caches: dict[tuple[str, str | None, str], WheelCache] = {}
 _wheel_caches_lock = threading.Lock()
@@ -396,11 +397,12 @@ class SshProvider(Provider):
     # --- setup -------------------------------------------------------------------------------
 
     def _setup(self, machines: Sequence[Machine]) -> None:
-        cache = _wheel_cache(self.config.wheelhouse, self.config.extra)
+        cache = None  # looked up (a scan of the sources) only when a machine needs it
         for machine in machines:
             with machine.lock:
                 if machine.setup_future is None and machine.alive():
                     assert machine.connection is not None
+                    cache = cache or _wheel_cache(self.config.wheelhouse, self.config.extra)
                     machine.setup_future = self._setup_pool.submit(
                         ensure_environment, machine.connection, machine.root,
                         machine.inventory.python, cache, self.config.extra)
@@ -545,14 +547,20 @@ class SshProvider(Provider):
             pgids = [g for g, _ in groups]
             running = [int(g) for g in
                        connection.run(group_alive_command(pgids), check=False).stdout.split()]
+            def wait_gone(seconds: float) -> bool:
+                deadline = time.monotonic() + seconds
+                while connection.run(group_alive_command(pgids), check=False).stdout.split():
+                    if time.monotonic() >= deadline:
+                        return False
+                    time.sleep(0.1)
+                return True
+
             if running:
                 connection.run(kill_groups_command("TERM", groups), check=False)
-                deadline = time.monotonic() + grace_s
-                while time.monotonic() < deadline:
-                    if not connection.run(group_alive_command(pgids), check=False).stdout.split():
-                        break
-                    time.sleep(0.2)
-                connection.run(kill_groups_command("KILL", groups), check=False)
+                if not wait_gone(grace_s):
+                    connection.run(kill_groups_command("KILL", groups), check=False)
+                    # gone, not merely signalled: the caller reports nothing left running
+                    wait_gone(KILL_CONFIRM_S)
             return running
         except ProvisionError as error:
             log.warning("ssh: stopping leftovers on %s failed: %s", inventory.name, error)

@@ -100,10 +100,7 @@ def step_at_least(n: int):
 
 
 def assert_nothing_left(bed: SshTestBed, hosts: list[TestHost]) -> None:
-    deadline = time.monotonic() + 10
-    while any(bed.role_pids(h) for h in hosts) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert {h.name: bed.role_pids(h) for h in hosts} == {h.name: [] for h in hosts}
+    assert bed.processes_left(hosts, within_s=10) == {h.name: [] for h in hosts}
 
 
 def assert_no_key_material(bed: SshTestBed, run_dir: Path) -> None:

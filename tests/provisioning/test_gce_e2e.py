@@ -97,8 +97,4 @@ def test_cli_on_fake_gce_stockout_preemption_and_nothing_left(
         assert fake.live_instances() == []
         assert [e for e in list_unreleased(run_dir / "journal.jsonl")
                 if e.kind is ResourceKind.VM] == []
-    deadline = time.monotonic() + 10
-    while any(bed.role_pids(h) for h in bed.hosts[:3]) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert {h.name: bed.role_pids(h) for h in bed.hosts[:3]} == {h.name: [] for h in
-                                                                 bed.hosts[:3]}
+    assert bed.processes_left(bed.hosts[:3], within_s=10) == {h.name: [] for h in bed.hosts[:3]}

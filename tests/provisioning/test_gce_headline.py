@@ -190,7 +190,4 @@ def test_headline_sweep_on_fake_gce(bed: SshTestBed, emulator: str, tmp_path: Pa
         for row in rows:
             assert [e for e in list_unreleased(Path(row["run_dir"]) / "journal.jsonl")
                     if e.kind is ResourceKind.VM] == []
-    deadline = time.monotonic() + 10
-    while any(bed.role_pids(h) for h in hosts) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert {h.name: bed.role_pids(h) for h in hosts} == {h.name: [] for h in hosts}
+    assert bed.processes_left(hosts, within_s=10) == {h.name: [] for h in hosts}

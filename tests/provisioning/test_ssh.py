@@ -168,7 +168,7 @@ def test_lost_host_is_reported_without_tcp_noticing(ssh_testbed: SshTestBed, tmp
     finally:
         (ssh_testbed.restore if fault == "cut_link" else ssh_testbed.thaw)(host)
         provider.release(cluster)  # reaches the machine again and stops the leftover
-    assert ssh_testbed.role_pids(host) == []
+    assert ssh_testbed.processes_left([host]) == {host.name: []}
     assert list_unreleased(journal.path) == []
 
 
@@ -303,10 +303,7 @@ def test_clean_up_from_the_journal_stops_what_a_crashed_run_left(ssh_testbed: Ss
     results = get_provider("ssh", options).clean_up(leftovers, grace_s=0.5)
     assert [r.released for r in results] == [True, True]
     assert all("stopped process group" in (r.note or "") for r in results), results
-    deadline = time.monotonic() + 5
-    while ssh_testbed.role_pids(host) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert ssh_testbed.role_pids(host) == []
+    assert ssh_testbed.processes_left([host]) == {host.name: []}
 
 
 def test_no_key_material_in_errors_or_files(ssh_testbed: SshTestBed, tmp_path) -> None:

@@ -49,6 +49,7 @@ Subsystem sftp internal-sftp
 MaxStartups 100:30:200
 MaxSessions 64
 LogLevel ERROR
+SetEnv HOME={home}
 """
 
 
@@ -166,7 +167,7 @@ class SshTestBed:
         (root / "authorized_keys").write_text(self.client_key.with_suffix(".pub").read_text())
         host.config.write_text(_SSHD_CONFIG.format(
             address=host.address, host_key=host.host_key, pid_file=host.pid_file,
-            authorized_keys=root / "authorized_keys"))
+            authorized_keys=root / "authorized_keys", home=host.root))
         self.pin_host_key(host)
         self.start_sshd(host)
         return host
@@ -218,6 +219,15 @@ class SshTestBed:
     def role_pids(self, host: TestHost) -> list[int]:
         """Live processes inside the namespace other than its sshd and sshd's sessions."""
         return [p for p in self.pids(host) if not _comm(p).startswith("sshd")]
+
+    def processes_left(self, hosts: list[TestHost], within_s: float = 5.0) -> dict[str, list[int]]:
+        """The role processes still alive on `hosts` once they had `within_s` to end (a
+        follower streaming a killed role's output exits on its own a moment later);
+        {name: pids}, empty lists when nothing was left."""
+        deadline = time.monotonic() + within_s
+        while any(self.role_pids(h) for h in hosts) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        return {h.name: self.role_pids(h) for h in hosts}
 
     def kill_processes(self, host: TestHost, sig: int = signal.SIGKILL) -> None:
         """Send `sig` to every process inside the namespace (sshd included)."""
