@@ -102,6 +102,17 @@ def section() -> list[str]:
              f"{statistics.median(loss) / GOAL_LOSS_S:.2f} × the {GOAL_LOSS_S:g} s goal "
              "(heartbeat 2 s + 6 s timeout)"),
         "",
+        "What a host's setup costs, and what is left of the 3-host ratio: the test bed's hosts "
+        "get their own HOME (this machine's root `~/.bashrc` runs `pyenv init`, 0.2 s of CPU "
+        "for every SSH command, README \"Running on your own machines\"); our connections "
+        "set TCP_NODELAY (without it Nagle held each second request on a connection for the "
+        "peer's delayed ACK: a command's round trip was 47 ms, now 5 ms); the hosts' wheel "
+        "holds only `trainer` and `provisioning` (54 files). What remains per host is work, "
+        "not waiting: the sshd session, the host's Python start and unpacking the wheel, "
+        "which on this machine's file system costs ~1.5 ms per file created. Three namespace "
+        "hosts do that work on the same 2 cores and the same file system, where three "
+        "machines would each use their own, so the 3-host figure here is an upper bound.",
+        "",
     ]
     return lines
 
