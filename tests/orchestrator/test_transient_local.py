@@ -57,11 +57,13 @@ def test_chaos_workers_and_the_parameter_server_are_killed(repo_root: Path,
         index = int(kill["host"].rsplit("-", 1)[1])
         assert any(f["worker"] == index and 0 <= f["time"] - kill["time"] + 1 < 15
                    for f in failures), (kill, failures)
-    # each kill came 2 s after a preemption notice; the PS's notice made the chief checkpoint
+    # each kill came 2 s after a preemption notice; the PS's notice made the chief checkpoint:
+    # through the orchestrator's control request, or the chief's own notice file (the chief
+    # shares the PS's machine), whichever the chief reads first
     assert kinds["revocation_notice"] == 3
     ps_notice = next(e for e in events if e["kind"] == "revocation_notice" and e["role"] == "ps")
     ps_kill = next(e for e in events if e["kind"] == "revocation" and e["role"] == "ps")
-    assert any(e["kind"] == "checkpoint" and e.get("reason") == "control"
+    assert any(e["kind"] == "checkpoint" and e.get("reason") in ("control", "notice")
                and ps_notice["time"] <= e["time"] <= ps_kill["time"] for e in events)
     # the restart resumed from a checkpoint, and steps are at-least-once, never fewer
     resumed = [e for e in events if e["kind"] == "train_start" and e.get("resumed_from")]
