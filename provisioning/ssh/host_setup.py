@@ -23,14 +23,15 @@ with, "version": "X.Y", "installed": bool, "deps_installed": bool}`.
 
 import base64
 import fcntl
-import glob
 import hashlib
 import json
 import os
 import shutil
-import subprocess
 import sys
 import zipfile
+
+# glob and subprocess are imported where a venv is built: most setups only unpack a wheel, and
+# this script's own start is a part of every host's setup
 
 READY = ".ready"
 INSTALLER = "transient-orchestrator"
@@ -57,6 +58,9 @@ def unpack_wheel(wheel, site):
 
 def _pip(python, spec, *args):
     """pip, run from its own wheel in the wheelhouse, with no package index."""
+    import glob
+    import subprocess
+
     pips = sorted(glob.glob(os.path.join(spec["wheelhouse"], "pip-*.whl")))
     if not pips:
         raise SystemExit(f"the wheelhouse {spec['wheelhouse']} has no pip wheel")
@@ -70,6 +74,8 @@ def _pip(python, spec, *args):
 def make_venv(venv, spec):
     """A venv without pip holding the wheel's dependencies: pip installs the wheel with them from
     the wheelhouse, then removes the wheel itself (it goes to each environment's `site`)."""
+    import subprocess
+
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", venv], check=True)
     python = os.path.join(venv, "bin", "python")
     target = spec["wheel"] + (f"[{spec['extra']}]" if spec.get("extra") else "")

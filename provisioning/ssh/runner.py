@@ -26,7 +26,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
 import paramiko
 
@@ -353,15 +353,19 @@ class RoleLauncher:
 
 
 def sftp_makedirs(sftp: paramiko.SFTPClient, path: str) -> None:
-    """`mkdir -p` over SFTP."""
-    parts, current = PurePosixPath(path).parts, ""
-    for part in parts:
-        current = posixpath.join(current, part) if current else part
-        try:
-            sftp.stat(current)
-        except FileNotFoundError:
-            with contextlib.suppress(OSError):
-                sftp.mkdir(current)
+    """`mkdir -p` over SFTP, from the deepest folder up: a folder that exists (the common
+    case: every copy of a run lands in the same few) costs one round trip, not one per
+    component of the path."""
+    try:
+        sftp.stat(path)
+        return
+    except FileNotFoundError:
+        pass
+    parent = posixpath.dirname(path.rstrip("/"))
+    if parent and parent != path:
+        sftp_makedirs(sftp, parent)
+    with contextlib.suppress(OSError):  # made meanwhile by a concurrent copy
+        sftp.mkdir(path)
 
 
 def sftp_put(sftp: paramiko.SFTPClient, local: Path, remote: str) -> None:

@@ -42,7 +42,7 @@ from pathlib import Path
 from provisioning.base import BadRequestError, ProvisionError
 from provisioning.checkout import PROJECT_ROOT
 from provisioning.ssh.connection import SshConnection
-from provisioning.ssh.runner import sftp_makedirs, sftp_put
+from provisioning.ssh.runner import sftp_put
 
 #: What the hosts' wheel is built from: the two packages that run there (`python -m trainer`;
 #: gce VMs also `python -m provisioning.gce.storage`; neither imports `orchestrator` or
@@ -287,5 +287,5 @@ def _put_if_absent(sftp, local: Path, remote: str) -> None:  # type: ignore[no-u
         if sftp.stat(remote).st_size == local.stat().st_size:
             return
     except FileNotFoundError:
-        sftp_makedirs(sftp, posixpath.dirname(remote))
-    sftp_put(sftp, local, remote)
+        pass
+    sftp_put(sftp, local, remote)  # makes the folders it needs
