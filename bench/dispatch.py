@@ -71,11 +71,25 @@ def measure(workers: int) -> dict[str, Any]:
         return tf.stack([tf.constant(0.0, tf.float64), tf.cast(worker_id, tf.float64),
                          tf.constant(0.0, tf.float64), tf.cast(steps, tf.float64)])
 
+    def unrolled(k: int) -> Any:
+        # the same K steps without the loop, as the trainer's full closures run
+        @tf.function
+        def step_k(iterator: Any, worker_id: Any) -> Any:
+            for _ in range(k):
+                weight.assign_add(next(iterator) * 1e-6)
+                global_step.assign_add(1)
+            return tf.stack([tf.constant(0.0, tf.float64), tf.cast(worker_id, tf.float64),
+                             tf.constant(0.0, tf.float64), tf.constant(float(k), tf.float64)])
+        return step_k
+
     worker_id = tf.constant(0, tf.int32)
     rates: dict[str, list[float]] = {}
-    for k in (1, MANY):
-        run = asp_runner(coordinator, step, (iterator, worker_id), workers, k)
-        run(4 * k * workers)  # trace and warm up
+    for mode in ("1", str(MANY), f"{MANY}u"):
+        k = int(mode.rstrip("u"))
+        run = asp_runner(coordinator, step, (iterator, worker_id), workers, k,
+                         unrolled=unrolled if mode.endswith("u") else None)
+        run.warm()  # traces the step (and, unrolled, the K-step closure) before the clock
+        run(4 * k * workers)  # warm up
         run.drain()
         for _ in range(REPEATS):
             before, started = int(global_step.numpy()), time.perf_counter()
@@ -83,7 +97,7 @@ def measure(workers: int) -> dict[str, Any]:
                 run(1_000_000)  # one chunk per call; never the end of a stretch
             run.drain()
             elapsed = time.perf_counter() - started
-            rates.setdefault(str(k), []).append((int(global_step.numpy()) - before) / elapsed)
+            rates.setdefault(mode, []).append((int(global_step.numpy()) - before) / elapsed)
     del servers
     return {"workers": workers, "rates": rates}
 
@@ -109,20 +123,24 @@ def section() -> list[str]:
         "",
         "Global steps per second one chief sustains on a step that costs next to nothing "
         "(one scalar update on the PS), through the trainer's ASP runner, with one step per "
-        f"closure (the baseline) and with {MANY} (`job.steps_per_closure`). One PS and the "
+        f"closure (the baseline) and with {MANY} (`job.steps_per_closure`), looped in the "
+        "closure and unrolled (as the trainer runs full closures). One PS and the "
         "workers are in-process servers of the measuring process, so on this machine they "
         f"share its cores with the chief. {REPEATS} repeats of {MEASURE_S:.0f} s each.",
         "",
         "| workers | 1 step/closure: min / median / max steps/s | "
-        f"{MANY} steps/closure: min / median / max steps/s | ratio (medians) |",
-        "|---|---|---|---|",
+        f"{MANY} looped | {MANY} unrolled | ratios to 1 step/closure (medians) |",
+        "|---|---|---|---|---|",
     ]
     medians = {}
     for r in results:
-        one, many = _stats(r["rates"]["1"]), _stats(r["rates"][str(MANY)])
+        one, loop = _stats(r["rates"]["1"]), _stats(r["rates"][str(MANY)])
+        many = _stats(r["rates"][f"{MANY}u"])
         medians[r["workers"]] = (one[1], many[1])
         out.append(f"| {r['workers']} | {one[0]:.0f} / {one[1]:.0f} / {one[2]:.0f} | "
-                   f"{many[0]:.0f} / {many[1]:.0f} / {many[2]:.0f} | {many[1] / one[1]:.1f}× |")
+                   f"{loop[0]:.0f} / {loop[1]:.0f} / {loop[2]:.0f} | "
+                   f"{many[0]:.0f} / {many[1]:.0f} / {many[2]:.0f} | "
+                   f"{loop[1] / one[1]:.1f}× looped, {many[1] / one[1]:.1f}× unrolled |")
     best_one = max(m[0] for m in medians.values())
     best_many = max(m[1] for m in medians.values())
     out += [
@@ -131,7 +149,7 @@ def section() -> list[str]:
         "steps/s, so one chief can feed about (best rate above) × t workers. The largest "
         "cluster one chief can feed, from the best median rate:",
         "",
-        "| step time | 1 step/closure | " + f"{MANY} steps/closure |",
+        "| step time | 1 step/closure | " + f"{MANY} steps/closure (unrolled) |",
         "|---|---|---|",
     ]
     for ms in STEP_TIMES_MS:
