@@ -16,7 +16,7 @@ EXPERIMENTS := $(sort $(basename $(notdir $(wildcard experiments/*.yaml))))
 .PHONY: setup bytecode run test test-fast gce-fake validate dry-run ci bench lint tensorboard clean help
 
 help:
-	@echo "make setup | run | test | test-fast | gce-fake | validate | dry-run | ci | bench | lint | tensorboard | clean"
+	@echo "make setup | bytecode | run | test | test-fast | gce-fake | validate | dry-run | ci | bench | lint | tensorboard | clean"
 
 setup: $(STAMP)
 
