@@ -62,24 +62,24 @@ def measure(workers: int) -> dict[str, Any]:
     iterator = iter(coordinator.create_per_worker_dataset(
         lambda: tf.data.Dataset.from_tensors(1.0).repeat()))
 
-    @tf.function
-    def step(iterator: Any, worker_id: Any, steps: Any) -> Any:
-        # a step that costs next to nothing: one input element, one update, one count
-        for _ in tf.range(steps):
+    def steps_of(iterator: Any, worker_id: Any, loop: Any, steps: Any) -> Any:
+        # steps that cost next to nothing: one input element, one update, one count each;
+        # `loop` a tf.range (a graph loop) or a Python range (unrolled)
+        for _ in loop:
             weight.assign_add(next(iterator) * 1e-6)
             global_step.assign_add(1)
         return tf.stack([tf.constant(0.0, tf.float64), tf.cast(worker_id, tf.float64),
                          tf.constant(0.0, tf.float64), tf.cast(steps, tf.float64)])
 
+    @tf.function
+    def step(iterator: Any, worker_id: Any, steps: Any) -> Any:
+        return steps_of(iterator, worker_id, tf.range(steps), steps)
+
     def unrolled(k: int) -> Any:
         # the same K steps without the loop, as the trainer's full closures run
         @tf.function
         def step_k(iterator: Any, worker_id: Any) -> Any:
-            for _ in range(k):
-                weight.assign_add(next(iterator) * 1e-6)
-                global_step.assign_add(1)
-            return tf.stack([tf.constant(0.0, tf.float64), tf.cast(worker_id, tf.float64),
-                             tf.constant(0.0, tf.float64), tf.constant(float(k), tf.float64)])
+            return steps_of(iterator, worker_id, range(k), k)
         return step_k
 
     worker_id = tf.constant(0, tf.int32)

@@ -267,14 +267,19 @@ def build_steps(strategy: Any, model: Any, optimizer: Any, job: Any, v: Any,
         v.grad_count.assign_add(1.0)
         return loss
 
-    @tf.function
-    def asp_step(iterator: Any, worker_id: Any, steps: Any) -> Any:
-        # `steps` is an int64 tensor: one trace serves every closure length
+    def asp_steps(iterator: Any, worker_id: Any, loop: Any, steps: Any) -> Any:
+        """`steps` ASP steps, one per item of `loop`: a `tf.range` (a graph loop) or a Python
+        `range` (unrolled at trace time)."""
         loss, total = tf.constant(0.0, tf.float64), tf.constant(0.0, tf.float64)
-        for _ in tf.range(steps):
+        for _ in loop:
             loss, seconds = timed(iterator, worker_id, asp_body)
             total += seconds
         return result(loss, worker_id, total / tf.cast(tf.maximum(steps, 1), tf.float64), steps)
+
+    @tf.function
+    def asp_step(iterator: Any, worker_id: Any, steps: Any) -> Any:
+        # `steps` is an int64 tensor: one trace serves every closure length
+        return asp_steps(iterator, worker_id, tf.range(steps), steps)
 
     unrolled: dict[int, Callable] = {}
 
@@ -288,11 +293,7 @@ def build_steps(strategy: Any, model: Any, optimizer: Any, job: Any, v: Any,
         if k not in unrolled:
             @tf.function
             def asp_k(iterator: Any, worker_id: Any) -> Any:
-                loss, total = tf.constant(0.0, tf.float64), tf.constant(0.0, tf.float64)
-                for _ in range(k):
-                    loss, seconds = timed(iterator, worker_id, asp_body)
-                    total += seconds
-                return result(loss, worker_id, total / k, k)
+                return asp_steps(iterator, worker_id, range(k), k)
 
             unrolled[k] = asp_k
         return unrolled[k]
@@ -470,14 +471,7 @@ def asp_runner(coordinator: Any, asp_step: Callable, args: tuple, workers: int,
             ready[k] = fn
             events.emit("closure_unrolled", steps=k, trace_s=round(time.time() - started, 3))
 
-        if background:
-            prepare_unrolled(unrolled(k), args, use)
-        else:
-            from trainer.tfcompat import schedule_specs
-
-            fn = unrolled(k)
-            fn.get_concrete_function(*schedule_specs(args))
-            use(fn)
+        prepare_unrolled(unrolled(k), args, use, background)
 
     def count_tensor(k: int) -> Any:
         if k not in counts:
@@ -539,9 +533,10 @@ def asp_runner(coordinator: Any, asp_step: Callable, args: tuple, workers: int,
     return run
 
 
-def prepare_unrolled(fn: Callable, args: tuple, on_ready: Callable[[Callable], Any]) -> None:
-    """Trace `fn` for `coordinator.schedule(fn, args)` in a daemon thread, then call
-    `on_ready(fn)`; the chief keeps scheduling meanwhile.
+def prepare_unrolled(fn: Callable, args: tuple, on_ready: Callable[[Callable], Any],
+                     background: bool = True) -> None:
+    """Trace `fn` for `coordinator.schedule(fn, args)` in a daemon thread (or now, when not
+    `background`), then call `on_ready(fn)`; the chief keeps scheduling meanwhile.
 
     Tracing a K-step closure takes seconds (K copies of the model's step), and a new
     function is registered on every worker, which waits for a hung one (trainer/tfcompat.py):
@@ -560,7 +555,10 @@ def prepare_unrolled(fn: Callable, args: tuple, on_ready: Callable[[Callable], A
             return
         on_ready(fn)
 
-    threading.Thread(target=trace, name="trace-unrolled", daemon=True).start()
+    if background:
+        threading.Thread(target=trace, name="trace-unrolled", daemon=True).start()
+    else:
+        trace()
 
 
 def finished(remote: Any) -> bool:
