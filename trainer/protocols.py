@@ -20,7 +20,7 @@ so a short last closure keeps budgets exact without a retrace.
   had been scheduled one by one. A full closure of K steps runs the K steps unrolled (one
   traced function per K, `asp_unrolled`), not in a `tf.range` loop: a loop over steps that
   read and update PS variables is split into a worker loop and a PS loop kept in step by RPCs
-  on every iteration (measured: unrolled 15-25 % more steps/s at K = 8 on the digits CNN).
+  on every iteration (measured: unrolled ~14 % more steps/s at K = 8 on the digits CNN).
 - BSP (`bsp_runner`): a *group* of K global steps is N closures, one per worker, each running
   the same K synchronous rounds. A round is the barrier of one global step, held on the PS
   instead of by the chief: every worker adds its gradient to the accumulators, then takes a
@@ -287,8 +287,9 @@ def build_steps(strategy: Any, model: Any, optimizer: Any, job: Any, v: Any,
         """The ASP closure of exactly `k` steps, unrolled in Python (one traced function per
         K): the same steps as `asp_step`'s loop without its cost. A `tf.range` loop whose
         body reads and updates variables on the PS becomes a while loop split between the
-        worker and the PS, synchronised by RPCs on every iteration; measured on the digits
-        CNN, 40 steps/s looped vs 67 unrolled (K = 16). Each step still reads the weights
+        worker and the PS, synchronised by RPCs on every iteration (A/B on the digits CNN at
+        K = 8: 50 steps/s looped, 57 unrolled; docs/benchmarks.md has the dispatch
+        figures). Each step still reads the weights
         the previous one updated: ops on the same variable run in program order."""
         if k not in unrolled:
             @tf.function
