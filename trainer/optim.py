@@ -67,7 +67,7 @@ class PSOptimizer:
         import tensorflow as tf
 
         self.kind = job.optimizer
-        self.variables = [_tf_var(v) for v in variables]
+        self.variables = [tf_var(v) for v in variables]
         self.learning_rate = tf.Variable(job.learning_rate, dtype=tf.float32, trainable=False,
                                          name="base_learning_rate")
         self.momentum = tf.Variable(job.momentum if self.kind == "momentum" else 0.0,
@@ -116,6 +116,6 @@ class PSOptimizer:
         return [op for op in ops if op is not None]  # eager mode returns no ops
 
 
-def _tf_var(variable: Any) -> Any:
+def tf_var(variable: Any) -> Any:
     """The tf.Variable behind a Keras 3 variable (ResourceApply* ops need its handle)."""
     return getattr(variable, "value", variable) if hasattr(variable, "path") else variable

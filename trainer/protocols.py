@@ -208,20 +208,33 @@ def build_steps(strategy: Any, model: Any, optimizer: Any, job: Any, v: Any,
     bsp_stop, bsp_joined, bsp_tickets. `workers`: the gradients per BSP round."""
     import tensorflow as tf
 
-    from trainer.optim import lr_tensor
+    from trainer.optim import lr_tensor, tf_var
+    from trainer.packing import Packing
 
-    params = model.trainable_variables
-    kernels = [p for p in params if len(p.shape) > 1]  # weight decay skips biases and BN
+    # the weights come in and the gradients go out as one tensor per PS (trainer/packing.py);
+    # the model runs on those values (Keras' stateless call), and its new statistics (batch
+    # norm's moving averages) are written back as its own call would have written them
+    weights = Packing(optimizer.variables)  # model.trainable_variables, in order
+    statistics = Packing([tf_var(s) for s in model.non_trainable_variables])
+    decayed = [len(w.shape) > 1 for w in weights.variables]  # weight decay skips biases, BN
 
     def loss_and_grads(batch: Any) -> tuple[Any, list[Any]]:
+        """The loss, and the gradients placed on their variables' parameter servers."""
         images, labels = batch
+        values, stats = weights.read(), statistics.read()
         with tf.GradientTape() as tape:
-            logits = model(images, training=True)
+            tape.watch(values)
+            logits, new_stats = model.stateless_call(values, stats, images, training=True)
             loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
                 labels=labels, logits=logits))
             if job.weight_decay:
-                loss += job.weight_decay * tf.add_n([tf.nn.l2_loss(k) for k in kernels])
-        return loss, tape.gradient(loss, params)
+                loss += job.weight_decay * tf.add_n(
+                    [tf.nn.l2_loss(w) for w, d in zip(values, decayed, strict=True) if d])
+        grads = tape.gradient(loss, values)
+        for var, value in zip(statistics.variables, statistics.to_variables(new_stats),
+                              strict=True):
+            var.assign(value, read_value=False)
+        return loss, weights.to_variables(grads)
 
     def current_lr() -> Any:
         return lr_tensor(v.global_step, job, optimizer.learning_rate)
