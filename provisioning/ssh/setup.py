@@ -250,7 +250,8 @@ def ensure_environment(connection: SshConnection, root: str, python: str | None,
             "wheelhouse": remote_house, "extra": extra, "name": name,
             "deps": hashlib.sha256("\n".join([str(extra), *requires]).encode()).hexdigest()[:16]}
     q = shlex.quote
-    result = connection.run(f"{q(interpreter)} -c {q(_HOST_SCRIPT)} {q(json.dumps(spec))}",
+    # -S: the script needs the standard library only (host_setup.py says why it matters)
+    result = connection.run(f"{q(interpreter)} -S -c {q(_HOST_SCRIPT)} {q(json.dumps(spec))}",
                             timeout_s=INSTALL_TIMEOUT_S, check=False)
     if result.exit_code != 0:
         if result.exit_code in (126, 127):  # the shell could not run the interpreter
