@@ -70,6 +70,7 @@ UNKNOWN_WORKER = -1
 # control request or a phase boundary still waits at most this long for a closure to end.
 TARGET_CLOSURE_S = 0.05
 MAX_AUTO_STEPS_PER_CLOSURE = 32
+TRACE_NICE = 10  # the background trace of an unrolled closure (prepare_unrolled)
 AUTO_SAMPLE_STEPS = 4  # BSP: one-step closures measured (after the first) before choosing K
 # BSP groups pay off when the chief's dispatch and barrier are a noticeable share of a round
 # (fast devices, many workers); below this share of the round's wall time K stays 1. Set to
@@ -237,7 +238,10 @@ def build_steps(strategy: Any, model: Any, optimizer: Any, job: Any, v: Any,
         return loss, weights.to_variables(grads)
 
     def current_lr() -> Any:
-        return lr_tensor(v.global_step, job, optimizer.learning_rate)
+        # computed where the step counter lives: the updates on the PS use it, and a worker
+        # would otherwise fetch two scalars and send the rate back on every step
+        with tf.device(v.global_step.device):
+            return lr_tensor(v.global_step, job, optimizer.learning_rate)
 
     def timed(iterator: Any, worker_id: Any, body: Callable) -> Any:
         started = tf.timestamp()
@@ -558,6 +562,7 @@ def prepare_unrolled(fn: Callable, args: tuple, on_ready: Callable[[Callable], A
     meanwhile) leaves the looped closure in use."""
     import threading
 
+    from trainer.server import lower_thread_priority
     from trainer.tfcompat import schedule_specs
 
     def trace() -> None:
@@ -569,8 +574,14 @@ def prepare_unrolled(fn: Callable, args: tuple, on_ready: Callable[[Callable], A
             return
         on_ready(fn)
 
+    def low_priority_trace() -> None:
+        # on a shared host (the local backend) the trace's CPU would come out of the
+        # workers' steps meanwhile; at low priority they keep running the looped closure
+        lower_thread_priority(TRACE_NICE)
+        trace()
+
     if background:
-        threading.Thread(target=trace, name="trace-unrolled", daemon=True).start()
+        threading.Thread(target=low_priority_trace, name="trace-unrolled", daemon=True).start()
     else:
         trace()
 

@@ -15,9 +15,11 @@ from trainer.spec import TrainerSpec
 from trainer.startup import STARTUP, import_server_lib
 
 # Small pools: on a 2-core host every role shares the same cores, and TF's default of one
-# thread per core per pool in every process oversubscribes them badly.
+# thread per core per pool in every process oversubscribes them badly. A worker's kernels
+# (intra-op) get the host's cores shared among the workers on that host (`intra_op_threads`):
+# a lone worker on a many-core VM must not compute on one thread.
 INTER_OP_THREADS = 2
-INTRA_OP_THREADS = 1
+PS_INTRA_OP_THREADS = 1  # a PS applies updates; its kernels are small
 # The kernel may deliver SIGTERM to any of TF's threads; Python then runs the handler only
 # when the main thread next executes bytecode. Short sleeps bound that delay.
 SIGNAL_POLL_S = 0.2
@@ -45,8 +47,10 @@ def run_server(spec: TrainerSpec, role: str, index: int) -> None:
     addresses = spec.cluster[role]
     assert 0 <= index < len(addresses), (
         f"--index {index}: cluster.{role} has {len(addresses)} entries")
+    intra = (PS_INTRA_OP_THREADS if role == "ps"
+             else intra_op_threads(addresses, index, usable_cpus()))
     config = config_pb2.ConfigProto(inter_op_parallelism_threads=INTER_OP_THREADS,
-                                    intra_op_parallelism_threads=INTRA_OP_THREADS)
+                                    intra_op_parallelism_threads=intra)
     server = server_lib.Server(server_lib.ClusterSpec(spec.cluster), job_name=role,
                                task_index=index, protocol="grpc", config=config, start=True)
     events.emit("ready", address=addresses[index])
@@ -55,6 +59,30 @@ def run_server(spec: TrainerSpec, role: str, index: int) -> None:
     # handlers, so SIGTERM would be ignored. The server's own threads do the serving.
     while server is not None:  # holding the reference keeps the server alive
         time.sleep(SIGNAL_POLL_S)
+
+
+def intra_op_threads(workers: list[str], index: int, cpus: int) -> int:
+    """Kernel threads for worker `index`: this host's CPUs over the workers that share it
+    (same host part in `workers`' host:port addresses), at least 1. On the local backend
+    with 2 cores: 1 worker computes on 2 threads, 2 workers on 1 each."""
+    host = workers[index].rsplit(":", 1)[0]
+    sharing = sum(1 for address in workers if address.rsplit(":", 1)[0] == host)
+    return max(1, cpus // sharing)
+
+
+def usable_cpus() -> int:
+    """CPUs this process may run on (its affinity mask where the OS has one)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def lower_thread_priority(nice: int) -> None:
+    """Lower the calling thread's CPU priority by `nice` (Linux: nice is per thread); not
+    Linux, or not allowed: nothing changes."""
+    with contextlib.suppress(OSError, AttributeError):
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
 
 
 def at_nice(load: Callable[[], Any], nice: int) -> Any:
@@ -66,9 +94,7 @@ def at_nice(load: Callable[[], Any], nice: int) -> Any:
     failed: list[BaseException] = []
 
     def low_priority() -> None:
-        # not Linux, or not allowed: load at normal priority
-        with contextlib.suppress(OSError, AttributeError):
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
+        lower_thread_priority(nice)
         try:
             out.append(load())
         except BaseException as ex:  # re-raised in the caller's thread

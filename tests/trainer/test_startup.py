@@ -98,3 +98,15 @@ def test_startup_event_has_wall_and_cpu_per_phase(capsys) -> None:
     assert event["kind"] == "startup"
     assert list(event["phases"]) == list(event["cpu_s"]) == ["import_tf", "model"]
     assert event["cpu_s"]["model"] > 0 and event["total_s"] >= event["phases"]["model"]
+
+
+def test_worker_kernel_threads_share_the_host_among_its_workers() -> None:
+    from trainer.server import intra_op_threads
+
+    local = ["localhost:5001", "localhost:5002"]
+    assert intra_op_threads(local, 0, cpus=2) == 1  # two workers on a 2-core host: 1 each
+    assert intra_op_threads(local[:1], 0, cpus=2) == 2  # a lone worker uses both cores
+    spread = ["10.0.0.2:2222", "10.0.0.3:2222", "10.0.0.3:2223"]
+    assert intra_op_threads(spread, 0, cpus=16) == 16  # its own VM
+    assert intra_op_threads(spread, 2, cpus=16) == 8
+    assert intra_op_threads(spread, 1, cpus=1) == 1  # never 0
