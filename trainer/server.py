@@ -65,8 +65,8 @@ def intra_op_threads(workers: list[str], index: int, cpus: int) -> int:
     """Kernel threads for worker `index`: this host's CPUs over the workers that share it
     (same host part in `workers`' host:port addresses), at least 1. On the local backend
     with 2 cores: 1 worker computes on 2 threads, 2 workers on 1 each."""
-    host = workers[index].rsplit(":", 1)[0]
-    sharing = sum(1 for address in workers if address.rsplit(":", 1)[0] == host)
+    host = workers[index].rpartition(":")[0]
+    sharing = sum(1 for address in workers if address.rpartition(":")[0] == host)
     return max(1, cpus // sharing)
 
 
