@@ -89,10 +89,25 @@ def _report(summary: dict[str, Any], run_dir: Path, cost: str) -> None:
     Console().print(
         f"[bold]{summary['status']}[/bold] {summary['run_id']}: {summary['global_steps']} steps"
         f" in {summary['wall_time_s']:.1f} s ({sps or 0:.1f} steps/s), accuracy {acc_text}, "
-        f"{cost}; results in {run_dir}"
+        f"{cost}; results in {run_dir}" + _leftovers_note(run_dir)
         + (f"\n[red]error:[/red] {summary['error']}" if summary["error"] else ""),
         highlight=False,
     )
+
+
+def _leftovers_note(run_dir: Path) -> str:
+    """What the run could not confirm stopped (its journal's unreleased entries: a machine
+    lost during the run and unreachable at its end), and the command that stops it; "" when
+    everything was. Such roles also end by themselves once their lease lapses
+    (orchestrator/runtime/deploy.py)."""
+    from provisioning.journal import JOURNAL_FILE, list_unreleased
+
+    left = list_unreleased(run_dir / JOURNAL_FILE)
+    if not left:
+        return ""
+    hosts = sorted({e.address or e.host_id for e in left})
+    return (f"; {len(left)} resource(s) on {', '.join(hosts)} not confirmed stopped: "
+            f"run python -m orchestrator.release {run_dir}")
 
 
 # Hydra's argparse stops at the first override, so `+experiment=X -m a=1,2` would fail; these

@@ -77,13 +77,14 @@ def main(argv: list[str] | None = None) -> int:
     faulthandler.register(signal.SIGUSR1)  # `kill -USR1 PID`: every thread's stack to stderr
 
     from trainer import events
-    from trainer.control import watch_preemption_notice
+    from trainer.control import watch_lease, watch_preemption_notice
     from trainer.startup import STARTUP
     events.set_identity(args.role, args.index)
     STARTUP.mark("interpreter")
     if args.role == "evaluator":
         os.nice(EVALUATOR_NICE)
     watch_preemption_notice()  # every role: `preemption_notice` event when the file appears
+    watch_lease()  # every role: ends once the orchestrator stops renewing its lease
     try:
         from trainer.spec import TrainerSpec
         spec = TrainerSpec.from_json(args.spec)

@@ -23,6 +23,15 @@ Preemption notice: every role watches the file named by env TRANSIENT_PREEMPTION
 NOTICE_POLL_S and emits `preemption_notice` `{"deadline", "host_id"}` once when it appears;
 the chief then saves a checkpoint (`"reason": "notice"`).
 
+Lease: a role started by the orchestrator gets a lease file (env TRANSIENT_LEASE), the
+generation it was started under (TRANSIENT_LEASE_TOKEN) and a term (TRANSIENT_LEASE_S); the
+orchestrator rewrites the file (its token) every few seconds while it wants the roles of that
+work dir (orchestrator/runtime/deploy.py). `watch_lease` checks it every LEASE_POLL_S and ends
+the role (`lease_lost` `{"reason"}`, exit EXIT_LEASE_LOST) when the file is gone, names another
+generation (a newer deployment replaced this one), or was not renewed for the term (the
+orchestrator is gone, or dropped this machine: a frozen machine that thaws after the run went
+on without it). Without the variable (a role started by hand) there is no lease.
+
 Parameter-server loss: the chief probes every PS port each PS_PROBE_S; after
 PS_PROBE_FAILURES failed probes in a row, or when the coordinator raises for a PS, it emits
 `failure` `{"error", "error_kind": "ps_unavailable"}` and exits with EXIT_PS_UNAVAILABLE (3)
@@ -48,6 +57,9 @@ CONTROL_POLL_S = 0.25
 NOTICE_POLL_S = 0.5
 NOTICE_ENV = layout.NOTICE_ENV
 PS_PROBE_S = 1.0
+LEASE_POLL_S = 1.0
+LEASE_ENV, LEASE_TOKEN_ENV, LEASE_S_ENV = layout.LEASE_ENV, layout.LEASE_TOKEN_ENV, layout.LEASE_S_ENV
+EXIT_LEASE_LOST = layout.EXIT_LEASE_LOST
 PS_PROBE_FAILURES = 2
 EXIT_PS_UNAVAILABLE = layout.EXIT_PS_UNAVAILABLE
 
@@ -165,6 +177,50 @@ def watch_preemption_notice() -> NoticeWatcher:
     if _watcher is None:
         _watcher = NoticeWatcher(os.environ.get(NOTICE_ENV)).start()
     return _watcher
+
+
+def lease_lapsed(path: Path, token: str, term_s: float, now: float | None = None) -> str | None:
+    """Why the lease at `path` no longer holds for generation `token` (None while it holds).
+    The file's mtime and `now` are both this host's clock, so the orchestrator's clock
+    does not matter."""
+    try:
+        renewed = path.stat().st_mtime
+        holder = path.read_text().strip()
+    except OSError:
+        return f"lease file {path} is gone"
+    if holder != token:
+        return f"replaced: the lease names generation {holder!r}, this role is {token!r}"
+    silent = (time.time() if now is None else now) - renewed
+    if silent > term_s:
+        return f"the orchestrator has not renewed the lease for {silent:.0f} s (term {term_s:g} s)"
+    return None
+
+
+def watch_lease(environ: dict[str, str] | None = None,
+                poll_s: float = LEASE_POLL_S) -> threading.Thread | None:
+    """End this role (os._exit(EXIT_LEASE_LOST), after a `lease_lost` event) once its lease
+    lapses (module docstring); None, and nothing watched, without TRANSIENT_LEASE."""
+    env = os.environ if environ is None else environ
+    if not env.get(LEASE_ENV):
+        return None
+    path, token = Path(env[LEASE_ENV]), env.get(LEASE_TOKEN_ENV, "")
+    term_s = float(env.get(LEASE_S_ENV) or 60.0)
+
+    def run() -> None:
+        while True:
+            time.sleep(poll_s)
+            reason = lease_lapsed(path, token, term_s)
+            if reason is not None:
+                try:
+                    events.emit("lease_lost", reason=reason)
+                    sys.stdout.flush()
+                    sys.stderr.flush()
+                finally:  # a closed stdout (its reader gone) must not keep the role alive
+                    os._exit(EXIT_LEASE_LOST)
+
+    thread = threading.Thread(target=run, name="lease", daemon=True)
+    thread.start()
+    return thread
 
 
 _ps_lost_lock = threading.Lock()

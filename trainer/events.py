@@ -18,6 +18,8 @@ KINDS = frozenset({
     # performance and recovery (issues 11, 12): trainer/loop.py, trainer/startup.py
     "steps_per_closure", "closure_unrolled", "startup", "checkpoint_skipped",
     "worker_unresponsive", "worker_responsive",
+    # held-out faults (issue 22): trainer/control.py `watch_lease`
+    "lease_lost",
 })
 
 _identity: dict[str, Any] = {"role": "unknown", "index": 0}

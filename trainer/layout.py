@@ -35,11 +35,17 @@ EXIT_PS_UNAVAILABLE = 3
 EXIT_SIGTERM = 143
 #: Environment variable every runner sets to the host's preemption-notice file (absolute path).
 NOTICE_ENV = "TRANSIENT_PREEMPTION_NOTICE"
+#: The role's lease (trainer/control.py `watch_lease`): the lease file's path, the generation
+#: the role was started under, and how many seconds without a renewal end it.
+LEASE_ENV, LEASE_TOKEN_ENV, LEASE_S_ENV = "TRANSIENT_LEASE", "TRANSIENT_LEASE_TOKEN", "TRANSIENT_LEASE_S"
+#: A role's exit code when its lease lapsed or a newer generation replaced it.
+EXIT_LEASE_LOST = 4
 
 # --- files of a run on a host -----------------------------------------------------------------
 SPEC_FILE = "trainer_spec.json"
 CONTROL_FILE = "control.json"
 NOTICE_FILE = "PREEMPTION_NOTICE"
+LEASE_FILE = "LEASE"  # the orchestrator renews it while the roles of this work dir are wanted
 CHECKPOINT_DIR = "checkpoints"
 DONE_MARKER = "DONE"  # in the checkpoint dir, written by the chief after the final save
 TENSORBOARD_DIR = "tensorboard"

@@ -16,6 +16,13 @@ ps/worker exits outside teardown or a chief/evaluator exits non-zero, so the orc
 react (restart, replace, fail the run). Every event carries `received`: the orchestrator's
 clock when it arrived (the role's own clock stays in `time`). `collect()` fetches the roles'
 host files (TensorBoard) back into the run directory.
+
+Leases: a role must end by itself when nobody wants it any more (the orchestrator died, or
+went on without a machine that froze and thawed later): with each machine's spec the deployer
+writes `LEASE` (this deployment's generation, a fresh token) and rewrites it every
+LEASE_RENEW_S while the machine is in the cluster; every role gets its path, the token and
+LEASE_S in its environment and exits when the lease is gone, names another generation, or was
+not renewed for LEASE_S (trainer/control.py `watch_lease`).
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ import queue
 import socket
 import threading
 import time
+import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,6 +60,11 @@ READY_POLL_INTERVAL_S = 0.1
 PORT_PROBE_TIMEOUT_S = 0.2
 #: How long teardown waits for a reader thread to drain after its process is gone.
 READER_JOIN_TIMEOUT_S = 2.0
+#: How often each machine's lease is renewed, and how long a role outlives its last renewal:
+#: long enough for a loaded orchestrator or a reconnecting SSH link, short enough that what a
+#: lost machine still runs when it comes back ends within a minute.
+LEASE_RENEW_S = 5.0
+LEASE_S = 45.0
 EVENT_PREFIX = layout.EVENT_PREFIX
 EVENT_READY = "ready"
 EVENT_PROCESS_EXIT = "process_exit"
@@ -148,6 +161,8 @@ class Deployment:
         self._events: queue.Queue[TrainerEvent] = queue.Queue()
         self._tearing_down = threading.Event()
         self._lock = threading.Lock()
+        self.lease_token = uuid.uuid4().hex[:12]  # this deployment's generation
+        self.lease_s = LEASE_S
 
     def __enter__(self) -> Deployment:
         return self
@@ -186,7 +201,10 @@ class Deployment:
         self._prepare(host, runner)
         argv = [*(self.command or runner.trainer_command()), "--role", host.role.value]
         argv += ["--index", str(index), "--spec", str(host.workdir / layout.SPEC_FILE)]
-        process = runner.start(argv, {**runner.trainer_env(), **self.env}, None, log_path)
+        lease = {layout.LEASE_ENV: str(host.workdir / layout.LEASE_FILE),
+                 layout.LEASE_TOKEN_ENV: self.lease_token, layout.LEASE_S_ENV: f"{self.lease_s:g}"}
+        process = runner.start(argv, {**runner.trainer_env(), **self.env, **lease}, None,
+                               log_path)
         task = RoleTask(host.role, index, host, process, log_path)
         task.reader = threading.Thread(
             target=self._read_output, args=(task,), name=f"reader-{host.role}-{index}", daemon=True
@@ -225,11 +243,23 @@ class Deployment:
                 return
         runner.setup()
         runner.write_text(Path(layout.SPEC_FILE), self.spec_text)
+        runner.write_text(Path(layout.LEASE_FILE), self.lease_token)
         if (self.data_dir is not None and not runner.shares_orchestrator_fs
                 and data.reads_data(self.cluster, host)):
             data.stage_to(runner, self.data_dir)  # the spec names it relative to the work dir
         with self._lock:
             self._prepared.add(host.machine)
+        threading.Thread(target=self._renew_lease, args=(host.machine, runner),
+                         name=f"lease-{host.spec.name}", daemon=True).start()
+
+    def _renew_lease(self, machine: HostId, runner: HostRunner) -> None:
+        """Rewrite the machine's lease every LEASE_RENEW_S while it serves this cluster (one
+        thread per machine: a frozen one's write blocks only its own renewals)."""
+        while not self._tearing_down.wait(LEASE_RENEW_S):
+            if all(h.machine != machine for h in self.cluster.hosts):
+                return  # replaced: what it still runs ends when the lease lapses
+            with contextlib.suppress(Exception):  # a lost or cut machine: renewed when back
+                runner.write_text(Path(layout.LEASE_FILE), self.lease_token)
 
     def collect(self) -> None:
         """Fetch the roles' TensorBoard files from their hosts into `<run_dir>/tensorboard`

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.runtime import deploy as deploy_module
 from orchestrator.runtime.deploy import (
     EVENT_PROCESS_EXIT,
     DeployError,
@@ -211,3 +212,63 @@ def test_replacement_host_takes_the_lost_index(deploy, tmp_path):
     assert Path(task.log_path).name == "worker-0.log"
     deployment.teardown()
     assert_no_process_left(deployment)
+
+
+# A stand-in that holds its lease as every trainer role does (trainer/control.py), then serves.
+LEASED = """
+import json, sys, time
+sys.path.insert(0, {repo!r})
+from trainer.control import watch_lease
+watch_lease(poll_s=0.1)
+args = dict(zip(sys.argv[1::2], sys.argv[2::2]))
+role, index = args["--role"], int(args["--index"])
+line = {{"kind": "ready", "time": time.time(), "role": role, "index": index}}
+print("@event " + json.dumps(line), flush=True)
+time.sleep(60)
+"""
+
+
+def test_roles_hold_a_lease_that_ends_them_once_dropped_or_replaced(tmp_path, monkeypatch):
+    """Each machine's lease is renewed while it is in the cluster: its roles outlive the
+    term. A machine dropped from the cluster (replaced while frozen, say) is not renewed: its
+    roles end by themselves after the term (exit 4, EXIT_LEASE_LOST) while the others run
+    on. A new deployment on the same machines (a new generation) ends the old roles at once."""
+    from provisioning import Cluster
+    from trainer.layout import EXIT_LEASE_LOST, LEASE_FILE
+
+    monkeypatch.setattr(deploy_module, "LEASE_RENEW_S", 0.2)
+    repo = str(Path(__file__).resolve().parents[2])
+    script = tmp_path / "leased.py"
+    script.write_text(LEASED.format(repo=repo))
+    provider = LocalProvider(stop_grace_s=0.3)
+    hosts = [HostSpec("ps0", Role.PS), HostSpec("w0", Role.WORKER), HostSpec("w1", Role.WORKER)]
+    cluster = provider.acquire(ClusterRequest("run1", hosts, tmp_path))
+    first = Deployment(provider, cluster, tmp_path, "{}", command=[sys.executable, str(script)],
+                       stop_grace_s=0.3)
+    first.lease_s = 1.0
+    second = None
+    try:
+        first.start()
+        w1 = cluster.hosts_for(Role.WORKER)[1]
+        assert (w1.workdir / LEASE_FILE).read_text() == first.lease_token
+        time.sleep(2.5)  # over twice the term: renewed, so every role still runs
+        assert all(t.process.poll() is None for t in first.tasks.values())
+        # w1's machine leaves the cluster (as a frozen machine replaced by a spare does)
+        first.cluster = Cluster(run_id=cluster.run_id,
+                                hosts=[h for h in cluster.hosts if h.id != w1.id])
+        ended = exits(collect_until(first, lambda ev: (Role.WORKER.value, 1) in exits(ev)))
+        assert ended[(Role.WORKER.value, 1)].fields["exit_code"] == EXIT_LEASE_LOST
+        assert all(t.process.poll() is None for (r, i), t in first.tasks.items()
+                   if (r, i) != (Role.WORKER, 1))
+        # a new deployment on the same machines: the old generation's roles end at once
+        second = Deployment(provider, first.cluster, tmp_path, "{}",
+                            command=[sys.executable, str(script)], stop_grace_s=0.3)
+        second.prepare_all()
+        codes = {k: t.process.wait(10) for k, t in first.tasks.items() if k != (Role.WORKER, 1)}
+        assert set(codes.values()) == {EXIT_LEASE_LOST}, codes
+    finally:
+        for deployment in (first, second):
+            if deployment is not None:
+                deployment.teardown()
+        provider.release(cluster)
+    assert_no_process_left(first)
