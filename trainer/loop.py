@@ -147,6 +147,9 @@ def _train(spec: TrainerSpec, tf: Any, strategy: Any, coordinator: Any,
         # the BSP group's state (trainer/protocols.py), not checkpointed either
         v.bsp_group, v.bsp_stop = counter("bsp_group", BSP_CLOSED), counter("bsp_stop")
         v.bsp_joined, v.bsp_tickets = counter("bsp_joined"), counter("bsp_tickets")
+        # ASP's step tickets and the stretch's last one (trainer/protocols.py), not
+        # checkpointed: every stretch sets them
+        v.asp_tickets, v.asp_stop = counter("asp_tickets"), counter("asp_stop")
         v.accumulators = []  # not checkpointed: a restarted cluster starts them at zero
         for p in optimizer.variables:
             with strategy.extended.colocate_vars_with(p):
@@ -232,9 +235,17 @@ def _train(spec: TrainerSpec, tf: Any, strategy: Any, coordinator: Any,
             pending.append("control")
         return bool(pending) or (channel.state.protocol or scheduled) != P.protocol
 
+    def open_stretch(stop: int) -> None:
+        """ASP: steps past global step `stop` are dropped on the PS, so a closure run twice
+        (at-least-once, after a worker loss) or finished late (a hung worker's) never takes
+        the run past its budget; BSP needs nothing (one update per global step)."""
+        if P.protocol == "asp":
+            steps.asp_open(tf.constant(stop, tf.int64))
+
     def switch_to(protocol: str) -> float:
         """Run one step of `protocol` (the switch ends when it has applied one)."""
         P.protocol = protocol
+        open_stretch(P.step + 1)
         _, results = runners[protocol](1)
         account(results)
         return time.time()
@@ -243,8 +254,9 @@ def _train(spec: TrainerSpec, tf: Any, strategy: Any, coordinator: Any,
     # time-based events (straggler episodes, revocations) do not pay for them: the ASP step
     # always (any run may be switched to it), the BSP group when the schedule has BSP.
     runners["asp"].warm()  # type: ignore[attr-defined]
-    if job.steps_per_closure != 1 and any(p.protocol == "bsp" for p in spec.phases):
-        runners["bsp"].warm()  # type: ignore[attr-defined]
+    steps.asp_open(tf.constant(P.step, tf.int64))  # traced now (a hung worker, tfcompat.py)
+    if any(p.protocol == "bsp" for p in spec.phases):
+        runners["bsp"].warm(groups=job.steps_per_closure != 1)  # type: ignore[attr-defined]
     STARTUP.mark("trace")
     train_started = time.time()
     v.train_epoch.assign(train_started)
@@ -285,6 +297,7 @@ def _train(spec: TrainerSpec, tf: Any, strategy: Any, coordinator: Any,
             run = runners[P.protocol]
             stop = next_stop(P.step, P.step + budget.steps_left(P.units, index, P.protocol))
             remaining, interrupted = stop - P.step, False
+            open_stretch(stop)
             while remaining > 0:
                 scheduled_now, results = run(remaining)
                 remaining -= scheduled_now

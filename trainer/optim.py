@@ -87,32 +87,54 @@ class PSOptimizer:
                       for j, s in enumerate(slots)})
         return items
 
-    def apply(self, grads: list[Any], lr: Any) -> list[Any]:
+    def apply(self, grads: list[Any], lr: Any, take: Any = None) -> list[Any]:
         """Apply one update in-graph; returns the update ops (to depend on). Concurrent ASP
         closures race here on purpose (Hogwild-style, use_locking=False), as asynchronous
-        parameter servers do."""
+        parameter servers do.
+
+        `take` (a bool tensor, None = True): False makes every op leave its variable and
+        slots exactly as they were (gradient and rate 0, decay factors 1, no iteration), so
+        a step's update can be dropped without a branch (ASP's step budget, protocols.py)."""
         import tensorflow as tf
+
+        def masked(value: Any, unit: float = 0.0) -> Any:
+            # `value` when taken, else `unit`; placed by the caller with its variable (a
+            # select, not a product: an inf or nan gradient is dropped too)
+            if take is None:
+                return value
+            value = tf.convert_to_tensor(value)
+            return tf.where(take, value, tf.constant(unit, value.dtype))
+
+        def counted() -> Any:
+            return 1 if take is None else tf.cast(take, tf.int64)
 
         ops: list[Any] = []
         if self.kind == "adam":
-            t = tf.cast(self.iterations.assign_add(1), tf.float32)
+            with tf.device(self.iterations.device):
+                # at least 1: a first step dropped must not divide by 1 - beta ** 0
+                t = tf.maximum(tf.cast(self.iterations.assign_add(counted()), tf.float32), 1.0)
             b1_power, b2_power = ADAM_BETA_1 ** t, ADAM_BETA_2 ** t
         for var, grad, slots in zip(self.variables, grads, self.slots, strict=True):
-            grad = tf.convert_to_tensor(grad)
-            if self.kind == "sgd":
-                op = tf.raw_ops.ResourceApplyGradientDescent(var=var.handle, alpha=lr,
-                                                             delta=grad)
-            elif self.kind == "momentum":
-                op = tf.raw_ops.ResourceApplyMomentum(var=var.handle, accum=slots[0].handle,
-                                                      lr=lr, grad=grad, momentum=self.momentum)
-            else:
-                op = tf.raw_ops.ResourceApplyAdam(
-                    var=var.handle, m=slots[0].handle, v=slots[1].handle, beta1_power=b1_power,
-                    beta2_power=b2_power, lr=lr, beta1=ADAM_BETA_1, beta2=ADAM_BETA_2,
-                    epsilon=ADAM_EPSILON, grad=grad)
+            with tf.device(var.device):
+                grad, rate = masked(tf.convert_to_tensor(grad)), masked(lr)
+                if self.kind == "sgd":
+                    op = tf.raw_ops.ResourceApplyGradientDescent(var=var.handle, alpha=rate,
+                                                                 delta=grad)
+                elif self.kind == "momentum":
+                    op = tf.raw_ops.ResourceApplyMomentum(
+                        var=var.handle, accum=slots[0].handle, lr=rate, grad=grad,
+                        momentum=masked(self.momentum, 1.0))
+                else:
+                    op = tf.raw_ops.ResourceApplyAdam(
+                        var=var.handle, m=slots[0].handle, v=slots[1].handle,
+                        beta1_power=b1_power, beta2_power=b2_power, lr=rate,
+                        beta1=masked(tf.constant(ADAM_BETA_1), 1.0),
+                        beta2=masked(tf.constant(ADAM_BETA_2), 1.0),
+                        epsilon=ADAM_EPSILON, grad=grad)
             ops.append(op)
         if self.kind != "adam":
-            ops.append(self.iterations.assign_add(1))
+            with tf.device(self.iterations.device):
+                ops.append(self.iterations.assign_add(counted()))
         return [op for op in ops if op is not None]  # eager mode returns no ops
 
 

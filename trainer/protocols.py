@@ -193,6 +193,7 @@ class Steps:
 
     asp: Callable  # worker: (iterator, worker_id, steps) -> result vector
     asp_unrolled: Callable[[int], Callable]  # K -> worker fn (iterator, worker_id): K steps
+    asp_open: Callable  # chief: (stop) -> None; ASP steps past global step `stop` are dropped
     bsp_accumulate: Callable  # worker: (iterator, worker_id) -> result vector
     bsp_apply: Callable  # chief, ops on the PS: one update from the accumulated gradients
     bsp_rounds: Callable  # worker: (iterator, worker_id, group) -> result vector
@@ -205,8 +206,9 @@ def build_steps(strategy: Any, model: Any, optimizer: Any, job: Any, v: Any,
                 stragglers: list[StragglerSpec], workers: int) -> Steps:
     """The step functions over the PS variables in `v`: global_step, grad_count,
     accumulators, bsp_gradients, bsp_updates, train_epoch (unix s of the chief's
-    train_start, for time-based straggler episodes) and the BSP group's bsp_group,
-    bsp_stop, bsp_joined, bsp_tickets. `workers`: the gradients per BSP round."""
+    train_start, for time-based straggler episodes), ASP's asp_tickets and asp_stop, and the
+    BSP group's bsp_group, bsp_stop, bsp_joined, bsp_tickets. `workers`: the gradients per
+    BSP round."""
     import tensorflow as tf
 
     from trainer.optim import lr_tensor, tf_var
@@ -268,13 +270,24 @@ def build_steps(strategy: Any, model: Any, optimizer: Any, job: Any, v: Any,
         return tf.stack([loss, tf.cast(worker_id, tf.float64), seconds,
                          tf.cast(steps, tf.float64)])
 
+    def ticket(var: Any) -> Any:
+        """Atomic fetch-and-increment of an int64 PS variable: the value before."""
+        return tf.raw_ops.ResourceCountUpTo(resource=var.handle, limit=TICKET_LIMIT,
+                                            T=tf.int64)
+
     # The updates are not chained to the returned loss: forcing that order serialises the
     # PS round trips and cost ~15 % of ASP throughput. The function still ends only after
     # every update (automatic control dependencies); step_time_s ends at the loss.
     def asp_body(batch: Any) -> Any:
         loss, grads = loss_and_grads(batch)
-        optimizer.apply(grads, current_lr())
-        v.global_step.assign_add(1)
+        # the step's ticket, taken on the PS once its gradient is there: below the stretch's
+        # stop, the update is applied and counted; past it (a closure TensorFlow ran again
+        # after a worker loss, or one a hung worker finished late), the step is dropped
+        with tf.device(v.global_step.device), tf.control_dependencies(grads):
+            take = ticket(v.asp_tickets) < v.asp_stop.read_value()
+        optimizer.apply(grads, current_lr(), take)
+        with tf.device(v.global_step.device):
+            v.global_step.assign_add(tf.cast(take, tf.int64))
         return loss
 
     def accumulate_body(batch: Any) -> Any:
@@ -321,29 +334,61 @@ def build_steps(strategy: Any, model: Any, optimizer: Any, job: Any, v: Any,
         loss, seconds = timed(iterator, worker_id, accumulate_body)
         return result(loss, worker_id, seconds, 1)
 
-    def apply_accumulated() -> Any:
+    with tf.device(v.global_step.device):  # one applier at a time: check, then apply
+        exclusive = tf.CriticalSection(name="bsp_apply")
+
+    def apply_accumulated(expected: Any, group: Any = None) -> Any:
         """One update from the mean of the accumulated gradients, then the accumulators and
         tickets reset and the counters moved, the global step last (a BSP round's waiters go
-        on when it moves); returns the new global step. Every op is placed with its PS
-        variable: one RPC round trip from wherever it runs, no weights or gradients travel."""
-        count = v.grad_count.read_value()
-        means = []
-        for acc in v.accumulators:
-            with tf.device(acc.device):
-                means.append(acc.read_value() / count)
-        with tf.control_dependencies(optimizer.apply(means, current_lr())):
-            resets = [acc.assign(tf.zeros_like(acc), read_value=False)
-                      for acc in v.accumulators]
-            resets += [v.grad_count.assign(0.0, read_value=False),
-                       v.bsp_tickets.assign(0, read_value=False),
-                       v.bsp_gradients.assign_add(tf.cast(count, tf.int64), read_value=False),
-                       v.bsp_updates.assign_add(1, read_value=False)]
-        with tf.control_dependencies(resets):
-            return v.global_step.assign_add(1)
+        on when it moves), if the global step is still `expected` (and the BSP group `group`
+        still open); returns the global step after.
+
+        Exactly one update per global step, whoever dies when: every op runs on a PS, its
+        inputs read there, so once the PS holds the request it completes the update, the
+        resets and the step together even if the worker that sent it is killed meanwhile.
+        (An op left on the worker, as `tf.zeros_like` and a cast were, made the PS wait for
+        it: a worker killed in the apply left the update applied and the step unmoved, one
+        update too many.) The check of the step and the group and the apply hold a mutex on
+        the PS (`tf.CriticalSection`), so of two appliers of one round (a closure of a closed
+        group, hung or rerun, that took a ticket in a later round) one applies, and a stale
+        one never does."""
+        ps = v.global_step.device
+
+        def apply() -> Any:
+            count = v.grad_count.read_value()
+            means = []
+            for acc in v.accumulators:
+                with tf.device(acc.device):
+                    means.append(acc.read_value() / count)
+            with tf.control_dependencies(optimizer.apply(means, current_lr())):
+                resets = []
+                for acc in v.accumulators:
+                    with tf.device(acc.device):
+                        resets.append(acc.assign(tf.zeros(acc.shape, acc.dtype),
+                                                 read_value=False))
+                resets += [v.grad_count.assign(0.0, read_value=False),
+                           v.bsp_tickets.assign(0, read_value=False),
+                           v.bsp_gradients.assign_add(tf.cast(count, tf.int64),
+                                                      read_value=False),
+                           v.bsp_updates.assign_add(1, read_value=False)]
+            with tf.control_dependencies(resets):
+                return v.global_step.assign_add(1)
+
+        def check_and_apply() -> Any:
+            current = v.global_step.read_value()
+            go = tf.equal(current, expected)
+            if group is not None:
+                go = tf.logical_and(go, tf.equal(v.bsp_group.read_value(), group))
+            return tf.cond(go, apply, lambda: current)
+
+        with tf.device(ps):
+            return exclusive.execute(check_and_apply, exclusive_resource_access=False)
 
     @tf.function
     def bsp_apply() -> None:
-        apply_accumulated()  # on the chief, after the barrier (coordinator.join)
+        # on the chief, after the barrier: the only applier of a one-step round
+        with tf.device(v.global_step.device):
+            apply_accumulated(v.global_step.read_value())
 
     # BSP rounds (module docstring): the barrier of each global step is held on the PS
     quorum = tf.constant(workers, tf.int64)
@@ -355,11 +400,6 @@ def build_steps(strategy: Any, model: Any, optimizer: Any, job: Any, v: Any,
                       for acc, grad in zip(v.accumulators, grads, strict=True)]
         pending.append(v.grad_count.assign_add(1.0, read_value=False))
         return loss
-
-    def ticket(var: Any) -> Any:
-        """Atomic fetch-and-increment of an int64 PS variable: the value before."""
-        return tf.raw_ops.ResourceCountUpTo(resource=var.handle, limit=TICKET_LIMIT,
-                                            T=tf.int64)
 
     def wait_round(step: Any, group: Any) -> Any:
         # polls the PS until the applier moved the global step or the chief closed the group;
@@ -398,8 +438,10 @@ def build_steps(strategy: Any, model: Any, optimizer: Any, job: Any, v: Any,
                 loss, seconds = timed(iterator, worker_id, rounds_body)
             with tf.control_dependencies([*pending, loss]):
                 mine = ticket(v.bsp_tickets)
-            # the N-th ticket: every gradient of the round is in the accumulators
-            after = tf.cond(mine + 1 >= quorum, apply_accumulated,
+            # from the N-th ticket on, every gradient of the round is in the accumulators; a
+            # stale closure's ticket may come first, so every such holder tries: the apply's
+            # check lets one through (`apply_accumulated`), the others then find it moved
+            after = tf.cond(mine + 1 >= quorum, lambda: apply_accumulated(step, group),
                             lambda: wait_round(step, group))
             with tf.control_dependencies([after]):
                 stop, open_group = v.bsp_stop.read_value(), v.bsp_group.read_value()
@@ -412,6 +454,18 @@ def build_steps(strategy: Any, model: Any, optimizer: Any, job: Any, v: Any,
             lambda go, *_: go, round_, (go, step, tf.constant(0, tf.int64), zero, zero))
         return result(loss, worker_id, total / tf.cast(tf.maximum(rounds, 1), tf.float64),
                       rounds)
+
+    @tf.function
+    def asp_open(stop: Any) -> None:
+        """ASP steps from now on are applied until the global step reaches `stop`: the
+        tickets left are set to the steps left. The tickets are read before the step, so a
+        step landing between the two reads (a hung worker's, late) leaves the stretch one
+        step short, never one over: the chief then runs that step in its next stretch."""
+        with tf.device(v.global_step.device):
+            taken = v.asp_tickets.read_value()
+            with tf.control_dependencies([taken]):
+                step = v.global_step.read_value()
+            v.asp_stop.assign(taken + stop - step, read_value=False)
 
     @tf.function
     def bsp_open(group: Any, steps: Any) -> Any:
@@ -436,8 +490,8 @@ def build_steps(strategy: Any, model: Any, optimizer: Any, job: Any, v: Any,
         with tf.control_dependencies(resets):
             return v.global_step.read_value()
 
-    return Steps(asp_step, asp_unrolled, bsp_accumulate, bsp_apply, bsp_rounds, bsp_open,
-                 bsp_close, bsp_discard)
+    return Steps(asp_step, asp_unrolled, asp_open, bsp_accumulate, bsp_apply, bsp_rounds,
+                 bsp_open, bsp_close, bsp_discard)
 
 
 def auto_steps_per_closure(step_time_s: float) -> int:
@@ -489,7 +543,7 @@ def asp_runner(coordinator: Any, asp_step: Callable, args: tuple, workers: int,
             ready[k] = fn
             events.emit("closure_unrolled", steps=k, trace_s=round(time.time() - started, 3))
 
-        prepare_unrolled(unrolled(k), args, use, background)
+        prepare_unrolled(unrolled(k), args, use, background, coordinator.strategy.scope)
 
     def count_tensor(k: int) -> Any:
         if k not in counts:
@@ -552,32 +606,45 @@ def asp_runner(coordinator: Any, asp_step: Callable, args: tuple, workers: int,
 
 
 def prepare_unrolled(fn: Callable, args: tuple, on_ready: Callable[[Callable], Any],
-                     background: bool = True) -> None:
+                     background: bool = True, scope: Callable[[], Any] | None = None) -> None:
     """Trace `fn` for `coordinator.schedule(fn, args)` in a daemon thread (or now, when not
-    `background`), then call `on_ready(fn)`; the chief keeps scheduling meanwhile.
+    `background`), then call `on_ready(concrete function)`, which the chief schedules as it
+    is; the chief keeps scheduling meanwhile. `scope`: the distribution strategy's scope,
+    which `schedule` traces in.
 
     Tracing a K-step closure takes seconds (K copies of the model's step), and a new
-    function is registered on every worker, which waits for a hung one (trainer/tfcompat.py):
-    on the chief's thread either would stall every worker. A trace that fails (a PS lost
-    meanwhile) leaves the looped closure in use."""
+    function is registered on every worker (`TFE_ContextAddFunction`), a call that waits
+    for each worker to answer while it holds the GIL: with a worker hung then, every thread
+    of the chief stopped, the heartbeat's included, until the worker resumed (seen: 30 s of
+    no step and no `worker_unresponsive`). So the trace runs off the chief's thread, only
+    while no worker is named hung (a worker that hangs within the registration's
+    milliseconds still holds it), and `schedule` gets the concrete function: given the
+    plain function it looks the trace up under its own key (the strategy's scope is part
+    of it) and, missing, traced and registered it again on the chief's thread. A trace that
+    fails (a PS lost meanwhile) leaves the looped closure in use."""
+    import contextlib
     import threading
 
+    from trainer.heartbeat import HEARTBEAT_S, unresponsive
     from trainer.server import lower_thread_priority
     from trainer.tfcompat import schedule_specs
 
     def trace() -> None:
         try:
-            fn.get_concrete_function(*schedule_specs(args))
+            with (scope or contextlib.nullcontext)():
+                concrete = fn.get_concrete_function(*schedule_specs(args))
         except Exception as exc:  # the looped closure stays in use
             print(f"[chief] unrolled closure not traced ({type(exc).__name__}: {exc}); "
                   "steps stay in a loop", flush=True)
             return
-        on_ready(fn)
+        on_ready(concrete)
 
     def low_priority_trace() -> None:
         # on a shared host (the local backend) the trace's CPU would come out of the
         # workers' steps meanwhile; at low priority they keep running the looped closure
         lower_thread_priority(TRACE_NICE)
+        while unresponsive():  # registering now would wait for the hung worker (above)
+            time.sleep(HEARTBEAT_S)
         trace()
 
     if background:
@@ -795,11 +862,24 @@ def bsp_runner(coordinator: Any, steps: Steps, args: tuple, workers: int,
             return one_step()  # a group needs every worker; one step reschedules around them
         return group(min(k, n))
 
-    def warm() -> None:
-        """Trace the group closure now with a group that is not open (it does nothing)."""
-        coordinator.schedule(steps.bsp_rounds, args=(*args, tf.constant(BSP_CLOSED - 1,
-                                                                         tf.int64)))
-        coordinator.join()
+    def warm(groups: bool = True) -> None:
+        """Trace BSP's functions now, before a worker can hang: a function first traced
+        mid-run is registered with every worker then, which waits for a hung one
+        (`prepare_unrolled`). With `groups`, the group closure too, run once for a group
+        that is not open (it does nothing)."""
+        from trainer.tfcompat import schedule_specs
+
+        with coordinator.strategy.scope():  # where `schedule` looks the trace up
+            steps.bsp_accumulate.get_concrete_function(*schedule_specs(args))
+        scalar = tf.TensorSpec([], tf.int64)
+        steps.bsp_apply.get_concrete_function()
+        steps.bsp_open.get_concrete_function(scalar, scalar)
+        steps.bsp_close.get_concrete_function()
+        steps.bsp_discard.get_concrete_function()
+        if groups:
+            coordinator.schedule(steps.bsp_rounds, args=(*args, tf.constant(BSP_CLOSED - 1,
+                                                                             tf.int64)))
+            coordinator.join()
 
     run.drain = list  # type: ignore[attr-defined]  # nothing is left in flight
     run.warm = warm  # type: ignore[attr-defined]

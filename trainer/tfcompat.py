@@ -27,6 +27,15 @@ the hung worker (the context registers every new function on every remote worker
 one shard after the other, no function to register; a checkpoint of digits takes the same
 ~0.2 s.
 
+New functions stalled the chief too (a SIGSTOPped worker in an orchestrated ASP run: 30 s
+with no step and no heartbeat event). Registering a function (`TFE_ContextAddFunction`)
+sends it to every remote worker and waits for each to answer, holding the GIL; and every
+eager op kind's first use on the chief runs as a small function registered the same way
+(the first checkpoint's save counter and save ops). `install()` makes the chief's eager ops
+run as kernels (`TFE_ContextSetRunEagerOpAsFunction`), and the trainer traces its functions
+before training or, the unrolled closure, in a thread while no worker is named hung
+(trainer/protocols.py `prepare_unrolled`).
+
 Which closure a worker runs is not public either: `install()` records it
 (`Worker._process_closure`), so that the chief can tell a closure held by a hung worker
 from one a healthy worker is still running (`held_by`, trainer/protocols.py).
@@ -74,8 +83,28 @@ def install() -> bool:
             self._context_handle))
 
     context.Context.executor = property(borrowed, original.fset, doc=original.__doc__)
-    _installed = _eager_multi_task_save() and _track_held_closures()
+    _installed = (_eager_ops_as_kernels() and _eager_multi_task_save()
+                  and _track_held_closures())
     return _installed
+
+
+def _eager_ops_as_kernels() -> bool:
+    """The chief's eager ops run as kernels, not wrapped in one small function per kind of
+    op: each such function was registered with every worker on the op's first use, in a call
+    that waits for each worker to answer, so a first checkpoint (its save counter, its
+    save ops) or a first BSP step waited for a hung worker."""
+    from tensorflow.python import pywrap_tfe
+    from tensorflow.python.eager import context
+
+    setter = getattr(pywrap_tfe, "TFE_ContextSetRunEagerOpAsFunction", None)
+    if setter is None:
+        print("[chief] eager-op work-around not installed: a first use of an eager op "
+              "waits for a hung worker", flush=True)
+        return False
+    ctx = context.context()
+    ctx.ensure_initialized()
+    setter(ctx._handle, False)
+    return True
 
 
 def held_by(workers: frozenset[int]) -> set[int] | None:

@@ -10,15 +10,13 @@ last, in file order.
 from __future__ import annotations
 
 import json
-import os
-import signal
 import statistics
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from trainer_harness import LocalCluster, Role, make_spec
+from trainer_harness import KEEPALIVE_S, LocalCluster, Role, hang, make_spec, reported_between
 
 from trainer.checkpoints import checkpoint_paths
 from trainer.spec import PhaseSpec, StragglerSpec, TrainerSpec
@@ -91,7 +89,7 @@ def test_asp_reaches_accuracy(cluster: LocalCluster, tmp_path: Path) -> None:
     assert chief.of_kind("train_start")[0]["workers"] == WORKERS
     assert {"step", "checkpoint", "phase_start", "phase_end"} <= set(kinds)
     end = chief.of_kind("train_end")[0]
-    assert end["step"] >= 800  # at-least-once: a re-run closure may add a step
+    assert end["step"] == 800  # exact: steps past the budget are dropped on the PS
     steps = chief.of_kind("step")
     assert all(s["loss"] is not None and s["lr"] == pytest.approx(0.02) for s in steps)
     assert final_eval(evaluator)["accuracy"] >= 0.9
@@ -157,7 +155,7 @@ def test_phase_switch_is_in_place(cluster: LocalCluster, tmp_path: Path) -> None
     asp_steps = [s for s in chief.of_kind("step") if s["step"] > 160]
     assert asp_steps and all(s["lr"] == pytest.approx(0.03) for s in asp_steps)
     done = json.loads((tmp_path / "switch" / "checkpoints" / "DONE").read_text())
-    assert done["step"] >= 700 and done["bsp_updates"] == 150
+    assert done["step"] == 700 and done["bsp_updates"] == 150
     assert final_eval(evaluator)["accuracy"] >= 0.9
 
 
@@ -191,7 +189,7 @@ def test_control_override_checkpoint_and_notice(cluster: LocalCluster, tmp_path:
     s0 = done["bsp_updates"]
     assert s0 == switch["step"] and 40 <= s0 < 200
     assert done["budget_units"] == 2 * 200
-    assert s0 + 2 * (200 - s0) <= done["step"] <= s0 + 2 * (200 - s0) + 1  # at-least-once
+    assert done["step"] == s0 + 2 * (200 - s0)  # exact: ASP steps past it are dropped
     assert final_eval(evaluator)["step"] == done["step"]
 
 
@@ -218,64 +216,51 @@ def test_resume_continues_from_checkpoint(cluster: LocalCluster, tmp_path: Path)
 
 def test_hung_worker_is_named_and_the_other_trains_on(cluster: LocalCluster,
                                                       tmp_path: Path) -> None:
-    """Worker 1 hangs without dying (SIGSTOP): the chief's heartbeat names it
+    """Worker 1 hangs without dying (SIGSTOP) for longer than every timeout of the chief
+    (the heartbeat's naming, gRPC keepalive): the chief's heartbeat names it
     (`worker_unresponsive`, trainer/heartbeat.py) within seconds, and worker 0 trains on
     meanwhile, through checkpoints (drains that do not wait for the hung worker's closure,
-    and saves that register no function with it: trainer/tfcompat.py). After SIGCONT it
-    answers again (`worker_responsive`) and the run ends on its exact budget: the hung
-    closure's steps were applied once, not twice."""
-    steps, k = 500, 2
+    and no function or eager op registered with it then: trainer/tfcompat.py). After
+    SIGCONT it answers again (`worker_responsive`) and the run ends on its exact budget (the
+    steps its closure finishes past it are dropped on the PS)."""
+    steps, k = 3000, 2
     _, path = spec_for(cluster, tmp_path / "hang", [PhaseSpec("asp", steps)],
-                       steps_per_closure=k, checkpoint_frequency=40)
+                       steps_per_closure=k, checkpoint_frequency=200)
     chief = cluster.start("chief", 0, path)
     wait_for_step(chief, 60, timeout=180)  # the chief's start-up, on a loaded machine
     victim = next(s for s in cluster.servers if s.name == "worker1")
-    os.kill(victim.proc.pid, signal.SIGSTOP)
-    stopped = time.time()
-    try:
-        silent = chief.wait_event("worker_unresponsive", timeout=30)
-        time.sleep(max(0.0, silent["time"] + 6 - time.time()))  # 6 s more while named
-    finally:
-        # taken before SIGCONT: the worker may answer (and the chief say so) before the next
-        # line of this test runs; event times are rounded to the millisecond
-        resumed = round(time.time(), 3)
-        os.kill(victim.proc.pid, signal.SIGCONT)
-    assert chief.wait(180) == 0, chief.tail()
+    silent, stopped, resumed = hang(chief, victim, 1, KEEPALIVE_S + 2)
+    assert chief.wait(240) == 0, chief.tail()
     # after it was named (by then what was queued before the stop is long done), the
     # global step still advanced, through a checkpoint; a stalled cluster reports nothing
-    window = [(e["kind"], e["step"]) for e in chief.events
-              if silent["time"] < e["time"] < resumed and e["kind"] in ("step", "checkpoint")]
+    window = reported_between(chief, silent["time"], resumed)
     print(f"hung worker: named {silent['time'] - stopped:.1f} s after SIGSTOP; "
           f"{resumed - stopped:.1f} s stopped; reported after it was named: {window}")
-    assert silent["worker"] == 1, chief.tail()
     assert silent["time"] - stopped < 15, silent  # ~5 s (UNRESPONSIVE_S + a beat)
     steps_seen = [step for _, step in window]
     assert steps_seen and max(steps_seen) - min(steps_seen) >= 12, (window, chief.tail())
     assert ("checkpoint" in dict(window)), (window, chief.tail())
+    end = chief.of_kind("train_end")[0]
     back = chief.of_kind("worker_responsive")
-    assert [e["worker"] for e in back] == [1] and back[0]["time"] >= resumed, back
-    assert steps <= chief.of_kind("train_end")[0]["step"] <= steps + k, chief.tail()
+    if end["time"] > resumed + 5:  # still training when it resumed (not on a fast machine)
+        assert [e["worker"] for e in back] == [1] and back[0]["time"] >= resumed, back
+    assert end["step"] == steps, chief.tail()  # the hung closure's late steps: dropped
 
 
 def test_hung_worker_does_not_hold_the_bsp_barrier(cluster: LocalCluster,
                                                    tmp_path: Path) -> None:
     """BSP: a hung worker blocks the step it holds a gradient for until the heartbeat names
-    it (~5 s); then its closure is scheduled again for the survivor and the steps go on,
-    each still one update from (at least) one gradient per worker."""
-    steps = 200
+    it (~5 s); then its closure is scheduled again for the survivor and the steps go on for
+    as long as it stays hung (longer than every timeout), each still one update from (at
+    least) one gradient per worker."""
+    steps = 300
     _, path = spec_for(cluster, tmp_path / "bsphang", [PhaseSpec("bsp", steps)])
     chief = cluster.start("chief", 0, path)
     wait_for_step(chief, 30, timeout=180)
     victim = next(s for s in cluster.servers if s.name == "worker1")
-    os.kill(victim.proc.pid, signal.SIGSTOP)
-    try:
-        silent = chief.wait_event("worker_unresponsive", timeout=30)
-        time.sleep(max(0.0, silent["time"] + 6 - time.time()))
-    finally:
-        os.kill(victim.proc.pid, signal.SIGCONT)
-    resumed = time.time()
+    silent, _, resumed = hang(chief, victim, 1, KEEPALIVE_S + 2)
     assert chief.wait(180) == 0, chief.tail()
-    reported = [e["step"] for e in chief.of_kind("step") if silent["time"] < e["time"] < resumed]
+    reported = [step for _, step in reported_between(chief, silent["time"], resumed, ("step",))]
     print(f"hung BSP worker: steps reported after it was named: {reported}")
     assert len(reported) >= 2 and reported[-1] - reported[0] >= 5, (reported, chief.tail())
     done = json.loads((tmp_path / "bsphang" / "checkpoints" / "DONE").read_text())

@@ -143,3 +143,39 @@ class LocalCluster:
     def stop(self) -> None:
         for r in self.roles:
             r.kill()
+
+
+#: A hung worker's calls fail after gRPC keepalive gives up on it (time + timeout,
+#: trainer/__main__.py); a stop longer than this and the heartbeat's naming outlasts every
+#: timeout of the chief.
+KEEPALIVE_S = 10.0
+
+
+def hang(chief: Role, victim: Role, index: int, hold_s: float,
+         timeout: float = 60) -> tuple[dict[str, Any], float, float]:
+    """SIGSTOP worker `victim` (task `index`) until `hold_s` after the chief names it hung
+    (its `worker_unresponsive`), then SIGCONT. Returns (that event, when it was stopped, when
+    it was resumed: taken before SIGCONT, as the worker may answer before this returns)."""
+    os.kill(victim.proc.pid, signal.SIGSTOP)
+    stopped = time.time()
+    try:
+        deadline = stopped + timeout
+        while True:
+            named = [e for e in chief.of_kind("worker_unresponsive")
+                     if e["worker"] == index and e["time"] >= stopped - 1]
+            if named:
+                break
+            assert time.time() < deadline and chief.proc.poll() is None, chief.tail()
+            time.sleep(0.1)
+        time.sleep(max(0.0, named[0]["time"] + hold_s - time.time()))
+    finally:
+        resumed = round(time.time(), 3)  # event times are rounded to the millisecond
+        os.kill(victim.proc.pid, signal.SIGCONT)
+    return named[0], stopped, resumed
+
+
+def reported_between(chief: Role, start: float, end: float,
+                     kinds: tuple[str, ...] = ("step", "checkpoint")) -> list[tuple[str, int]]:
+    """(kind, step) of the chief's `kinds` events between `start` and `end` (role clock)."""
+    return [(e["kind"], e["step"]) for e in chief.events
+            if start < e["time"] < end and e["kind"] in kinds]
