@@ -253,11 +253,12 @@ class Deployment:
                          name=f"lease-{host.spec.name}", daemon=True).start()
 
     def _renew_lease(self, machine: HostId, runner: HostRunner) -> None:
-        """Rewrite the machine's lease every LEASE_RENEW_S while it serves this cluster (one
-        thread per machine: a frozen one's write blocks only its own renewals)."""
+        """Rewrite the machine's lease every LEASE_RENEW_S while it serves this cluster and
+        its provider has not declared it lost (one thread per machine: a frozen one's write
+        blocks only its own renewals)."""
         while not self._tearing_down.wait(LEASE_RENEW_S):
-            if all(h.machine != machine for h in self.cluster.hosts):
-                return  # replaced: what it still runs ends when the lease lapses
+            if all(h.machine != machine for h in self.cluster.hosts) or not runner.alive():
+                return  # replaced or lost: what it still runs ends when the lease lapses
             with contextlib.suppress(Exception):  # a lost or cut machine: renewed when back
                 runner.write_text(Path(layout.LEASE_FILE), self.lease_token)
 

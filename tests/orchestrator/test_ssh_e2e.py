@@ -5,7 +5,8 @@ the evaluator colocated on machine h0, workers on h1 and h2, h3 a spare. The hos
 venv's interpreter (it has TensorFlow), so setup installs only this project's wheel there, and
 the roles import the trainer from that wheel, not from the checkout.
 
-Faults: a worker's link cut or its machine frozen mid-run (the cluster shrinks and finishes),
+Faults: a worker's link cut or its machine frozen mid-run (the cluster shrinks and finishes;
+the closing line names what it could not stop, and those roles end by themselves once back),
 the PS machine's sshd and processes killed (restart from the latest checkpoint on the spare),
 the orchestrator SIGKILLed (then `python -m orchestrator.release` leaves nothing on any host),
 a machine that hangs at the start (one line within the connection timeout, nothing left).
@@ -25,6 +26,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from orchestrator.runtime.deploy import LEASE_S
 from tests.orchestrator.test_run_local import check_run_dir, read_events
 from tests.testbed import SshTestBed, TestHost
 from tests.testbed.fixtures import provider_options, ssh_testbed  # noqa: F401
@@ -150,7 +152,13 @@ def test_lost_worker_machine_shrinks_and_completes(repo_root: Path, ssh_testbed:
     lost = [e for e in events if e["kind"] in ("revocation", "server_failure")]
     assert [e.get("role") for e in lost] == ["worker"], lost  # only the cut worker was lost
     assert any(e["kind"] == "recovery_start" for e in events)
-    # The cut machine's roles outlived the link; release after the link is back stops them.
+    # The run could not stop the lost machine's roles: its closing line says so, and how.
+    said = " ".join(out.split())  # (a line wrapped where the output is not a terminal)
+    assert f"not confirmed stopped: run python -m orchestrator.release {run_dir}" in said, out
+    # Once the machine is back, its roles end by themselves: nobody renews their lease (the
+    # orchestrator is gone), so they exit within its term of the last renewal.
+    left = ssh_testbed.processes_left([worker_host], within_s=LEASE_S + 30)
+    assert left == {worker_host.name: []}, left
     subprocess.run([sys.executable, "-m", "orchestrator.release", str(run_dir)], cwd=repo_root,
                    env=ENV, check=True, capture_output=True, timeout=120)
     assert_nothing_left(ssh_testbed, ssh_testbed.hosts[:4])
