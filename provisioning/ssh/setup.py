@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from provisioning.base import BadRequestError, ProvisionError
-from provisioning.checkout import PROJECT_ROOT
+from provisioning.checkout import PROJECT_ROOT, installed_source_tree, is_checkout
 from provisioning.ssh.connection import SshConnection
 from provisioning.ssh.runner import sftp_put
 
@@ -68,13 +68,14 @@ class Wheel:
 
 
 def project_root() -> Path:
-    """The source checkout this package was imported from (where pyproject.toml is)."""
-    root = PROJECT_ROOT
-    if not (root / "pyproject.toml").exists():
-        raise BadRequestError(
-            f"provider: setting up ssh hosts builds this project's wheel from its source "
-            f"checkout, but {root} has no pyproject.toml")
-    return root
+    """The source tree the hosts' wheel is built from: the checkout this package was imported
+    from, or for an installed tool the same items rebuilt from its installed files."""
+    if is_checkout(PROJECT_ROOT):
+        return PROJECT_ROOT
+    try:
+        return installed_source_tree([*_SOURCE_ITEMS, *map(str, _BUILD_ONLY)])
+    except RuntimeError as ex:
+        raise BadRequestError(f"provider: setting up ssh hosts: {ex}") from None
 
 
 def source_stamp(root: Path | None = None) -> str:
