@@ -25,6 +25,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 from orchestrator.config.errors import ConfigError
+from orchestrator.paths import CONF_DIR
 
 #: Names the user repository explicitly (no search from the current folder).
 ROOT_ENV = "TRANSIENT_REPO"
@@ -36,11 +37,6 @@ PROVIDER = "transient-orchestrator user repository"  # its search-path provider 
 # Experiment files pinned by name for this process (`orchestrator.validate` of a file outside
 # any repository): they win over every other file of that name.
 _pinned: dict[str, Path] = {}
-
-
-def packaged_conf_dir() -> Path:
-    """The packaged config tree (``orchestrator/conf``, in the checkout a link to ``conf/``)."""
-    return Path(__file__).resolve().parent / "conf"
 
 
 def find_root(start: Path | None = None) -> Path | None:
@@ -65,7 +61,7 @@ def find_root(start: Path | None = None) -> Path | None:
 def is_tool_checkout(root: Path) -> bool:
     """True when ``root`` is this tool's own source checkout (its conf/ is the packaged one)."""
     with contextlib.suppress(OSError):
-        return (root / CONF).resolve() == packaged_conf_dir().resolve()
+        return (root / CONF).resolve() == CONF_DIR.resolve()
     return False
 
 
