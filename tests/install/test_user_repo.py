@@ -179,6 +179,7 @@ def test_init_writes_a_valid_repository_and_overwrites_nothing(tmp_path: Path, m
 
 
 def test_cli_missing_experiment_is_one_line(repo: Path) -> None:
+    """The real command outside the checkout (here: the editable install's path hook)."""
     env = {k: v for k, v in os.environ.items() if k != user_repo.ROOT_ENV}
     proc = subprocess.run([sys.executable, "-m", "orchestrator", "+experiment=nope",
                            "dry_run=true"], cwd=repo, env=env, capture_output=True, text=True,
@@ -187,3 +188,4 @@ def test_cli_missing_experiment_is_one_line(repo: Path) -> None:
     assert proc.stderr.count("\n") == 1 and proc.stdout == ""
     assert proc.stderr.startswith("config error: experiment: unknown option 'nope' (looked in "
                                   f"{repo / 'experiments'}/ and the packaged examples")
+    assert "mine" in proc.stderr and "digits_local" in proc.stderr  # both trees were read
