@@ -5,11 +5,13 @@ sdist does), installs the wheel with its `cpu` extra into a fresh virtualenv (no
 packages; pip reads the wheels from the configured index or mirror), then, from a temporary user
 repository made by `transient-init`: dry runs of a packaged experiment, of a user experiment and
 with a user provider file, `transient-validate` on a good and a bad experiment, one short local
-training run, and the hosts' wheel rebuilt from the installed files. Nothing here imports the
+training run, a short run over SSH on the namespace test bed (hosts get the wheel rebuilt from
+the installed files), and that wheel compared with the one a checkout builds. Nothing here imports the
 checkout: every command runs with the venv's interpreter, in the user repository, without
 PYTHONPATH. The venv (about 1.8 GB) is removed at the end.
 """
 
+# ruff: noqa: F811  (the test bed fixture is imported, then requested by name)
 from __future__ import annotations
 
 import json
@@ -24,6 +26,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import yaml
+
+from tests.testbed import SshTestBed
+from tests.testbed.fixtures import provider_options, ssh_testbed  # noqa: F401
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 
@@ -253,3 +259,26 @@ def test_the_hosts_wheel_is_rebuilt_from_the_installed_files(installed: Installe
         for name in names:
             if not name.endswith((".dist-info/RECORD", ".dist-info/WHEEL")):
                 assert a.read(name) == b.read(name), name
+
+
+def test_a_short_ssh_run_gets_the_installed_code_to_the_hosts(
+        installed: Installed, user_repo: Path, ssh_testbed: SshTestBed) -> None:
+    """provider=ssh from the installed tool: ps-0 (and the chief) on one namespace host, the
+    worker on another; each host's interpreter is the venv's (it has TensorFlow), so setup only
+    unpacks the hosts' wheel, which the installed tool rebuilt from its own files."""
+    options = {"name": "ssh", **provider_options(ssh_testbed, ssh_testbed.hosts[:2])}
+    for host in options["hosts"]:
+        host["python"] = installed.bin("python")
+    (user_repo / "conf" / "provider" / "bed.yaml").write_text(
+        "defaults:\n  - ssh_schema\n  - _self_\n" + yaml.safe_dump(options))
+    proc = installed.run("transient-orchestrator", "+experiment=ssh_digits", "provider=bed",
+                         "cluster.workers=1", "cluster.evaluator=false", "job.train_steps=60",
+                         "job.eval_frequency=0", "job.checkpoint_frequency=0", "preflight=false",
+                         "progress=false", cwd=user_repo, timeout=600)
+    _check(proc, "ssh run")
+    summaries = list((user_repo / "outputs" / "ssh_digits").glob("*/summary.json"))
+    summary = json.loads(summaries[0].read_text())
+    assert summary["status"] == "completed" and summary["global_steps"] >= 60, summary
+    trees = list((installed.work / "cache" / "transient-orchestrator" / "installed-source")
+                 .glob("*/trainer"))
+    assert len(trees) == 1  # the hosts' wheel was built from the installed files
