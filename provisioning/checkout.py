@@ -41,8 +41,14 @@ def _cache_dir() -> Path:
         / "transient-orchestrator" / "installed-source"
 
 
-def installed_source_tree(items: Sequence[str]) -> Path:
-    """A source tree holding ``items`` (paths as in a checkout) rebuilt from the installed tool.
+#: The packages that run on hosts (the hosts' wheel is built from a subset of them).
+HOST_PACKAGES = ("trainer", "provisioning")
+
+
+def installed_source_tree(items: Sequence[str] | None = None) -> Path:
+    """A source tree rebuilt from the installed tool, laid out as a checkout, holding ``items``
+    (default: what a hosts' wheel build reads: pyproject.toml, README.md, the license files,
+    :data:`HOST_PACKAGES`).
 
     Packages (folders) are copied from where they are installed, `pyproject.toml` is the shipped
     copy, `README.md` is the long description of the installed metadata, license files come from
@@ -59,6 +65,9 @@ def installed_source_tree(items: Sequence[str]) -> Path:
         raise RuntimeError(
             f"{PROJECT_ROOT} is neither a source checkout (no pyproject.toml) nor an installed "
             f"{DISTRIBUTION}: the hosts' wheel cannot be built") from ex
+    if items is None:
+        licenses = dist.metadata.get_all("License-File") or []  # type: ignore[attr-defined]
+        items = ["pyproject.toml", "README.md", *licenses, *HOST_PACKAGES]
     record = dist.read_text("RECORD") or ""
     key = hashlib.sha256("\0".join([dist.version, record, *items]).encode()).hexdigest()[:20]
     target = _cache_dir() / f"{dist.version}-{key}"

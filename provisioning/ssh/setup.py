@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from provisioning.base import BadRequestError, ProvisionError
-from provisioning.checkout import PROJECT_ROOT, installed_source_tree, is_checkout
+from provisioning.checkout import PROJECT_ROOT
 from provisioning.ssh.connection import SshConnection
 from provisioning.ssh.runner import sftp_put
 
@@ -70,10 +70,12 @@ class Wheel:
 def project_root() -> Path:
     """The source tree the hosts' wheel is built from: the checkout this package was imported
     from, or for an installed tool the same items rebuilt from its installed files."""
+    from provisioning.checkout import installed_source_tree, is_checkout
+
     if is_checkout(PROJECT_ROOT):
         return PROJECT_ROOT
     try:
-        return installed_source_tree([*_SOURCE_ITEMS, *map(str, _BUILD_ONLY)])
+        return installed_source_tree()
     except RuntimeError as ex:
         raise BadRequestError(f"provider: setting up ssh hosts: {ex}") from None
 
