@@ -291,7 +291,21 @@ class IsolatedTestBed:
             raise
         return Disk(host.disk.image, (dest, *host.disk.layers))
 
+    def finish_boot(self, host: IsolatedHost) -> None:
+        """End `host`'s boot now: remove /run/nologin, so logins are accepted (a test that must
+        see a refusal first starts the host with a long `boot_s`, then calls this)."""
+        subprocess.run(["nsenter", "-t", str(self.init_pid(host)), "-m", "--", "rm", "-f",
+                        "/run/nologin"], check=True, capture_output=True)
+
     # --- inside a host ------------------------------------------------------------------------
+
+    def init_pid(self, host: IsolatedHost) -> int:
+        """The test machine's pid of the host's PID 1 (its sshd)."""
+        if not host.running:
+            raise RuntimeError(f"{host.name} is not running")
+        assert host.process is not None
+        children = Path(f"/proc/{host.process.pid}/task/{host.process.pid}/children").read_text()
+        return int(children.split()[0])
 
     def pids(self, host: IsolatedHost) -> list[int]:
         """Live processes of the host (its pid namespace), sshd included."""
