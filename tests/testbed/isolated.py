@@ -36,6 +36,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Iterator, Sequence
@@ -76,6 +77,22 @@ rmdir /.oldroot
 exec /bin/sh -c '
 set -e
 mkdir -p /run/sshd
+# the guest agent: accounts from the instance metadata (lines "USER PUBLIC-KEY")
+if [ -s /etc/guest-accounts ]; then
+  while read -r user key; do
+    id "$user" >/dev/null 2>&1 || useradd --create-home --shell /bin/bash "$user"
+    if [ "$user" != root ]; then
+      echo "$user ALL=(ALL) NOPASSWD:ALL" > "/etc/sudoers.d/90-guest-$user"
+      chmod 0440 "/etc/sudoers.d/90-guest-$user"
+    fi
+    home=$(getent passwd "$user" | cut -d: -f6)
+    mkdir -p "$home/.ssh"
+    echo "$key" > "$home/.ssh/authorized_keys"
+    chown -R "$user:" "$home/.ssh"
+    chmod 700 "$home/.ssh"
+    chmod 600 "$home/.ssh/authorized_keys"
+  done < /etc/guest-accounts
+fi
 if [ "$1" != 0 ]; then
   echo "$2" > /run/nologin
   (sleep "$1"; rm -f /run/nologin) &
@@ -156,6 +173,7 @@ class IsolatedTestBed:
         self.hosts: list[IsolatedHost] = []
         self._links: list[str] = []
         self._index: subprocess.Popen[bytes] | None = None
+        self._lock = threading.Lock()  # hosts may start from several threads (a fake cloud)
         # Hosts die with the *thread* that started them (PR_SET_PDEATHSIG), so one long-lived
         # thread starts them all, whichever thread (a fake cloud's request handler) asks.
         self._launcher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="isobed-launch")
@@ -177,46 +195,59 @@ class IsolatedTestBed:
     # --- hosts --------------------------------------------------------------------------------
 
     def add_host(self, image: str | None = None, layers: Sequence[Path] = (),
-                 boot_s: float | None = None, start: bool = True,
-                 disk: Disk | None = None) -> IsolatedHost:
-        """Create a host with a fresh disk over `image` (or `disk`) and start it."""
-        i = len(self.hosts)
+                 boot_s: float | None = None, start: bool = True, disk: Disk | None = None,
+                 accounts: dict[str, str] | None = None) -> IsolatedHost:
+        """Create a host (its namespaces, link and a fresh disk over `image` plus `layers`, or
+        `disk`) and start it unless `start` is false. `accounts`: see `reimage`."""
         disk = disk or Disk(image or self.image, tuple(Path(p) for p in layers))
         images.build(disk.image)
-        host = IsolatedHost(
-            index=i, name=f"h{i}", netns=f"{PREFIX}{self.tag}n{i}",
-            veth=f"{PREFIX}{self.tag}v{i}",
-            address=f"{SUBNET_PREFIX}.{self.octet}.{HOST_ADDRESS_OFFSET + i}", disk=disk,
-            dir=self.dir / "hosts" / f"h{i}",
-            boot_s=self.boot_s if boot_s is None else boot_s)
-        self.hosts.append(host)
+        with self._lock:
+            i = len(self.hosts)
+            host = IsolatedHost(
+                index=i, name=f"h{i}", netns=f"{PREFIX}{self.tag}n{i}",
+                veth=f"{PREFIX}{self.tag}v{i}",
+                address=f"{SUBNET_PREFIX}.{self.octet}.{HOST_ADDRESS_OFFSET + i}", disk=disk,
+                dir=self.dir / "hosts" / f"h{i}",
+                boot_s=self.boot_s if boot_s is None else boot_s)
+            self.hosts.append(host)
         _ip("netns", "add", host.netns)
         _in_netns(host.netns, "sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=1")
         _ip("link", "add", host.veth, "type", "veth", "peer", "name", "eth0", "netns", host.netns)
-        self._links.append(host.veth)
+        with self._lock:
+            self._links.append(host.veth)
         _sysctl(f"net.ipv6.conf.{host.veth}.disable_ipv6=1")
         _ip("link", "set", host.veth, "master", self.bridge, "up")
         _ip("-n", host.netns, "addr", "add", f"{host.address}/24", "dev", "eth0")
         _ip("-n", host.netns, "link", "set", "eth0", "up")
         _ip("-n", host.netns, "link", "set", "lo", "up")
-        self._new_disk(host)
+        self.reimage(host, accounts=accounts)
         if start:
             self.start(host)
         return host
 
-    def _new_disk(self, host: IsolatedHost) -> None:
-        """A fresh upper dir: what the cloud's guest agent would write at first boot (hostname,
-        hosts, the login user's authorized key)."""
+    def reimage(self, host: IsolatedHost, disk: Disk | None = None,
+                accounts: dict[str, str] | None = None) -> None:
+        """Give a stopped host a fresh disk from `disk` (default: its own image and layers), as
+        a VM created anew. `accounts` ({user: public key line}, default {cloud: the bed's client
+        key}) are what the cloud's guest agent creates at boot from the instance metadata
+        (`ssh-keys`): the user (with passwordless sudo) and its authorized key."""
+        if host.running:
+            raise RuntimeError(f"{host.name} must be stopped to get a new disk")
+        host.disk = disk or host.disk
+        images.build(host.disk.image)
         shutil.rmtree(host.dir, ignore_errors=True)
         for sub in ("upper", "work", "merged"):
             (host.dir / sub).mkdir(parents=True)
+        if accounts is None:
+            accounts = {LOGIN_USER: self.client_key.with_suffix(".pub").read_text()}
         lower = [*host.disk.layers, images.rootfs(host.disk.image)]
         _write_over(lower, host.upper, "etc/hostname", f"{host.name}\n")
         _write_over(lower, host.upper, "etc/hosts",
                     f"127.0.0.1 localhost\n{host.address} {host.name}\n")
-        pub = self.client_key.with_suffix(".pub").read_text()
-        _write_over(lower, host.upper, f"home/{host.user}/.ssh/authorized_keys", pub,
-                    mode=0o600, owner_of=f"home/{host.user}", dir_mode=0o700)
+        _write_over(lower, host.upper, "etc/guest-accounts", "".join(
+            f"{user} {' '.join(key.split())}\n" for user, key in accounts.items()), mode=0o600)
+        host.user = LOGIN_USER if LOGIN_USER in accounts else next(iter(accounts), LOGIN_USER)
+
 
     def start(self, host: IsolatedHost) -> None:
         """Boot `host` from its disk and wait for its sshd; learn its host key."""
@@ -263,7 +294,7 @@ class IsolatedTestBed:
         key, nothing of what was written before)."""
         self.stop(host)
         if fresh_disk:
-            self._new_disk(host)
+            self.reimage(host)
         self.start(host)
 
     def snapshot(self, host: IsolatedHost, dest: Path | None = None) -> Disk:
@@ -369,6 +400,10 @@ class IsolatedTestBed:
                 for h in (self.hosts if hosts is None else hosts)]
 
     def _pin(self, host: IsolatedHost) -> None:
+        with self._lock:
+            self._pin_locked(host)
+
+    def _pin_locked(self, host: IsolatedHost) -> None:
         lines = [ln for ln in self.known_hosts.read_text().splitlines()
                  if ln.split(" ", 1)[0] != host.address]
         lines.append(f"{host.address} {host.host_key}")

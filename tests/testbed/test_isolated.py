@@ -207,3 +207,16 @@ def _processes_in(namespaces: list[str]) -> list[int]:
             except OSError:
                 pass
     return found
+
+
+def test_the_guest_agent_creates_the_metadata_accounts(bed: IsolatedTestBed) -> None:
+    """As on a cloud VM: a user named in the instance's ssh-keys exists after boot, with the
+    key authorized and passwordless sudo; the image's own user is not authorized."""
+    key = bed.client_key.with_suffix(".pub").read_text()
+    host = bed.add_host(image="trixie", accounts={"alice": key})
+    try:
+        assert host.user == "alice"
+        assert run(bed, host, "id -un; sudo -n id -un").split() == ["alice", "root"]
+        assert bed.ssh(host, "true", user="cloud").returncode == 255
+    finally:
+        bed.stop(host)
