@@ -260,21 +260,27 @@ class IsolatedTestBed:
         env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C"}
 
         def launch() -> subprocess.Popen[bytes]:
+            # host.process is set here, in the launcher, so a close() that waits for the
+            # launcher always sees (and kills) what it started
             with open(host.log, "ab") as log:
-                return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log,
-                                        stderr=log, env=env, cwd="/")
+                host.process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log,
+                                                stderr=log, env=env, cwd="/")
+            return host.process
 
-        host.process = self._launcher.submit(launch).result()
+        try:
+            process = self._launcher.submit(launch).result()
+        except RuntimeError as err:  # the launcher is shut down: the bed is closing
+            raise RuntimeError(f"isolated bed closed: {host.name} not started") from err
         host.started_at = time.monotonic()
         key = host.upper / "etc/ssh/ssh_host_ed25519_key.pub"
         deadline = host.started_at + START_TIMEOUT_S
         while not (key.exists() and _accepts(host.address, 22)):
-            if host.process.poll() is not None or time.monotonic() > deadline:
+            if process.poll() is not None or time.monotonic() > deadline:
                 self.stop(host)
                 raise RuntimeError(f"isolated host {host.name} did not start: "
                                    + host.log.read_text(errors="replace")[-2000:])
             time.sleep(0.05)
-        host.pidns = _pidns_for_children(host.process.pid)
+        host.pidns = _pidns_for_children(process.pid)
         host.host_key = " ".join(key.read_text().split()[:2])
         self._pin(host)
 
@@ -425,16 +431,18 @@ class IsolatedTestBed:
 
         def launch() -> subprocess.Popen[bytes]:
             with open(self.dir / "index.log", "ab") as log:
-                return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+                self._index = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log,
+                                               stderr=log)
+            return self._index
 
-        self._index = self._launcher.submit(launch).result()
+        index = self._launcher.submit(launch).result()
         url = f"http://{self.gateway}:{port}/simple/"
         deadline = time.monotonic() + 60
         while True:
             with contextlib.suppress(OSError), urllib.request.urlopen(url, timeout=2) as reply:
                 if reply.status == 200:
                     return url
-            if self._index.poll() is not None or time.monotonic() > deadline:
+            if index.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError("package index did not start: "
                                    + (self.dir / "index.log").read_text()[-2000:])
             time.sleep(0.1)
@@ -444,6 +452,7 @@ class IsolatedTestBed:
     def close(self) -> None:
         """Kill every host and the index; remove namespaces, links and the bed's directory.
         Idempotent."""
+        self._launcher.shutdown(wait=True)  # nothing starts from now on (a fake cloud's threads)
         for host in self.hosts:
             self.stop(host)
         if self._index is not None:
@@ -456,7 +465,6 @@ class IsolatedTestBed:
         for link in reversed(self._links):
             _ip("link", "del", link, check=False)
         self._links.clear()
-        self._launcher.shutdown(wait=True)
         shutil.rmtree(self.dir, ignore_errors=True)
 
     def leftovers(self) -> list[str]:
@@ -576,7 +584,15 @@ def _in_netns(netns: str, *argv: str) -> None:
 
 
 def _pidns_for_children(pid: int) -> str:
-    return os.readlink(f"/proc/{pid}/ns/pid_for_children")
+    """The pid namespace of a host's processes (that of its `unshare`'s children); never the
+    test machine's own, which `pids()`/`kill_processes()` would then take for the host's."""
+    try:
+        ns = os.readlink(f"/proc/{pid}/ns/pid_for_children")
+    except OSError as err:
+        raise RuntimeError(f"isolated host process {pid} ended while starting") from err
+    if ns == os.readlink("/proc/self/ns/pid"):
+        raise RuntimeError(f"isolated host process {pid} has no pid namespace of its own")
+    return ns
 
 
 def _write_over(lower: list[Path], upper: Path, rel: str, text: str, mode: int = 0o644,

@@ -83,6 +83,36 @@ def wheelhouse(requirements: Sequence[str] = HOST_REQUIREMENTS, python: str = "3
     return final
 
 
+def merged(requirements: Sequence[str] = HOST_REQUIREMENTS,
+           pythons: Sequence[str] = ("3.11", "3.13"), glibc: str = GLIBC,
+           extra_wheels: Sequence[str] = ()) -> Path:
+    """One directory with the wheelhouses of every Python in `pythons` (hard links, cached):
+    what one index serves to hosts of several images; each host's pip picks its own wheels."""
+    parts = [wheelhouse(requirements, p, glibc, extra_wheels) for p in pythons]
+    final = images.cache_dir() / "wheels" / ("merged-" + hashlib.sha256(
+        " ".join(p.name for p in parts).encode()).hexdigest()[:12])
+    if (final / ".complete").exists():
+        return final
+    with images._lock(final.parent / f".{final.name}.lock"):
+        if (final / ".complete").exists():
+            return final
+        tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        try:
+            for part in parts:
+                for wheel in part.glob("*.whl"):
+                    if not (tmp / wheel.name).exists():
+                        os.link(wheel, tmp / wheel.name)
+            (tmp / ".complete").write_text(" ".join(p.name for p in parts) + "\n")
+            shutil.rmtree(final, ignore_errors=True)
+            tmp.rename(final)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    return final
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if not args:
