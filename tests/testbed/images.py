@@ -196,7 +196,8 @@ def main(argv: list[str] | None = None) -> int:
                                      description="Build or locate the isolated hosts' images.")
     sub = parser.add_subparsers(dest="command", required=True)
     b = sub.add_parser("build", help="build the images that are not cached yet")
-    b.add_argument("names", nargs="*", choices=sorted(IMAGES), default=sorted(IMAGES))
+    b.add_argument("names", nargs="*", metavar="IMAGE",
+                   help=f"images to build (default: all of {', '.join(sorted(IMAGES))})")
     p = sub.add_parser("path", help="print an image's rootfs path")
     p.add_argument("name", choices=sorted(IMAGES))
     args = parser.parse_args(argv)
@@ -207,7 +208,10 @@ def main(argv: list[str] | None = None) -> int:
     if missing:
         print("isolated images NOT built: needs " + ", ".join(missing), file=sys.stderr)
         return 0  # the tests that need them skip loudly
-    for name in args.names:
+    unknown = sorted(set(args.names) - set(IMAGES))
+    if unknown:
+        parser.error(f"unknown image {unknown[0]} (choose from {', '.join(sorted(IMAGES))})")
+    for name in args.names or sorted(IMAGES):
         if is_built(name):
             print(f"image {name}: cached at {rootfs(name)}")
             continue
