@@ -4,7 +4,7 @@ the project itself with debootstrap and cached on this machine outside the check
 Two images stand for two bare cloud images: `bookworm` (Debian 12, Python 3.11, the
 orchestrator's own minor) and `trixie` (Debian 13, Python 3.13, not the orchestrator's minor).
 Each has only what a minimal cloud image has: python3 with venv, openssh-server, sudo, iproute2,
-procps, ca-certificates and PAM; no TensorFlow, no pip packages. The login user `cloud` has
+procps, ca-certificates, curl and PAM; no TensorFlow, no pip packages. The login user `cloud` has
 passwordless sudo, as the user a cloud's guest agent creates. Host keys are removed from the
 image: each host makes its own at first boot (Debian's cloud images do the same).
 
@@ -38,8 +38,9 @@ from pathlib import Path
 CACHE_ENV = "TRANSIENT_ISOBED_CACHE"
 DEFAULT_CACHE = Path("/var/tmp/transient-isobed")
 LOGIN_USER = "cloud"
+# curl: every cloud's Debian image has it, and VM-side scripts (the preemption watcher) use it
 PACKAGES = ("python3", "python3-venv", "openssh-server", "sudo", "iproute2", "procps",
-            "ca-certificates", "libpam-modules")
+            "ca-certificates", "libpam-modules", "curl")
 RECIPE_VERSION = "1"  # bump when _finish() changes what the image holds
 
 
@@ -169,7 +170,7 @@ def build(name: str, log: Path | None = None) -> Path:
         tmp = cache_dir() / f".build-{image.name}-{image.digest()}-{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
-        log = log or cache_dir() / f"{image.name}-build.log"
+        log = log or cache_dir() / f"{image.name}-{image.digest()}-build.log"
         started = time.monotonic()
         try:
             with open(log, "w") as out:

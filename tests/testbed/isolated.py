@@ -93,6 +93,10 @@ if [ -s /etc/guest-accounts ]; then
     chmod 600 "$home/.ssh/authorized_keys"
   done < /etc/guest-accounts
 fi
+# the instance metadata startup-script, as root, detached (google-startup-scripts does this)
+if [ -s /etc/guest-startup-script ]; then
+  setsid /bin/bash /etc/guest-startup-script > /var/log/startup-script.log 2>&1 < /dev/null &
+fi
 if [ "$1" != 0 ]; then
   echo "$2" > /run/nologin
   (sleep "$1"; rm -f /run/nologin) &
@@ -226,11 +230,15 @@ class IsolatedTestBed:
         return host
 
     def reimage(self, host: IsolatedHost, disk: Disk | None = None,
-                accounts: dict[str, str] | None = None) -> None:
+                accounts: dict[str, str] | None = None, startup_script: str | None = None,
+                names: dict[str, str] | None = None) -> None:
         """Give a stopped host a fresh disk from `disk` (default: its own image and layers), as
         a VM created anew. `accounts` ({user: public key line}, default {cloud: the bed's client
         key}) are what the cloud's guest agent creates at boot from the instance metadata
-        (`ssh-keys`): the user (with passwordless sudo) and its authorized key."""
+        (`ssh-keys`): the user (with passwordless sudo) and its authorized key.
+        `startup_script` runs as root, detached, at every boot (output in
+        /var/log/startup-script.log). `names` ({hostname: address}) are added to /etc/hosts
+        (e.g. metadata.google.internal)."""
         if host.running:
             raise RuntimeError(f"{host.name} must be stopped to get a new disk")
         host.disk = disk or host.disk
@@ -243,7 +251,11 @@ class IsolatedTestBed:
         lower = [*host.disk.layers, images.rootfs(host.disk.image)]
         _write_over(lower, host.upper, "etc/hostname", f"{host.name}\n")
         _write_over(lower, host.upper, "etc/hosts",
-                    f"127.0.0.1 localhost\n{host.address} {host.name}\n")
+                    f"127.0.0.1 localhost\n{host.address} {host.name}\n" + "".join(
+                        f"{address} {name}\n" for name, address in (names or {}).items()))
+        if startup_script:
+            _write_over(lower, host.upper, "etc/guest-startup-script", startup_script,
+                        mode=0o700)
         _write_over(lower, host.upper, "etc/guest-accounts", "".join(
             f"{user} {' '.join(key.split())}\n" for user, key in accounts.items()), mode=0o600)
         host.user = LOGIN_USER if LOGIN_USER in accounts else next(iter(accounts), LOGIN_USER)
@@ -346,15 +358,7 @@ class IsolatedTestBed:
 
     def pids(self, host: IsolatedHost) -> list[int]:
         """Live processes of the host (its pid namespace), sshd included."""
-        if not host.pidns:
-            return []
-        found = []
-        for entry in os.listdir("/proc"):
-            if entry.isdigit():
-                with contextlib.suppress(OSError):
-                    if os.readlink(f"/proc/{entry}/ns/pid") == host.pidns and _is_live(int(entry)):
-                        found.append(int(entry))
-        return found
+        return live_processes([host.pidns]) if host.pidns else []
 
     def kill_processes(self, host: IsolatedHost, sig: int = signal.SIGKILL) -> None:
         for pid in self.pids(host):
@@ -504,6 +508,18 @@ def skip_reason(build: bool = True) -> str | None:
         return None
     return ("ISOLATED TEST HOSTS NOT RUN: containers from Debian images need "
             + ", ".join(missing) + " -- run `make isolated-images` as root on Debian")
+
+
+def live_processes(pidns: Sequence[str]) -> list[int]:
+    """Live (non-zombie) processes in any of the pid namespaces `pidns` ("pid:[inode]", as
+    `IsolatedHost.pidns`): what is left of hosts, seen from the test machine."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            with contextlib.suppress(OSError):
+                if os.readlink(f"/proc/{entry}/ns/pid") in pidns and _is_live(int(entry)):
+                    found.append(int(entry))
+    return found
 
 
 # --- stale beds -----------------------------------------------------------------------------

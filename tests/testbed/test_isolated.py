@@ -9,7 +9,6 @@ Skipped loudly when this machine cannot run them (not root, no debootstrap).
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -21,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO_ROOT
-from tests.testbed import _is_live, isolated, wheelhouse
+from tests.testbed import isolated, wheelhouse
 from tests.testbed.isolated import IsolatedHost, IsolatedTestBed
 
 pytestmark = pytest.mark.slow
@@ -196,27 +195,4 @@ def test_hosts_die_with_a_sigkilled_test_process_and_are_swept_later() -> None:
 
 
 def _processes_in(namespaces: list[str]) -> list[int]:
-    """Live (non-zombie) processes in those pid namespaces."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                if (os.readlink(f"/proc/{entry}/ns/pid") in namespaces
-                        and _is_live(int(entry))):
-                    found.append(int(entry))
-            except OSError:
-                pass
-    return found
-
-
-def test_the_guest_agent_creates_the_metadata_accounts(bed: IsolatedTestBed) -> None:
-    """As on a cloud VM: a user named in the instance's ssh-keys exists after boot, with the
-    key authorized and passwordless sudo; the image's own user is not authorized."""
-    key = bed.client_key.with_suffix(".pub").read_text()
-    host = bed.add_host(image="trixie", accounts={"alice": key})
-    try:
-        assert host.user == "alice"
-        assert run(bed, host, "id -un; sudo -n id -un").split() == ["alice", "root"]
-        assert bed.ssh(host, "true", user="cloud").returncode == 255
-    finally:
-        bed.stop(host)
+    return isolated.live_processes(namespaces)
