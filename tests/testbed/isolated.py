@@ -178,6 +178,7 @@ class IsolatedTestBed:
         self._links: list[str] = []
         self._index: subprocess.Popen[bytes] | None = None
         self._lock = threading.Lock()  # hosts may start from several threads (a fake cloud)
+        self._closed = False
         # Hosts die with the *thread* that started them (PR_SET_PDEATHSIG), so one long-lived
         # thread starts them all, whichever thread (a fake cloud's request handler) asks.
         self._launcher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="isobed-launch")
@@ -241,8 +242,15 @@ class IsolatedTestBed:
         (e.g. metadata.google.internal)."""
         if host.running:
             raise RuntimeError(f"{host.name} must be stopped to get a new disk")
+        images.build((disk or host.disk).image)
+        with self._lock:  # close() waits for a disk being written, then none is
+            if self._closed:
+                raise RuntimeError(f"isolated bed closed: {host.name} gets no new disk")
+            self._reimage(host, disk, accounts, startup_script, names)
+
+    def _reimage(self, host: IsolatedHost, disk: Disk | None, accounts: dict[str, str] | None,
+                 startup_script: str | None, names: dict[str, str] | None) -> None:
         host.disk = disk or host.disk
-        images.build(host.disk.image)
         shutil.rmtree(host.dir, ignore_errors=True)
         for sub in ("upper", "work", "merged"):
             (host.dir / sub).mkdir(parents=True)
@@ -456,6 +464,8 @@ class IsolatedTestBed:
     def close(self) -> None:
         """Kill every host and the index; remove namespaces, links and the bed's directory.
         Idempotent."""
+        with self._lock:
+            self._closed = True
         self._launcher.shutdown(wait=True)  # nothing starts from now on (a fake cloud's threads)
         for host in self.hosts:
             self.stop(host)

@@ -189,7 +189,7 @@ def test_hosts_die_with_a_sigkilled_test_process_and_are_swept_later() -> None:
         time.sleep(0.1)
     assert not _processes_in(state["pidns"]), "hosts outlived their test process"
     assert isolated._leftovers(state["tag"]), "expected the dead bed's links until a sweep"
-    assert state["tag"] in isolated.sweep_stale()
+    isolated.sweep_stale()  # (another bed starting now may sweep it first: also fine)
     assert isolated._leftovers(state["tag"]) == []
     assert not (isolated._beds_dir() / state["tag"]).exists()
 
