@@ -164,9 +164,15 @@ class IsolatedTestBed:
         if reason:
             raise RuntimeError(reason)
         sweep_stale()
-        self.tag = secrets.token_hex(2)
-        self.dir = _beds_dir() / self.tag
-        self.dir.mkdir(parents=True)
+        _beds_dir().mkdir(parents=True, exist_ok=True)
+        for _ in range(100):  # the bed's directory reserves its tag among live beds
+            self.tag = secrets.token_hex(2)
+            self.dir = _beds_dir() / self.tag
+            with contextlib.suppress(FileExistsError):
+                self.dir.mkdir()
+                break
+        else:
+            raise RuntimeError(f"no free tag for an isolated bed in {_beds_dir()}")
         (self.dir / "owner").write_text(_owner_stamp(os.getpid()))
         self.bridge = f"{PREFIX}{self.tag}br"
         self.image = image
