@@ -150,6 +150,19 @@ def test_hosts_install_from_the_beds_package_index(bed: IsolatedTestBed) -> None
     assert missing.returncode != 0  # the index serves what is in the wheelhouse, nothing more
 
 
+def test_the_guest_agent_creates_the_metadata_accounts(bed: IsolatedTestBed) -> None:
+    """As on a cloud VM: a user named in the instance's ssh-keys exists after boot, with the
+    key authorized and passwordless sudo; the image's own user is not authorized."""
+    key = bed.client_key.with_suffix(".pub").read_text()
+    host = bed.add_host(image="trixie", accounts={"alice": key})
+    try:
+        assert host.user == "alice"
+        assert run(bed, host, "id -un; sudo -n id -un").split() == ["alice", "root"]
+        assert bed.ssh(host, "true", user="cloud").returncode == 255
+    finally:
+        bed.stop(host)
+
+
 def test_teardown_leaves_nothing() -> None:
     reason = isolated.skip_reason()
     if reason:
