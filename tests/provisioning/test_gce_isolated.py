@@ -4,12 +4,13 @@ key made at first boot is published as guest attributes, logins are refused whil
 deleting or preempting it powers the host off, and a stopped VM's disk becomes a custom image
 that new VMs boot. The provider's own use of such VMs is tested with the provider (host-runtime).
 """
+# ruff: noqa: F811  (the test bed fixture is imported, then requested by name)
 
 from __future__ import annotations
 
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ from tests.fakes.gce_server import FakeHttpError
 from tests.provisioning.gce_fixtures import PROJECT, ZONES, IsolatedFakeGce
 from tests.testbed import isolated
 from tests.testbed.isolated import IsolatedHost, IsolatedTestBed
+from tests.testbed.isolated_fixtures import module_isolated_bed  # noqa: F401
 
 pytestmark = pytest.mark.slow
 
@@ -29,14 +31,9 @@ FAST = dict(project=PROJECT, zones=tuple(ZONES), provision_s=0.05, staging_s=0.0
             insert_op_s=0.05, delete_op_s=0.05, stop_s=0.05, wait_cap_s=0.2)
 
 
-@pytest.fixture(scope="module")
-def bed() -> Iterator[IsolatedTestBed]:
-    reason = isolated.skip_reason()
-    if reason:
-        pytest.skip(reason)
-    with IsolatedTestBed() as bed:
-        yield bed
-    assert not bed.leftovers(), f"isolated bed left {bed.leftovers()}"
+@pytest.fixture(name="bed")
+def bed_fixture(module_isolated_bed: IsolatedTestBed) -> IsolatedTestBed:
+    return module_isolated_bed
 
 
 def wait_for(condition: Callable[[], bool], timeout: float = 60.0) -> None:

@@ -44,7 +44,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.testbed import _accepts, _ip, _is_live, _keygen, images
+from tests.testbed import HostSignals, _accepts, _ip, _is_live, _keygen, images
 
 PREFIX = "ib"
 SUBNET_PREFIX = "10.232"
@@ -152,7 +152,7 @@ class IsolatedHost:
         return self.process is not None and self.process.poll() is None
 
 
-class IsolatedTestBed:
+class IsolatedTestBed(HostSignals):
     """Isolated hosts on one bridge. Use as a context manager or call `close()`.
 
     `hosts` hosts of `image` are started at once; `add_host` makes more (another image,
@@ -373,18 +373,6 @@ class IsolatedTestBed:
     def pids(self, host: IsolatedHost) -> list[int]:
         """Live processes of the host (its pid namespace), sshd included."""
         return live_processes([host.pidns]) if host.pidns else []
-
-    def kill_processes(self, host: IsolatedHost, sig: int = signal.SIGKILL) -> None:
-        for pid in self.pids(host):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, sig)
-
-    def freeze(self, host: IsolatedHost) -> None:
-        """SIGSTOP every process of the host: it hangs, its TCP connections stay open."""
-        self.kill_processes(host, signal.SIGSTOP)
-
-    def thaw(self, host: IsolatedHost) -> None:
-        self.kill_processes(host, signal.SIGCONT)
 
     def cut(self, host: IsolatedHost) -> None:
         """Cut the host's link: packets vanish, no RST, no FIN."""

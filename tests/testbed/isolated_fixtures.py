@@ -3,7 +3,7 @@ module:
 
     from tests.testbed.isolated_fixtures import isolated_bed, isolated_index  # noqa: F401
 
-`isolated_bed` (session scope) is one bed with no host: a test adds the hosts it needs
+`isolated_bed` (session scope; `module_isolated_bed`: the same for one module) is one bed with no host: a test adds the hosts it needs
 (`isolated_bed.add_host(image="trixie")`, a baked `disk=`, ...) and stops them when done
 (`isolated_bed.stop(host)`); the session's end removes everything and asserts nothing is left.
 `isolated_index` serves the hosts' dependency set (tensorflow-cpu and what it pulls) for
@@ -22,8 +22,7 @@ from tests.testbed import wheelhouse
 from tests.testbed.isolated import IsolatedTestBed, skip_reason
 
 
-@pytest.fixture(scope="session")
-def isolated_bed() -> Iterator[IsolatedTestBed]:
+def _own_bed() -> Iterator[IsolatedTestBed]:
     reason = skip_reason()
     if reason:
         pytest.skip(reason)
@@ -33,6 +32,18 @@ def isolated_bed() -> Iterator[IsolatedTestBed]:
     finally:
         bed.close()
     assert not bed.leftovers(), f"isolated bed left {bed.leftovers()}"
+
+
+@pytest.fixture(scope="session")
+def isolated_bed() -> Iterator[IsolatedTestBed]:
+    yield from _own_bed()
+
+
+@pytest.fixture(scope="module")
+def module_isolated_bed() -> Iterator[IsolatedTestBed]:
+    """A bed of the test module's own: for tests that need its host numbering or its one
+    index for themselves."""
+    yield from _own_bed()
 
 
 @pytest.fixture(scope="session")

@@ -5,6 +5,7 @@ package index and nothing else, and nothing is left behind, also when the test p
 Real containers from real Debian images, real sshd, real ssh client with a strict known_hosts.
 Skipped loudly when this machine cannot run them (not root, no debootstrap).
 """
+# ruff: noqa: F811  (the test bed fixture is imported, then requested by name)
 
 from __future__ import annotations
 
@@ -14,7 +15,6 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,21 +22,16 @@ import pytest
 from tests.conftest import REPO_ROOT
 from tests.testbed import isolated, wheelhouse
 from tests.testbed.isolated import IsolatedHost, IsolatedTestBed
+from tests.testbed.isolated_fixtures import module_isolated_bed  # noqa: F401
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def bed() -> Iterator[IsolatedTestBed]:
-    reason = isolated.skip_reason()
-    if reason:
-        pytest.skip(reason)
-    with IsolatedTestBed() as bed:
-        bed.add_host(image="bookworm")
-        bed.add_host(image="trixie")
-        bed.add_host(image="bookworm")
-        yield bed
-    assert not bed.leftovers(), f"isolated bed left {bed.leftovers()}"
+def bed(module_isolated_bed: IsolatedTestBed) -> IsolatedTestBed:
+    for image in ("bookworm", "trixie", "bookworm"):
+        module_isolated_bed.add_host(image=image)
+    return module_isolated_bed
 
 
 def run(bed: IsolatedTestBed, host: IsolatedHost, command: str, user: str | None = None) -> str:
