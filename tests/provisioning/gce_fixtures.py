@@ -233,7 +233,9 @@ class IsolatedFakeGce(FakeGce):
         disk = self.disk_for(source)  # an unknown image: the cloud's synchronous 404
         op = super().insert(zone, body, request_id)
         inst = self.instances.get((zone, body.get("name", "")))
-        if op.error is None and inst is not None and self._booted.get(inst.ip) is not inst:
+        if op.error is None and inst is not None and inst.ip not in self.slots:
+            self.boot_errors[inst.ip] = f"no isolated host at {inst.ip} (networkIP not ours)"
+        elif op.error is None and inst is not None and self._booted.get(inst.ip) is not inst:
             self._booted[inst.ip] = inst
             inst.host_keys = []  # published by the guest once the host has booted
             threading.Thread(target=self._boot, args=(inst, disk), daemon=True,
