@@ -648,3 +648,37 @@ def _write_over(lower: list[Path], upper: Path, rel: str, text: str, mode: int =
     path.write_text(text)
     os.chown(path, uid, gid)
     os.chmod(path, mode)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m tests.testbed.isolated [IMAGE ...]`: start one host per image named (default
+    one of each), print how to log in, and keep them until Ctrl-C (then remove everything)."""
+    import argparse
+    parser = argparse.ArgumentParser(prog="python -m tests.testbed.isolated",
+                                     description="Isolated hosts to look at by hand.")
+    parser.add_argument("images", nargs="*", metavar="IMAGE",
+                        help=f"one host per image (default: {' '.join(sorted(images.IMAGES))})")
+    parser.add_argument("--index", metavar="WHEEL_DIR", help="serve this wheel dir as an index")
+    args = parser.parse_args(argv)
+    unknown = sorted(set(args.images) - set(images.IMAGES))
+    if unknown:
+        parser.error(f"unknown image {unknown[0]}")
+    reason = skip_reason()
+    if reason:
+        print(reason, file=sys.stderr)
+        return 1
+    with IsolatedTestBed() as bed:
+        for image in args.images or sorted(images.IMAGES):
+            host = bed.add_host(image=image)
+            print(f"{host.name} ({image}): {' '.join(bed.ssh_argv(host))}")
+        if args.index:
+            print(f"index: {bed.serve_index(Path(args.index))} "
+                  f"(pip: --trusted-host {bed.gateway})")
+        print("Ctrl-C removes them.", flush=True)
+        with contextlib.suppress(KeyboardInterrupt):
+            signal.pause()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
