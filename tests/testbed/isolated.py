@@ -137,7 +137,7 @@ class IsolatedHost:
     pidns: str = ""  # "pid:[inode]" of the host's pid namespace while it runs
     started_at: float = 0.0
     host_key: str = ""  # "ssh-ed25519 AAAA..." learnt from the disk after boot
-    extra: dict[str, object] = field(default_factory=dict)
+    extra: dict[str, object] = field(default_factory=dict)  # free for a test's bookkeeping
 
     @property
     def upper(self) -> Path:
