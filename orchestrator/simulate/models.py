@@ -69,6 +69,43 @@ class SimModels:
                                f"(known: {', '.join(sorted(table))}; CPU workers are not modelled)")
         return table[key] * batch_size / self.params["batch_size"]
 
+    def step_time_error(self, hparam_set: str, gpu: str | None) -> dict[str, Any]:
+        """How far the step time of ``gpu`` may be off: ``sigma_log`` (log-normal spread a
+        simulated run draws from), ``basis`` (measured | speed model | extrapolated |
+        calibrated) and ``tflops_outside`` (see :func:`orchestrator.simulate.fit.
+        step_time_errors`). A calibration on that hardware replaces the entry."""
+        entry = self.params["step_time_error"]["by_job"].get(hparam_set, {}).get(gpu or CPU)
+        if entry is None:  # a calibrated CPU without its own entry: a measurement
+            return {"sigma_log": self.params["step_time_error"]["model"]["measured"],
+                    "basis": "calibrated", "tflops_outside": 0.0}
+        return entry
+
+    def extrapolated(self, hparam_set: str, gpu: str | None) -> bool:
+        """True when the step time of ``gpu`` is the speed model scaled to a GPU it was not
+        fitted on (and no calibration on that GPU replaced it)."""
+        return self.step_time_error(hparam_set, gpu)["basis"] == "extrapolated"
+
+    def speed_factor(self, hparam_set: str, gpu: str | None, rng: random.Random) -> float:
+        """One draw of (true step time) / (predicted step time): log-normal with the model's
+        held-out error, median 1 (the prediction)."""
+        return math.exp(rng.gauss(0.0, self.step_time_error(hparam_set, gpu)["sigma_log"]))
+
+    def train_time_s(self, hparam_set: str, batch_size: int, worker_gpus: list[str | None],
+                     parameter_servers: int, phases: list[tuple[str, int]],
+                     checkpoints: int) -> float:
+        """Seconds of training at the speed model's point estimate (all workers throughout,
+        no revocation, no start-up): ``phases`` = [(protocol, global steps)], ``checkpoints``
+        pauses of one checkpoint each. The plan's estimate and the scheduler's prediction; the
+        simulation plays the same rates with revocations and the model's error."""
+        times = [(self.step_time_s(hparam_set, g, batch_size), g) for g in worker_gpus]
+        total = 0.0
+        for protocol, steps in phases:
+            if protocol == "asp":
+                total += steps / self.asp_rate(times, hparam_set, parameter_servers)
+            else:
+                total += steps * self.bsp_step_s([t for t, _ in times])
+        return total + checkpoints * self.checkpoint_s(hparam_set)
+
     def efficiency(self, gpu: str | None) -> float:
         eff = self.params["scaling"]["efficiency"]
         return eff.get(gpu or "", eff["default"])
