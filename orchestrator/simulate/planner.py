@@ -204,13 +204,15 @@ def header(cfg: ExperimentConfig, shown: int, total: int) -> str:
             f"and the speed model's error drawn per run; prices {cfg.pricing.name})")
 
 
-def print_table(ranked: list[dict[str, Any]], cfg: ExperimentConfig, total: int) -> None:
+def print_table(ranked: list[dict[str, Any]], cfg: ExperimentConfig, total: int,
+                console: Any = None) -> None:
+    """The ranked table (``planner.top`` rows) and its notes: the marks and what bands cover."""
     from rich.console import Console
     from rich.table import Table
 
     p = cfg.planner
-    console = Console()
-    if not console.is_terminal:
+    console = console or Console()
+    if not console.is_terminal and console.width < 170:
         console.width = max(console.width, 170)
     table = Table(title=header(cfg, len(ranked), total), title_justify="left")
     for col in ("#", "cluster", "zone", "sync", "on revocation", "P(deadline)", "completes",
