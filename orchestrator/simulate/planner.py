@@ -183,8 +183,8 @@ def _hours(seconds: float | None) -> str:
     return "never" if seconds is None else f"{seconds / 3600:.2f}"
 
 
-def _pct(sigma_log: float) -> str:
-    """A log-normal spread as the ± of its central 68 %: "+49 %/−33 %" reads as ×/÷ 1.49."""
+def _spread(sigma_log: float) -> str:
+    """A log-normal spread as its 1σ factor: "×/÷1.49" = between 1.49× slower and faster."""
     return f"×/÷{math.exp(sigma_log):.2f}"
 
 
@@ -236,7 +236,7 @@ def print_table(ranked: list[dict[str, Any]], cfg: ExperimentConfig, total: int,
              "completes); cost: what a run costs, completed or failed"]
     extrapolated = sorted({(r["gpu"], r["speed_sigma_log"]) for r in shown if r["extrapolated"]})
     if extrapolated:
-        spread = ", ".join(f"{g} {_pct(s)}" for g, s in extrapolated)
+        spread = ", ".join(f"{g} {_spread(s)}" for g, s in extrapolated)
         notes.append(f"† step time extrapolated to a GPU no paper measured (the speed model's "
                      f"held-out error, 1σ: {spread}); a calibration on that GPU replaces it: "
                      f"python -m orchestrator.simulate.calibrate +experiment={cfg.name} "

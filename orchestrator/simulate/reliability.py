@@ -52,7 +52,7 @@ def check(overrides: list[str], fresh: int = 1000) -> list[dict[str, Any]]:
         run_cfg = configure(cfg, c)
         plan = make_plan(run_cfg)
         printed = row["p_deadline"]
-        n = fresh if 0.02 < printed < 0.98 else EXTREME_RUNS
+        n = fresh if uncertain(printed) else EXTREME_RUNS
         share = summarize_runs(simulate_many(run_cfg, plan, n, models, first=FRESH_SEED_OFFSET),
                                deadline_s)["p_deadline"]
         point_cfg = copy.deepcopy(run_cfg)
@@ -74,11 +74,21 @@ def binomial_bound(p: float, n1: int, n2: int, sigmas: float = 5.0) -> float:
     return sigmas * math.sqrt(max(p * (1 - p), 1e-4) * (1 / n1 + 1 / n2))
 
 
-def markdown(rows: list[dict[str, Any]]) -> list[str]:
-    """The table of ``docs/simulation.md``: by printed P, then cluster."""
+def uncertain(printed: float) -> bool:
+    """Where sampling noise is largest, and the fresh sample is ``--fresh`` runs."""
+    return 0.02 < printed < 0.98
+
+
+def markdown(rows: list[dict[str, Any]], every: bool = False) -> list[str]:
+    """The table of ``docs/simulation.md``, by printed P: the configurations whose P is not
+    near 0 or 1 (all of them with ``every``), then one line for the rest."""
     lines = ["| cluster | zone | on revocation | printed P(deadline) | runs | fresh share | runs | "
-             "difference | without the speed error |", "|---|---|---|---|---|---|---|---|---|"]
-    for r in sorted(rows, key=lambda r: (-r["printed"], r["cluster"], r["zone"])):
+             "difference (points) | without the speed error |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    ordered = sorted(rows, key=lambda r: (-r["printed"], r["cluster"], r["zone"]))
+    for r in ordered:
+        if not (every or uncertain(r["printed"])):
+            continue
         mark = " †" if r["extrapolated"] else ""
         lines.append(f"| {r['cluster']}{mark} | {r['zone']} | {r['recovery']} | "
                      f"{r['printed']:.1%} | {r['planner_runs']} | {r['fresh']:.1%} | "
@@ -86,8 +96,39 @@ def markdown(rows: list[dict[str, Any]]) -> list[str]:
                      f"{r['without_speed_error']:.1%} |")
     within = sum(r["within"] for r in rows)
     worst = max(abs(r["difference"]) for r in rows) if rows else 0.0
+    rest = [r for r in rows if not uncertain(r["printed"])]
+    if rest and not every:
+        lines += ["", f"{len(rest)} more configurations printed P ≤ 2 % or ≥ 98 % "
+                  f"({EXTREME_RUNS} fresh runs each): largest difference "
+                  f"{100 * max(abs(r['difference']) for r in rest):.1f} points."]
     lines += ["", f"{within} of {len(rows)} configurations within ±{TOLERANCE:.0%} points; "
               f"largest difference {100 * worst:.1f} points."]
+    return lines
+
+
+def speed_error_markdown(hparam_set: str = "resnet_cifar_32") -> list[str]:
+    """The speed model's held-out folds and the spread each GPU's step time is drawn with (the
+    tables of ``docs/simulation.md``), from ``sim_models.json``."""
+    from orchestrator.simulate.models import SimModels
+
+    models = SimModels.load()
+    error = models.params["step_time_error"]
+    model = error["model"]
+    lines = ["| held-out GPU | fitted on | TFLOPS outside the fitted range (log) | rows | "
+             "MAPE | mean log error | RMS log error |", "|---|---|---|---|---|---|---|"]
+    for gpu, f in model["folds"].items():
+        lines.append(f"| {gpu} | {', '.join(f['fitted_on'])} | {f['distance']:.2f} | {f['n']} | "
+                     f"{f['mape']:.1f} % | {f['mean_log_error']:+.3f} | "
+                     f"{f['rms_log_error']:.3f} |")
+    lines += ["", f"measured {model['measured']:.3f}, architecture {model['architecture']:.3f}, "
+              f"inside {model['inside']:.3f}, per log-TFLOPS outside {model['per_log_tflops']:.3f}"
+              f" (fitted range {model['tflops_range'][0]:g}–{model['tflops_range'][1]:g} TFLOPS)",
+              "", f"| GPU | {hparam_set} step (s, batch 128) | steps/s | basis | σ (log) | "
+              "1σ factor |", "|---|---|---|---|---|---|"]
+    for gpu, e in sorted(error["by_job"][hparam_set].items()):
+        step = models.step_time_s(hparam_set, gpu, 128)
+        lines.append(f"| {gpu} | {step:.4f} | {1 / step:.1f} | {e['basis']} | "
+                     f"{e['sigma_log']:.3f} | ×/÷{math.exp(e['sigma_log']):.2f} |")
     return lines
 
 
@@ -100,9 +141,16 @@ def main(argv: list[str] | None = None) -> int:
                         "+experiment=cifar10_res32 deadline_h=2")
     parser.add_argument("--fresh", type=int, default=1000,
                         help="fresh runs per configuration with 2 %% < P < 98 %% (default 1000)")
+    parser.add_argument("--every", action="store_true",
+                        help="a row for every configuration (default: those with 2 %% < P < 98 %%)")
+    parser.add_argument("--speed-error", action="store_true",
+                        help="print the speed model's held-out error tables instead")
     args = parser.parse_args(argv)
+    if args.speed_error:
+        print("\n".join(speed_error_markdown()))
+        return 0
     rows = check(parse_args(args.overrides), args.fresh)
-    print("\n".join(markdown(rows)))
+    print("\n".join(markdown(rows, args.every)))
     return 0 if all(r["within"] for r in rows) else 1
 
 
