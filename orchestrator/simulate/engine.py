@@ -159,7 +159,7 @@ class Simulation:
         # covers what the speed model does not know, not only the revocations
         gpus = sorted({h.gpu or CPU for h in plan.hosts if h.role == "worker"})
         self.speed_factor = {g: self.models.speed_factor(self.hparam, None if g == CPU else g,
-                                                         stream(seed, "speed", g))
+                                                         seed)
                              if cfg.sim.speed_error else 1.0 for g in gpus}
         self.base_step_s = {h.name: self.models.step_time_s(self.hparam, h.gpu,
                                                             cfg.job.batch_size)

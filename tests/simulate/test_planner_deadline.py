@@ -113,6 +113,14 @@ def test_each_run_draws_the_speed_models_error_wider_for_an_extrapolated_gpu() -
         sigma = models.step_time_error("resnet_cifar_32", gpu)["sigma_log"]
         assert statistics.pstdev(logs) == pytest.approx(sigma, rel=0.15)  # 300 seeded draws
         assert abs(statistics.fmean(logs)) < 4 * sigma / math.sqrt(len(logs))  # median 1
+    # quasi-random: any 200 consecutive seeds hold the 3 % tail 6 times (±1), as the planner's
+    # P(deadline) needs when it hinges on the model being several times off
+    sigma = models.step_time_error("resnet_cifar_32", "l4")["sigma_log"]
+    tail = math.exp(sigma * statistics.NormalDist().inv_cdf(0.97))
+    for first in (0, 1_000_000, 12_345):
+        slow = sum(models.speed_factor("resnet_cifar_32", "l4", first + i) > tail
+                   for i in range(200))
+        assert 5 <= slow <= 7
     assert (models.step_time_error("resnet_cifar_32", "v100")["sigma_log"]
             > 4 * models.step_time_error("resnet_cifar_32", "k80")["sigma_log"])
     # outside the fitted TFLOPS range (K80–P100) the error grows with the distance
