@@ -331,6 +331,23 @@ def parse_args(argv: list[str]) -> list[str]:
     return out
 
 
+def nearest_misses(rows: list[dict[str, Any]], cfg: ExperimentConfig, n: int = 3) -> str:
+    """When nothing meets the limits: the candidates closest to them, so the user sees what a
+    looser deadline or budget would buy."""
+    deadline = cfg.planner.deadline_h is not None
+
+    def key(r: dict[str, Any]) -> tuple[float, float]:
+        return (-r.get("p_deadline", 0.0), r["mean_cost_usd"]) if deadline else (
+            r["mean_cost_usd"], -r["p_complete"])
+
+    best = sorted(rows, key=key)[:n]
+    parts = [f"{r['candidate'].label}{' †' if r['extrapolated'] else ''} in "
+             f"{r['candidate'].zone}: P(deadline) {r.get('p_deadline', 0):.0%}, mean "
+             f"${r['mean_cost_usd']:.2f}, time {_hours(r['time_to_result_s']['p50'])} h (median)"
+             for r in best]
+    return "nothing meets the limits; closest: " + "; ".join(parts)
+
+
 def plan_experiment(overrides: list[str], out_dir: Path | None = None
                     ) -> tuple[list[dict[str, Any]], Path]:
     """Compose, search, print, write the CSV and the plot; returns (ranked rows, out dir)."""
@@ -344,6 +361,8 @@ def plan_experiment(overrides: list[str], out_dir: Path | None = None
     out = out_dir or Path("outputs") / "plan" / cfg.name / time.strftime("%Y-%m-%d_%H-%M-%S")
     out.mkdir(parents=True, exist_ok=True)
     print_table(ranked, cfg, len(rows))
+    if not ranked and rows:
+        print(nearest_misses(rows, cfg))
     write_csv(ranked, out / "plan.csv")
     if rows:
         pareto_plot(rows, cfg, out / "pareto.png")

@@ -25,6 +25,7 @@ from orchestrator.simulate.planner import (
     configure,
     evaluate,
     header,
+    nearest_misses,
     parse_args,
     print_table,
     rank,
@@ -195,3 +196,11 @@ def test_printed_p_deadline_is_within_sampling_error_of_fresh_runs() -> None:
     run_cfg.sim.speed_error = False  # what the planner printed before: revocations only
     point = summarize_runs(simulate_many(run_cfg, plan, 400), 0.5 * 3600)["p_deadline"]
     assert abs(point - fresh) > bound
+
+
+def test_when_nothing_meets_the_deadline_the_closest_are_named() -> None:
+    cfg = question("deadline_h=0.3", "planner.gpus=[t4]")  # under the PS-capped 0.46 h
+    rows = evaluate(cfg)
+    assert rank(rows, cfg) == [] and max(r["p_deadline"] for r in rows) < 0.9
+    line = nearest_misses(rows, cfg)
+    assert line.startswith("nothing meets the limits; closest: ") and "t4 transient †" in line
