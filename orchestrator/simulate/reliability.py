@@ -101,7 +101,7 @@ def markdown(rows: list[dict[str, Any]], every: bool = False) -> list[str]:
         lines += ["", f"{len(rest)} more configurations printed P ≤ 2 % or ≥ 98 % "
                   f"({EXTREME_RUNS} fresh runs each): largest difference "
                   f"{100 * max(abs(r['difference']) for r in rest):.1f} points."]
-    lines += ["", f"{within} of {len(rows)} configurations within ±{TOLERANCE:.0%} points; "
+    lines += ["", f"{within} of {len(rows)} configurations within ±{100 * TOLERANCE:.0f} points; "
               f"largest difference {100 * worst:.1f} points."]
     return lines
 
