@@ -83,7 +83,12 @@ def local_gpu() -> str | None:
                              capture_output=True, text=True, timeout=30, check=True).stdout
     except (OSError, subprocess.SubprocessError):
         return None
-    words = out.splitlines()[0].replace("-", " ").split() if out.strip() else []
+    return gpu_key(out.splitlines()[0]) if out.strip() else None
+
+
+def gpu_key(product: str) -> str | None:
+    """``nvidia-smi``'s product name → catalog key: "Tesla V100-SXM2-16GB" → ``v100``."""
+    words = product.replace("-", " ").split()
     return next((GPU_PRODUCTS[w] for w in words if w in GPU_PRODUCTS), None)
 
 

@@ -204,3 +204,10 @@ def test_when_nothing_meets_the_deadline_the_closest_are_named() -> None:
     assert rank(rows, cfg) == [] and max(r["p_deadline"] for r in rows) < 0.9
     line = nearest_misses(rows, cfg)
     assert line.startswith("nothing meets the limits; closest: ") and "t4 transient †" in line
+
+
+def test_nvidia_product_names_map_to_catalog_gpus() -> None:
+    assert [calibrate.gpu_key(n) for n in (
+        "Tesla K80", "Tesla P100-PCIE-16GB", "Tesla V100-SXM2-16GB", "Tesla T4",
+        "NVIDIA A100-SXM4-40GB", "NVIDIA L4", "NVIDIA H100 80GB HBM3", "GeForce GTX 1080")] == [
+        "k80", "p100", "v100", "t4", "a100", "l4", "h100", None]
