@@ -16,6 +16,7 @@ run that fails never gives a result ("never"), and the share that completes is i
 The time-vs-cost plot (Pareto-optimal candidates labelled) and the table as CSV go to
 ``outputs/plan/<name>/<time>/``.
 """
+
 from __future__ import annotations
 
 import copy
@@ -25,14 +26,17 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from orchestrator.config.errors import CONFIG_ERROR_EXIT_CODE, ConfigError
 from orchestrator.config.schema import ExperimentConfig, Protocol, SyncPhase
 from orchestrator.config.transient import OnRevocation
 from orchestrator.simulate.band import simulate_many, summarize_runs
-from orchestrator.simulate.config import Objective
+from orchestrator.simulate.config import Objective, PlannerConfig
 from orchestrator.simulate.models import NoModelError, SimModels
+
+if TYPE_CHECKING:
+    from orchestrator.plan import RunPlan
 
 #: ``key=value`` shorthands accepted on the command line for ``planner.key=value``.
 SHORTHANDS = ("deadline_h", "budget_usd", "objective")
@@ -118,8 +122,8 @@ def wilson_halfwidth(p: float, n: int, z: float = 1.96) -> float:
     return z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
 
 
-def simulate_candidate(run_cfg: ExperimentConfig, plan: Any, models: SimModels,
-                       deadline_s: float | None, p: Any) -> list[dict[str, Any]]:
+def simulate_candidate(run_cfg: ExperimentConfig, plan: RunPlan, models: SimModels,
+                       deadline_s: float | None, p: PlannerConfig) -> list[dict[str, Any]]:
     """``planner.repeats`` runs, then more (doubling, up to ``planner.max_repeats``) while the
     95 % interval of P(deadline) or P(complete) is wider than ``±planner.p_precision``."""
     runs = simulate_many(run_cfg, plan, max(1, p.repeats), models)
@@ -159,7 +163,7 @@ def evaluate(cfg: ExperimentConfig, models: SimModels | None = None) -> list[dic
                      "recovery_changed": policy != str(cfg.cluster.recovery.on_revocation),
                      "hourly_usd": plan.hourly_usd, "speed_basis": error["basis"],
                      "speed_sigma_log": error["sigma_log"],
-                     "extrapolated": error["basis"] == "extrapolated",
+                     "extrapolated": models.extrapolated(cfg.job.hparam_set, c.gpu),
                      **summarize_runs(runs, deadline_s)})
     return rows
 
