@@ -1,5 +1,5 @@
-"""Fixtures for the GCE backend's tests: the fake Compute API and a provider wired to it, and
-gcp-storage-emulator for Cloud Storage."""
+"""Fixtures for the GCE backend's tests: the fake Compute API and a provider wired to it, the
+fake's VMs as isolated hosts (`IsolatedFakeGce`), and gcp-storage-emulator for Cloud Storage."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ import contextlib
 import logging
 import os
 import signal
+import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -17,8 +19,9 @@ from provisioning.base import ClusterRequest, HostSpec, Role
 from provisioning.gce.config import CREDENTIALS_ANONYMOUS, GceConfig
 from provisioning.gce.provider import GceProvider
 from provisioning.journal import Journal
-from tests.fakes.gce_server import FakeGce
+from tests.fakes.gce_server import FakeGce, FakeHttpError, FakeInstance, FakeOperation
 from tests.fakes.keys import write_ssh_key
+from tests.testbed.isolated import Disk, IsolatedHost, IsolatedTestBed
 
 PROJECT = "test-project"
 ZONES = ["us-central1-a", "us-central1-b", "us-east1-c"]
@@ -121,3 +124,118 @@ def make_provider_fixture(fake: FakeGce, tmp_path: Path) -> Iterator[Any]:
         for vm in list(provider._vms.values()):
             if not vm.deleted:
                 provider._delete([vm])
+
+
+# --- the fake's VMs as isolated hosts ---------------------------------------------------------
+
+#: Image families the fake's isolated VMs boot: an image family names a root filesystem of
+#: tests/testbed/images.py (as `debian-cloud`'s families name Debian releases).
+IMAGE_FAMILIES = {"debian-12": "bookworm", "debian-13": "trixie"}
+
+
+class IsolatedFakeGce(FakeGce):
+    """The fake Compute API whose VMs are isolated hosts of `bed` (tests/testbed/isolated.py):
+    a created VM boots a host with a fresh disk from the image its boot disk names, with the
+    accounts of its `ssh-keys` metadata made by the guest agent at boot; it publishes the host
+    key the host made at first boot as guest attributes once booted, and refuses logins
+    (pam_nologin) until `login_refused_s` after RUNNING. A deleted or preempted VM's host is
+    powered off at once (every process dies, sshd too); a preempted VM with the STOP action
+    keeps its disk, which `image_from_instance` turns into a custom image (`images.insert` with
+    a VM's disk as source), bootable by `sourceImage`.
+
+    `vms` hosts are made (stopped) up front, one per address the fake hands out. Image families
+    not in `families` are refused with the cloud's 404, unless `default_image` names an image
+    for them (e.g. the provider's default Deep Learning VM family on a test). Errors while a VM
+    boots are kept in `boot_errors` (ip -> message); such a VM never publishes host keys."""
+
+    def __init__(self, bed: IsolatedTestBed, vms: int, families: dict[str, str] | None = None,
+                 default_image: str | None = None, login_refused_s: float = 2.0,
+                 **options: Any) -> None:
+        self.bed = bed
+        self.families = dict(IMAGE_FAMILIES if families is None else families)
+        self.default_image = default_image
+        self.custom_images: dict[str, Disk] = {}  # "projects/P/global/images/NAME" -> disk
+        self.boot_errors: dict[str, str] = {}
+        self.slots: dict[str, IsolatedHost] = {}
+        for _ in range(vms):
+            host = bed.add_host(start=False)
+            self.slots[host.address] = host
+        self._slot_locks = {ip: threading.Lock() for ip in self.slots}
+        self._booted: dict[str, FakeInstance] = {}
+        super().__init__(ip_pool=list(self.slots), on_gone=self._power_off, **options)
+        self.login_refused_s = login_refused_s
+
+    def host_of(self, zone: str, name: str) -> IsolatedHost:
+        """The isolated host a live VM runs on."""
+        return self.slots[self._instance(zone, name).ip]
+
+    def disk_for(self, source_image: str) -> Disk:
+        """The disk a VM created from `source_image` (a family or a custom image URL) boots."""
+        path = source_image.split("/compute/v1/", 1)[-1]
+        if "/images/family/" in path:
+            family = path.rsplit("/", 1)[1]
+            image = self.families.get(family, self.default_image)
+            if image is not None:
+                return Disk(image)
+        else:
+            name = path.rsplit("/", 1)[-1]
+            for url, disk in self.custom_images.items():
+                if url.rsplit("/", 1)[1] == name:
+                    return disk
+        raise FakeHttpError(404, f"The resource '{path}' was not found", "notFound",
+                            "NOT_FOUND")
+
+    def image_from_instance(self, zone: str, instance: str, image: str) -> str:
+        """A custom image from a stopped (TERMINATED) VM's disk; returns its URL
+        (projects/P/global/images/NAME)."""
+        inst = self._instance(zone, instance)
+        if inst.status(time.time(), self.stop_s) != "TERMINATED":
+            raise FakeHttpError(400, f"The disk of instance '{instance}' is in use: stop the "
+                                "instance first", "resourceInUseByAnotherResource")
+        url = f"projects/{self.project}/global/images/{image}"
+        if url in self.custom_images:
+            raise FakeHttpError(409, f"The resource '{url}' already exists", "alreadyExists",
+                                "ALREADY_EXISTS")
+        with self._slot_locks[inst.ip]:
+            self.custom_images[url] = self.bed.snapshot(self.slots[inst.ip])
+        return url
+
+    def insert(self, zone: str, body: dict[str, Any], request_id: str | None) -> FakeOperation:
+        disks = body.get("disks") or [{}]
+        source = disks[0].get("initializeParams", {}).get("sourceImage", "")
+        disk = self.disk_for(source)  # an unknown image: the cloud's synchronous 404
+        op = super().insert(zone, body, request_id)
+        inst = self.instances.get((zone, body.get("name", "")))
+        if op.error is None and inst is not None and self._booted.get(inst.ip) is not inst:
+            self._booted[inst.ip] = inst
+            inst.host_keys = []  # published by the guest once the host has booted
+            threading.Thread(target=self._boot, args=(inst, disk), daemon=True,
+                             name=f"fake-vm-{inst.name}").start()
+        return op
+
+    def _boot(self, inst: FakeInstance, disk: Disk) -> None:
+        host = self.slots[inst.ip]
+        accounts = {}
+        for line in inst.metadata().get("ssh-keys", "").splitlines():
+            user, sep, key = line.partition(":")
+            if sep and key.strip():
+                accounts[user.strip()] = key.strip()
+        with self._slot_locks[inst.ip]:
+            if inst.deleting_at is not None or inst.stopped_at is not None:
+                return  # deleted before it booted
+            try:
+                self.bed.stop(host)
+                self.bed.reimage(host, disk, accounts or None)
+                host.boot_s = max(0.0, inst.running_since() - time.time()) + self.login_refused_s
+                self.bed.start(host)
+            except Exception as err:  # reported through boot_errors
+                self.boot_errors[inst.ip] = f"{type(err).__name__}: {err}"
+                return
+            kind, blob = host.host_key.split()[:2]
+            inst.host_keys.append((kind, blob))
+
+    def _power_off(self, ip: str) -> None:
+        host = self.slots.get(ip)
+        if host is not None:
+            with self._slot_locks[ip]:
+                self.bed.stop(host)
