@@ -200,8 +200,14 @@ def make_venv(venv, base_python, spec, minor):
     # pip's one-line "no matching distribution"; --no-cache-dir: the venv is the cache
     args = ["install", "--only-binary=:all:", "--no-cache-dir", *spec["requirements"]]
     if spec["mode"] == "index":
-        pip = _index_pip(spec["index_url"], os.path.join(spec["envs"], "pip"), minor)
-        _pip(python, pip, *args[:3], "--index-url", spec["index_url"], *args[3:])
+        import urllib.parse
+
+        url = spec["index_url"]
+        pip = _index_pip(url, os.path.join(spec["envs"], "pip"), minor)
+        # an http:// index (a lab's mirror) was chosen as it is: pip refuses one unless trusted
+        parts = urllib.parse.urlsplit(url)
+        trust = ["--trusted-host", parts.hostname] if parts.scheme == "http" else []
+        _pip(python, pip, *args[:3], "--index-url", url, *trust, *args[3:])
     else:
         folder = spec["wheelhouse_dir"]
         _pip(python, _wheelhouse_pip(folder), *args[:3], "--no-index", "--find-links", folder,

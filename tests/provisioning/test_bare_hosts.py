@@ -1,0 +1,215 @@
+"""A bare host sets itself up (issue 19 §2), on isolated hosts (tests/testbed/isolated.py) that
+share nothing with this machine: Debian images with only their own Python, a non-root user with
+sudo, no TensorFlow, no `python:` in the inventory, and a route to nothing but the bed's bridge.
+
+- `+experiment=ssh_digits` through the real CLI on three Debian 13 hosts (Python 3.13, not the
+  orchestrator's 3.11): each host installs TensorFlow and the hosts' set from the package index
+  on the bed's bridge (`provider.index_url`, pypiserver serving wheels made for cp313) — only
+  our wheel goes from this machine to the hosts;
+- a Debian 12 host with no index at all (`provider.wheelhouse`): wheels downloaded here for
+  ITS Python and platform, copied once; a second setup installs and copies nothing;
+- hosts whose `python3` is 3.10 (Ubuntu 22.04's; a CPython 3.10 put into an image layer): the
+  run stops with one line naming the host, its Python and platform, before any role starts.
+
+Slow (TensorFlow installed for real, twice); skipped loudly where the bed cannot run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from provisioning import host_runtime
+from provisioning.base import BadRequestError, ClusterRequest, HostSpec
+from provisioning.registry import get_provider
+from tests.orchestrator.test_run_local import check_run_dir
+from tests.testbed import isolated, wheelhouse
+from tests.testbed.isolated import IsolatedTestBed
+from trainer import layout
+
+pytestmark = pytest.mark.slow
+
+ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONUNBUFFERED": "1"}
+SMALL = ["job.train_steps=300", "job.checkpoint_frequency=100", "job.eval_frequency=150",
+         "progress=false", "preflight=false"]
+#: Three hosts installing TensorFlow (~320 MB of wheels each) on a loaded 2-core machine.
+RUN_TIMEOUT_S = 900
+
+
+@pytest.fixture(scope="module")
+def bed() -> Iterator[IsolatedTestBed]:
+    reason = isolated.skip_reason()
+    if reason:
+        pytest.skip(reason)
+    with IsolatedTestBed() as bed:
+        yield bed
+    assert not bed.leftovers(), f"isolated bed left {bed.leftovers()}"
+
+
+def provider_dir(tmp_path: Path, options: dict) -> Path:
+    """A Hydra search dir holding `provider/bare.yaml` (an ssh provider file)."""
+    root = tmp_path / "conf"
+    (root / "provider").mkdir(parents=True)
+    (root / "provider" / "bare.yaml").write_text(
+        "defaults:\n  - ssh_schema\n  - _self_\n" + yaml.safe_dump({"name": "ssh", **options}))
+    return root
+
+
+def orchestrate(repo_root: Path, tmp_path: Path, options: dict, *extra: str
+                ) -> tuple[subprocess.CompletedProcess[str], Path]:
+    run_dir = tmp_path / "run"
+    argv = [sys.executable, "-m", "orchestrator", "+experiment=ssh_digits", "provider=bare",
+            *SMALL, *extra, f"hydra.searchpath=[file://{provider_dir(tmp_path, options)}]",
+            f"hydra.run.dir={run_dir}"]
+    done = subprocess.run(argv, cwd=repo_root, env=ENV, capture_output=True, text=True,
+                          timeout=RUN_TIMEOUT_S)
+    return done, run_dir
+
+
+def run(bed: IsolatedTestBed, host, command: str) -> str:  # type: ignore[no-untyped-def]
+    done = bed.ssh(host, command)
+    assert done.returncode == 0, f"{host.name}: {command!r}: {done.stderr}"
+    return done.stdout
+
+
+def test_ssh_digits_on_bare_debian13_hosts_installing_from_the_index(
+        repo_root: Path, bed: IsolatedTestBed, tmp_path: Path) -> None:
+    runtime = host_runtime.load()
+    wheels = wheelhouse.wheelhouse([*runtime.requirements("cpu"), "pip"], "3.13")
+    url = bed.serve_index(wheels)
+    hosts = [bed.add_host(image="trixie") for _ in range(3)]
+    for host in hosts:
+        bed.wait_login(host)
+    options = {"hosts": bed.inventory(hosts), "known_hosts": str(bed.known_hosts),
+               "index_url": url, "stop_grace_s": 1.0}
+    assert all("python" not in h for h in options["hosts"])
+    done, run_dir = orchestrate(repo_root, tmp_path, options)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    summary = check_run_dir(run_dir)  # completed, accuracy >= 0.9, every result file
+    assert summary["provider"] == "ssh"
+    for host in hosts:
+        assert run(bed, host, "id -un").strip() == "cloud"
+        # the venv is the host's own, made by its Python 3.13 with TensorFlow from the index
+        probe = run(bed, host, "~/.transient/envs/venv-*/venv/bin/python -c 'import sys, "
+                    "tensorflow; print(sys.version_info[1], tensorflow.__file__)'").split()
+        assert probe[0] == "13" and probe[1].startswith("/home/cloud/.transient/envs/venv-")
+        # what came from this machine: our wheel, no wheelhouse
+        sent = run(bed, host, "find ~/.transient/wheels ~/.transient/wheelhouse -type f "
+                   "2>/dev/null; true").split()
+        assert len(sent) == 1 and sent[0].endswith(".whl"), sent
+        for path in (repo_root, Path(sys.prefix), Path("/work"), Path.home() / ".cache"):
+            assert bed.ssh(host, f"test -e {path}").returncode == 1, f"{path} on {host.name}"
+        assert not bed.ssh(host, "pgrep -f trainer").stdout.strip()  # nothing left running
+
+
+def one_host_request(tmp_path: Path) -> ClusterRequest:
+    return ClusterRequest(run_id=f"t{time.monotonic_ns()}", hosts=[HostSpec("worker-0", "worker")],
+                          workdir=tmp_path / "run")
+
+
+def setup_once(options: dict, tmp_path: Path):  # type: ignore[no-untyped-def]
+    """Acquire the host, set it up as a run does, release it; returns (environment, seconds)."""
+    provider = get_provider("ssh", options)
+    cluster = provider.acquire(one_host_request(tmp_path))
+    try:
+        runner = provider.runner(cluster.hosts[0])
+        start = time.monotonic()
+        runner.setup()
+        return runner.machine.environment, time.monotonic() - start
+    finally:
+        provider.release(cluster)
+
+
+def test_a_debian12_host_without_an_index_installs_from_a_wheelhouse_made_for_it(
+        bed: IsolatedTestBed, tmp_path: Path) -> None:
+    """No index (`index_url: null`, and the host reaches none anyway): the orchestrator
+    downloads the hosts' set for the host's cp311 and glibc into `provider.wheelhouse` (here
+    from this machine's package index) and copies it once; a second setup copies nothing and
+    installs nothing."""
+    host = bed.add_host(image="bookworm")
+    bed.wait_login(host)
+    house = tmp_path / "wheelhouse"
+    options = {"hosts": bed.inventory([host]), "known_hosts": str(bed.known_hosts),
+               "index_url": None, "wheelhouse": str(house), "stop_grace_s": 1.0}
+    env, _ = setup_once(options, tmp_path)
+    assert env.mode == "wheelhouse" and env.deps_installed and env.version == "3.11"
+    (folder,) = [p for p in house.iterdir() if p.is_dir()]
+    assert "-cp311-glibc2.36-x86_64" in folder.name
+    names = {p.name.split("-")[0].lower() for p in folder.glob("*.whl")}
+    assert {"tensorflow_cpu", "numpy", "scikit_learn", "pip"} <= names
+    assert not names & {"hydra_core", "pandas", "matplotlib", "paramiko"}
+    out = run(bed, host, f"PYTHONPATH={env.env['PYTHONPATH']} {env.command[0]} -c "
+              "'import tensorflow, sklearn, trainer.loop; print(trainer.loop.__file__)'")
+    assert out.strip().startswith(env.path)
+    copied = run(bed, host, "ls ~/.transient/wheelhouse/*/ | wc -l")
+    again, seconds = setup_once(options, tmp_path)
+    assert (again.path, again.installed, again.deps_installed) == (env.path, False, False)
+    assert run(bed, host, "ls ~/.transient/wheelhouse/*/ | wc -l") == copied
+    print(f"second setup of a wheelhouse host: {seconds:.2f} s")  # a figure, not an assertion
+
+
+def python310_layer(tmp_path: Path) -> Path:
+    """An image layer whose `python3` is CPython 3.10 (this machine's pyenv build, copied to
+    /opt/python3.10 without its test suite; a wrapper finds its libpython): a host like
+    Ubuntu 22.04's."""
+    found = sorted(Path("/root/.pyenv/versions").glob("3.10.*/bin/python3.10"))
+    if not found:
+        pytest.skip("UNSUPPORTED-PYTHON HOST NOT RUN: no CPython 3.10 on this machine to put "
+                    "into a host image (expected a pyenv build under /root/.pyenv/versions)")
+    prefix = found[-1].parent.parent
+    layer = tmp_path / "py310-layer"
+    target = layer / "opt" / "python3.10"
+    (target / "bin").mkdir(parents=True)
+    (target / "lib").mkdir()
+    shutil.copy2(found[-1], target / "bin" / "python3.10")
+    for lib in (prefix / "lib").glob("libpython3.10*"):
+        shutil.copy2(lib, target / "lib" / lib.name)
+    shutil.copytree(prefix / "lib" / "python3.10", target / "lib" / "python3.10",
+                    ignore=shutil.ignore_patterns("test", "site-packages", "__pycache__",
+                                                  "idlelib", "tkinter", "ensurepip"))
+    wrapper = layer / "usr" / "local" / "bin" / "python3"
+    wrapper.parent.mkdir(parents=True)
+    wrapper.write_text("#!/bin/sh\nLD_LIBRARY_PATH=/opt/python3.10/lib "
+                       "exec /opt/python3.10/bin/python3.10 \"$@\"\n")
+    wrapper.chmod(0o755)
+    # and no python3.11 of the image's (the script would take one on PATH): overlayfs
+    # whiteouts (0/0 character devices) hide it and the `python3` link to it
+    (layer / "usr" / "bin").mkdir()
+    for name in ("python3.11", "python3"):
+        os.mknod(layer / "usr" / "bin" / name, stat.S_IFCHR | 0o600, os.makedev(0, 0))
+    return layer
+
+
+def test_hosts_whose_python_no_wheel_fits_stop_the_run_in_one_line_before_any_role(
+        repo_root: Path, bed: IsolatedTestBed, tmp_path: Path) -> None:
+    layer = python310_layer(tmp_path)
+    hosts = [bed.add_host(image="bookworm", layers=[layer]) for _ in range(3)]
+    for host in hosts:
+        bed.wait_login(host)
+    assert run(bed, hosts[0], "python3 --version").startswith("Python 3.10.")
+    options = {"hosts": bed.inventory(hosts), "known_hosts": str(bed.known_hosts),
+               "index_url": f"http://{bed.gateway}:9/simple", "stop_grace_s": 1.0}
+    done, run_dir = orchestrate(repo_root, tmp_path, options)
+    assert done.returncode != 0
+    summary = json.loads((run_dir / "summary.json").read_text())
+    error = summary["error"]
+    assert "python3 is 3.10 on linux x86_64" in error and "3.11–3.13" in error, error
+    assert any(f"ssh host {h.name}:" in error for h in hosts), error
+    assert "Traceback" not in done.stdout + done.stderr
+    kinds = [json.loads(ln)["kind"] for ln in (run_dir / "events.jsonl").read_text().splitlines()]
+    assert "ready" not in kinds and "train_start" not in kinds, kinds
+    for host in hosts:  # no role started (not even its spec was written), nothing installed
+        assert run(bed, host, f"find ~/.transient/runs -name {layout.SPEC_FILE}; find "
+                   "~/.transient/envs -type f 2>/dev/null; true").strip() == ""
+    with pytest.raises(BadRequestError, match=r"python3 is 3\.10"):
+        setup_once({**options, "hosts": bed.inventory(hosts[:1])}, tmp_path)
