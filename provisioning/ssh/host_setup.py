@@ -197,8 +197,11 @@ def make_venv(venv, base_python, spec, minor):
     subprocess.run([base_python, "-m", "venv", "--without-pip", venv], check=True)
     python = os.path.join(venv, "bin", "python")
     # --only-binary: a host never compiles (no compilers on a cloud image); a missing wheel is
-    # pip's one-line "no matching distribution"; --no-cache-dir: the venv is the cache
-    args = ["install", "--only-binary=:all:", "--no-cache-dir", *spec["requirements"]]
+    # pip's one-line "no matching distribution"; --no-cache-dir: the venv is the cache;
+    # --no-compile: no bytecode for all of TensorFlow's 20,000 files up front (time and disk),
+    # Python caches what the trainer imports when it first imports it
+    args = ["install", "--only-binary=:all:", "--no-cache-dir", "--no-compile",
+            *spec["requirements"]]
     if spec["mode"] == "index":
         import urllib.parse
 
