@@ -213,3 +213,46 @@ def test_hosts_whose_python_no_wheel_fits_stop_the_run_in_one_line_before_any_ro
                    "~/.transient/envs -type f 2>/dev/null; true").strip() == ""
     with pytest.raises(BadRequestError, match=r"python3 is 3\.10"):
         setup_once({**options, "hosts": bed.inventory(hosts[:1])}, tmp_path)
+
+
+def test_a_gce_vm_of_the_default_image_family_sets_itself_up_from_the_index(
+        bed: IsolatedTestBed, tmp_path: Path) -> None:
+    """`provider=gce` with the defaults (no `python`, no wheelhouse, the default image family,
+    here booting Debian 13's root filesystem) on the fake Compute API: the VM installs the
+    hosts' runtime from the index itself, as the `transient` account the guest agent made."""
+    from provisioning.base import Role
+    from provisioning.gce.config import GceConfig
+    from provisioning.gce.provider import GceProvider
+    from provisioning.journal import Journal
+    from tests.provisioning.gce_fixtures import PROJECT, ZONES, IsolatedFakeGce, gce_config
+
+    family = GceConfig().image_family
+    url = bed.serve_index(wheelhouse.wheelhouse([*host_runtime.load().requirements("cpu"),
+                                                 "pip"], "3.13"))
+    with IsolatedFakeGce(bed, vms=1, families={family: "trixie"}, login_refused_s=0.0,
+                         project=PROJECT, zones=tuple(ZONES), provision_s=0.05, staging_s=0.05,
+                         insert_op_s=0.05, delete_op_s=0.05, stop_s=0.05,
+                         wait_cap_s=0.2) as fake:
+        cfg = gce_config(fake, tmp_path, ssh_key=str(bed.client_key), index_url=url,
+                         host_key_timeout_s=60.0)
+        assert (cfg.python, cfg.wheelhouse, cfg.image, cfg.image_family) == (
+            None, None, None, family)
+        provider = GceProvider(cfg, journal=Journal(tmp_path / "run" / "journal.jsonl"))
+        request = ClusterRequest(run_id="bare-gce", workdir=tmp_path / "run", hosts=[
+            HostSpec("ps-0", Role.PS, "n1-standard-4", None, ZONES[0], False)])
+        cluster = provider.acquire(request)
+        try:
+            runner = provider.runner(cluster.hosts[0])
+            runner.setup()
+            env = runner.machine.environment
+            assert env.mode == "index" and env.deps_installed and env.version == "3.13"
+            assert env.command[0].startswith(f"{cfg.remote_root}/envs/venv-")
+            probe = runner.start([*env.command[:-2], "-c", "import getpass, tensorflow, "
+                                  "trainer.loop; print(getpass.getuser(), trainer.loop.__file__)"],
+                                 env.env)
+            user, trainer_file = probe.readline().split()
+            assert user == cfg.ssh_user and trainer_file.startswith(env.path)
+            assert probe.wait(120) == 0
+        finally:
+            provider.release(cluster)
+        assert fake.live_instances() == []
