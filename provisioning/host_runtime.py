@@ -166,3 +166,30 @@ def image_family_problem(family: str, runtime: HostRuntime | None = None) -> str
             f"one (e.g. common-cu128-ubuntu-2404-nvidia-570, Python 3.12), a baked image "
             f"(provider.image), or set provider.python to an interpreter there that already "
             f"has TensorFlow 2.21")
+
+
+#: A baked image's name (`python -m orchestrator.image bake`): the extra and the dependency set's
+#: digest are read back from it, so a run never uses an image baked for another set silently.
+BAKED_NAME = re.compile(r"transient-host-(?P<extra>cpu|gpu)-(?P<deps>[0-9a-f]{12})-[0-9a-f]{8}$")
+
+
+def baked_image_name(base_image: str, extra: str, runtime: HostRuntime | None = None) -> str:
+    """The name of the image baked from `base_image` (a family or image URL) for this
+    dependency set: deterministic, so baking the same again finds it."""
+    digest = (runtime or load()).digest(extra)[:12]
+    return (f"transient-host-{extra}-{digest}-"
+            f"{hashlib.sha256(base_image.encode()).hexdigest()[:8]}")
+
+
+def stale_image_problem(image: str, runtime: HostRuntime | None = None) -> str | None:
+    """Why `provider.image`, a baked image by its name, cannot serve this dependency set; None
+    when it can or is not one of ours."""
+    match = BAKED_NAME.search(image)
+    if match is None:
+        return None
+    want = (runtime or load()).digest(match["extra"])[:12]
+    if match["deps"] == want:
+        return None
+    return (f"{image} was baked for another set of the hosts' dependencies ({match['deps']}; "
+            f"this project's is {want}): bake a new one with `python -m orchestrator.image "
+            f"bake` and use that")

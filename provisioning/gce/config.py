@@ -72,9 +72,10 @@ class GceConfig(ProviderConfig):
     max_parallel: int = 32  # concurrent API calls while creating or deleting
 
     def check(self) -> list[tuple[str, str]]:
-        """(field, problem) known before any VM exists: the hosts' runtime install keys, and an
-        image family whose Python (its name tells) no wheel of the runtime fits."""
-        from provisioning.host_runtime import image_family_problem
+        """(field, problem) known before any VM exists: the hosts' runtime install keys, an
+        image family whose Python (its name tells) no wheel of the runtime fits, and a baked
+        image (`python -m orchestrator.image bake`) made for another dependency set."""
+        from provisioning.host_runtime import image_family_problem, stale_image_problem
 
         problems = runtime_install_problems(self.index_url, self.wheelhouse, "cpu",
                                             self.python is None)
@@ -82,6 +83,10 @@ class GceConfig(ProviderConfig):
             problem = image_family_problem(self.image_family)
             if problem:
                 problems.append(("provider.image_family", problem))
+        if self.python is None and self.image is not None:
+            problem = stale_image_problem(self.image)
+            if problem:
+                problems.append(("provider.image", problem))
         return problems
 
     def transient_lifetime_cap_s(self) -> float | None:

@@ -9,7 +9,10 @@ sudo, no TensorFlow, no `python:` in the inventory, and a route to nothing but t
 - a Debian 12 host with no index at all (`provider.wheelhouse`): wheels downloaded here for
   ITS Python and platform, copied once; a second setup installs and copies nothing;
 - hosts whose `python3` is 3.10 (Ubuntu 22.04's; a CPython 3.10 put into an image layer): the
-  run stops with one line naming the host, its Python and platform, before any role starts.
+  run stops with one line naming the host, its Python and platform, before any role starts;
+- `provider=gce` with its defaults on the fake Compute API (VMs are isolated hosts): a VM of
+  the default image family sets itself up from the index while `python -m orchestrator.image
+  bake` makes an image of it; a VM of that image only unpacks our wheel.
 
 Slow (TensorFlow installed for real, twice); skipped loudly where the bed cannot run.
 """
@@ -56,6 +59,13 @@ def bed() -> Iterator[IsolatedTestBed]:
     assert not bed.leftovers(), f"isolated bed left {bed.leftovers()}"
 
 
+@pytest.fixture(scope="module")
+def index_url(bed: IsolatedTestBed) -> str:
+    """The bed's package index (one per bed): the hosts' set and pip, for cp313."""
+    runtime = host_runtime.load()
+    return bed.serve_index(wheelhouse.wheelhouse([*runtime.requirements("cpu"), "pip"], "3.13"))
+
+
 def provider_dir(tmp_path: Path, options: dict) -> Path:
     """A Hydra search dir holding `provider/bare.yaml` (an ssh provider file)."""
     root = tmp_path / "conf"
@@ -83,10 +93,8 @@ def run(bed: IsolatedTestBed, host, command: str) -> str:  # type: ignore[no-unt
 
 
 def test_ssh_digits_on_bare_debian13_hosts_installing_from_the_index(
-        repo_root: Path, bed: IsolatedTestBed, tmp_path: Path) -> None:
-    runtime = host_runtime.load()
-    wheels = wheelhouse.wheelhouse([*runtime.requirements("cpu"), "pip"], "3.13")
-    url = bed.serve_index(wheels)
+        repo_root: Path, bed: IsolatedTestBed, index_url: str, tmp_path: Path) -> None:
+    url = index_url
     hosts = [bed.add_host(image="trixie") for _ in range(3)]
     for host in hosts:
         bed.wait_login(host)
@@ -215,11 +223,15 @@ def test_hosts_whose_python_no_wheel_fits_stop_the_run_in_one_line_before_any_ro
         setup_once({**options, "hosts": bed.inventory(hosts[:1])}, tmp_path)
 
 
-def test_a_gce_vm_of_the_default_image_family_sets_itself_up_from_the_index(
-        bed: IsolatedTestBed, tmp_path: Path) -> None:
+def test_a_gce_vm_of_the_default_family_sets_itself_up_and_is_baked_into_an_image(
+        bed: IsolatedTestBed, index_url: str, tmp_path: Path) -> None:
     """`provider=gce` with the defaults (no `python`, no wheelhouse, the default image family,
-    here booting Debian 13's root filesystem) on the fake Compute API: the VM installs the
-    hosts' runtime from the index itself, as the `transient` account the guest agent made."""
+    which the fake boots from Debian 13's root filesystem) on the fake Compute API, through
+    `python -m orchestrator.image bake`: the VM installs the hosts' runtime from the index
+    itself, is stopped, its disk becomes an image named by the dependency set, the VM is
+    deleted. A VM of that image then only unpacks our wheel; baking again creates nothing; an
+    image baked for another dependency set is refused before any VM."""
+    from orchestrator.image import bake
     from provisioning.base import Role
     from provisioning.gce.config import GceConfig
     from provisioning.gce.provider import GceProvider
@@ -227,31 +239,48 @@ def test_a_gce_vm_of_the_default_image_family_sets_itself_up_from_the_index(
     from tests.provisioning.gce_fixtures import PROJECT, ZONES, IsolatedFakeGce, gce_config
 
     family = GceConfig().image_family
-    url = bed.serve_index(wheelhouse.wheelhouse([*host_runtime.load().requirements("cpu"),
-                                                 "pip"], "3.13"))
     with IsolatedFakeGce(bed, vms=1, families={family: "trixie"}, login_refused_s=0.0,
                          project=PROJECT, zones=tuple(ZONES), provision_s=0.05, staging_s=0.05,
                          insert_op_s=0.05, delete_op_s=0.05, stop_s=0.05,
                          wait_cap_s=0.2) as fake:
-        cfg = gce_config(fake, tmp_path, ssh_key=str(bed.client_key), index_url=url,
+        cfg = gce_config(fake, tmp_path, ssh_key=str(bed.client_key), index_url=index_url,
                          host_key_timeout_s=60.0)
         assert (cfg.python, cfg.wheelhouse, cfg.image, cfg.image_family) == (
             None, None, None, family)
-        provider = GceProvider(cfg, journal=Journal(tmp_path / "run" / "journal.jsonl"))
-        request = ClusterRequest(run_id="bare-gce", workdir=tmp_path / "run", hosts=[
-            HostSpec("ps-0", Role.PS, "n1-standard-4", None, ZONES[0], False)])
-        cluster = provider.acquire(request)
+        said: list[str] = []
+        image = bake(cfg, workdir=tmp_path / "bake", log=said.append)
+        name = image.rsplit("/", 1)[1]
+        assert name.startswith(f"transient-host-cpu-{host_runtime.load().digest('cpu')[:12]}-")
+        assert fake.images[name]["status"] == "READY" and fake.live_instances() == []
+        assert any("runtime installed (Python 3.13)" in line for line in said), said
+        inserts = fake.calls["instances.insert"]
+        assert bake(cfg, workdir=tmp_path / "again", log=said.append) == image
+        assert fake.calls["instances.insert"] == inserts  # already baked: no VM at all
+
+        baked = gce_config(fake, tmp_path, ssh_key=str(bed.client_key), index_url=index_url,
+                           host_key_timeout_s=60.0, image=image)
+        assert baked.check() == []
+        stale = image.replace(name.split("-")[3], "0" * 12)
+        assert "another set of the hosts' dependencies" in dict(
+            GceConfig(image=stale).check())["provider.image"]
+        provider = GceProvider(baked, journal=Journal(tmp_path / "run" / "journal.jsonl"))
+        cluster = provider.acquire(ClusterRequest(run_id="from-baked", workdir=tmp_path / "run",
+                                                  hosts=[HostSpec("ps-0", Role.PS,
+                                                                  "n1-standard-4", None,
+                                                                  ZONES[0], False)]))
         try:
             runner = provider.runner(cluster.hosts[0])
             runner.setup()
             env = runner.machine.environment
-            assert env.mode == "index" and env.deps_installed and env.version == "3.13"
-            assert env.command[0].startswith(f"{cfg.remote_root}/envs/venv-")
+            # the image's venv, made on the baking VM by its Python 3.13 from the index
+            assert env.installed and not env.deps_installed and env.version == "3.13"
+            assert env.mode == "index"
+            assert env.command[0].startswith(f"{baked.remote_root}/envs/venv-")
             probe = runner.start([*env.command[:-2], "-c", "import getpass, tensorflow, "
                                   "trainer.loop; print(getpass.getuser(), trainer.loop.__file__)"],
                                  env.env)
             user, trainer_file = probe.readline().split()
-            assert user == cfg.ssh_user and trainer_file.startswith(env.path)
+            assert user == baked.ssh_user and trainer_file.startswith(env.path)
             assert probe.wait(120) == 0
         finally:
             provider.release(cluster)
