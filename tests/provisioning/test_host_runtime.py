@@ -273,3 +273,26 @@ def test_wheelhouse_mode_asks_for_its_wheels_then_installs_offline(tmp_path, ind
     assert done["status"] == "ready" and done["deps_installed"]
     assert run_trainer(done) == "42"
     assert run_script(spec)["deps_installed"] is False
+
+
+def test_a_baked_image_names_its_dependency_set_and_a_stale_one_is_refused() -> None:
+    runtime = host_runtime.load()
+    name = host_runtime.baked_image_name("projects/p/global/images/family/f", "gpu")
+    assert name.startswith(f"transient-host-gpu-{runtime.digest('gpu')[:12]}-")
+    assert host_runtime.baked_image_name("projects/p/global/images/family/f", "gpu") == name
+    assert GceConfig(image=f"projects/p/global/images/{name}").check() == []
+    stale = f"projects/p/global/images/transient-host-gpu-{'0' * 12}-{'1' * 8}"
+    assert "bake a new one" in dict(GceConfig(image=stale).check())["provider.image"]
+    assert GceConfig(image="projects/p/global/images/someone-elses").check() == []
+
+
+def test_bake_refuses_what_it_cannot_bake_in_one_line_before_any_call(capsys) -> None:
+    from orchestrator.image import main
+
+    assert main(["bake", "provider.index_url=pypi.org"]) == 2
+    assert main(["bake", "provider.python=/opt/tf/bin/python"]) == 2
+    assert main(["bake", "index_url=x"]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines[0].startswith("config error: provider.index_url: 'pypi.org' is not")
+    assert lines[1].startswith("config error: provider.python: set:")
+    assert lines[2] == "config error: index_url=x: expected provider.KEY=VALUE"
