@@ -58,6 +58,7 @@ test-fast: setup
 # the fake Compute API, namespace sshd hosts as its VMs and the GCS emulator (root, sshd, ip)
 gce-fake: bytecode
 	bash .ci/testbed-deps
+	$(MAKE) --no-print-directory isolated-images
 	$(PY) -m pytest -m headline tests/provisioning/test_gce_headline.py -s $(PYTEST_ARGS)
 
 validate: setup

@@ -9,7 +9,10 @@ import os
 import signal
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -135,18 +138,21 @@ IMAGE_FAMILIES = {"debian-12": "bookworm", "debian-13": "trixie"}
 
 class IsolatedFakeGce(FakeGce):
     """The fake Compute API whose VMs are isolated hosts of `bed` (tests/testbed/isolated.py):
-    a created VM boots a host with a fresh disk from the image its boot disk names, with the
-    accounts of its `ssh-keys` metadata made by the guest agent at boot; it publishes the host
-    key the host made at first boot as guest attributes once booted, and refuses logins
-    (pam_nologin) until `login_refused_s` after RUNNING. A deleted or preempted VM's host is
-    powered off at once (every process dies, sshd too); a preempted VM with the STOP action
-    keeps its disk, which `image_from_instance` turns into a custom image (`images.insert` with
-    a VM's disk as source), bootable by `sourceImage`.
+    a created VM boots a host with a fresh disk from the image its boot disk names; at boot
+    the guest agent makes the accounts of its `ssh-keys` metadata and runs its
+    `startup-script` as root; it publishes the host key the host made at first boot as guest
+    attributes once booted, and refuses logins (pam_nologin) until `login_refused_s` after
+    RUNNING. Its metadata server is `http://metadata.google.internal/computeMetadata/v1`, as on
+    GCE (the bridge's address, port 80, answering for the VM by its source address, with
+    `Metadata-Flavor: Google` required). A deleted or preempted VM's host is powered off when
+    it leaves STOPPING (`stop_s` later: a preempted VM's watcher has that long to see the
+    flag); a preempted VM with the STOP action keeps its disk, which `image_from_instance`
+    turns into a custom image (`images.insert` from a VM's disk), bootable by `sourceImage`.
 
     `vms` hosts are made (stopped) up front, one per address the fake hands out. Image families
     not in `families` are refused with the cloud's 404, unless `default_image` names an image
-    for them (e.g. the provider's default Deep Learning VM family on a test). Errors while a VM
-    boots are kept in `boot_errors` (ip -> message); such a VM never publishes host keys."""
+    for them (e.g. the provider's default Deep Learning VM family in a test). Errors while a
+    VM boots are kept in `boot_errors` (ip -> message); such a VM never publishes host keys."""
 
     def __init__(self, bed: IsolatedTestBed, vms: int, families: dict[str, str] | None = None,
                  default_image: str | None = None, login_refused_s: float = 2.0,
@@ -161,9 +167,29 @@ class IsolatedFakeGce(FakeGce):
             host = bed.add_host(start=False)
             self.slots[host.address] = host
         self._slot_locks = {ip: threading.Lock() for ip in self.slots}
-        self._booted: dict[str, FakeInstance] = {}
-        super().__init__(ip_pool=list(self.slots), on_gone=self._power_off, **options)
+        self._booted: dict[str, FakeInstance] = {}  # ip -> the VM its host runs (or ran)
+        self._metadata: ThreadingHTTPServer | None = None
+        super().__init__(ip_pool=list(self.slots), on_gone=self._vm_leaving, **options)
         self.login_refused_s = login_refused_s
+
+    def start(self) -> IsolatedFakeGce:
+        super().start()
+        handler = type("MetadataHandler", (_MetadataServer,), {"fake": self})
+        self._metadata = ThreadingHTTPServer((self.bed.gateway, 80), handler)
+        self._metadata.daemon_threads = True
+        threading.Thread(target=self._metadata.serve_forever, name="fake-gce-metadata",
+                         daemon=True).start()
+        return self
+
+    def stop(self) -> None:
+        if self._metadata is not None:
+            self._metadata.shutdown()
+            self._metadata.server_close()
+            self._metadata = None
+        super().stop()
+
+    def __enter__(self) -> IsolatedFakeGce:
+        return self.start()
 
     def host_of(self, zone: str, name: str) -> IsolatedHost:
         """The isolated host a live VM runs on."""
@@ -196,6 +222,7 @@ class IsolatedFakeGce(FakeGce):
         if url in self.custom_images:
             raise FakeHttpError(409, f"The resource '{url}' already exists", "alreadyExists",
                                 "ALREADY_EXISTS")
+        self._power_off(inst.ip, inst)  # TERMINATED: off, even if its timer has not fired yet
         with self._slot_locks[inst.ip]:
             self.custom_images[url] = self.bed.snapshot(self.slots[inst.ip])
         return url
@@ -206,7 +233,9 @@ class IsolatedFakeGce(FakeGce):
         disk = self.disk_for(source)  # an unknown image: the cloud's synchronous 404
         op = super().insert(zone, body, request_id)
         inst = self.instances.get((zone, body.get("name", "")))
-        if op.error is None and inst is not None and self._booted.get(inst.ip) is not inst:
+        if op.error is None and inst is not None and inst.ip not in self.slots:
+            self.boot_errors[inst.ip] = f"no isolated host at {inst.ip} (networkIP not ours)"
+        elif op.error is None and inst is not None and self._booted.get(inst.ip) is not inst:
             self._booted[inst.ip] = inst
             inst.host_keys = []  # published by the guest once the host has booted
             threading.Thread(target=self._boot, args=(inst, disk), daemon=True,
@@ -215,8 +244,9 @@ class IsolatedFakeGce(FakeGce):
 
     def _boot(self, inst: FakeInstance, disk: Disk) -> None:
         host = self.slots[inst.ip]
+        metadata = inst.metadata()
         accounts = {}
-        for line in inst.metadata().get("ssh-keys", "").splitlines():
+        for line in metadata.get("ssh-keys", "").splitlines():
             user, sep, key = line.partition(":")
             if sep and key.strip():
                 accounts[user.strip()] = key.strip()
@@ -225,7 +255,9 @@ class IsolatedFakeGce(FakeGce):
                 return  # deleted before it booted
             try:
                 self.bed.stop(host)
-                self.bed.reimage(host, disk, accounts or None)
+                self.bed.reimage(host, disk, accounts or None,
+                                 startup_script=metadata.get("startup-script"),
+                                 names={"metadata.google.internal": self.bed.gateway})
                 host.boot_s = max(0.0, inst.running_since() - time.time()) + self.login_refused_s
                 self.bed.start(host)
             except Exception as err:  # reported through boot_errors
@@ -234,8 +266,57 @@ class IsolatedFakeGce(FakeGce):
             kind, blob = host.host_key.split()[:2]
             inst.host_keys.append((kind, blob))
 
-    def _power_off(self, ip: str) -> None:
+    def _vm_leaving(self, ip: str) -> None:
+        """on_gone: the VM is STOPPING; its host goes off when that ends."""
+        timer = threading.Timer(self.stop_s, self._power_off, args=(ip, self._booted.get(ip)))
+        timer.daemon = True
+        timer.start()
+
+    def _power_off(self, ip: str, inst: FakeInstance | None) -> None:
         host = self.slots.get(ip)
-        if host is not None:
-            with self._slot_locks[ip]:
+        if host is None:
+            return
+        with self._slot_locks[ip]:
+            if self._booted.get(ip) is inst:  # not a new VM at the same address since
                 self.bed.stop(host)
+
+
+class _MetadataServer(BaseHTTPRequestHandler):
+    """GCE's metadata server as the isolated VMs see it: it knows the VM by the request's
+    source address and answers from the fake's per-instance metadata endpoints."""
+
+    fake: IsolatedFakeGce
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: Any) -> None:  # quiet
+        pass
+
+    def do_GET(self) -> None:
+        inst = self.fake._booted.get(self.client_address[0])
+        prefix = "/computeMetadata/v1"
+        if self.headers.get("Metadata-Flavor") != "Google":
+            self._reply(403, b"Missing Metadata-Flavor:Google header.", {})
+            return
+        if inst is None or not self.path.startswith(prefix + "/"):
+            self._reply(404, b"Not found", {})
+            return
+        url = self.fake.metadata_url(inst.zone, inst.name) + self.path[len(prefix):]
+        request = urllib.request.Request(url, headers={"Metadata-Flavor": "Google"})
+        try:
+            with urllib.request.urlopen(request, timeout=600) as reply:
+                status, body, headers = reply.status, reply.read(), reply.headers
+        except urllib.error.HTTPError as err:
+            status, body, headers = err.code, err.read(), err.headers
+        except OSError:
+            status, body, headers = 503, b"metadata server unavailable", None
+        self._reply(status, body, headers or {})
+
+    def _reply(self, status: int, body: bytes, headers: Any) -> None:
+        self.send_response(status)
+        for name in ("Content-Type", "ETag"):
+            if headers.get(name):
+                self.send_header(name, headers[name])
+        self.send_header("Metadata-Flavor", "Google")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)

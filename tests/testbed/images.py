@@ -4,7 +4,7 @@ the project itself with debootstrap and cached on this machine outside the check
 Two images stand for two bare cloud images: `bookworm` (Debian 12, Python 3.11, the
 orchestrator's own minor) and `trixie` (Debian 13, Python 3.13, not the orchestrator's minor).
 Each has only what a minimal cloud image has: python3 with venv, openssh-server, sudo, iproute2,
-procps, ca-certificates and PAM; no TensorFlow, no pip packages. The login user `cloud` has
+procps, ca-certificates, curl and PAM; no TensorFlow, no pip packages. The login user `cloud` has
 passwordless sudo, as the user a cloud's guest agent creates. Host keys are removed from the
 image: each host makes its own at first boot (Debian's cloud images do the same).
 
@@ -23,6 +23,7 @@ CLI (the Makefile's `isolated-images` target runs it before the tests):
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import contextlib
 import fcntl
 import hashlib
@@ -38,8 +39,9 @@ from pathlib import Path
 CACHE_ENV = "TRANSIENT_ISOBED_CACHE"
 DEFAULT_CACHE = Path("/var/tmp/transient-isobed")
 LOGIN_USER = "cloud"
+# curl: every cloud's Debian image has it, and VM-side scripts (the preemption watcher) use it
 PACKAGES = ("python3", "python3-venv", "openssh-server", "sudo", "iproute2", "procps",
-            "ca-certificates", "libpam-modules")
+            "ca-certificates", "libpam-modules", "curl")
 RECIPE_VERSION = "1"  # bump when _finish() changes what the image holds
 
 
@@ -169,7 +171,7 @@ def build(name: str, log: Path | None = None) -> Path:
         tmp = cache_dir() / f".build-{image.name}-{image.digest()}-{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
-        log = log or cache_dir() / f"{image.name}-build.log"
+        log = log or cache_dir() / f"{image.name}-{image.digest()}-build.log"
         started = time.monotonic()
         try:
             with open(log, "w") as out:
@@ -196,7 +198,8 @@ def main(argv: list[str] | None = None) -> int:
                                      description="Build or locate the isolated hosts' images.")
     sub = parser.add_subparsers(dest="command", required=True)
     b = sub.add_parser("build", help="build the images that are not cached yet")
-    b.add_argument("names", nargs="*", choices=sorted(IMAGES), default=sorted(IMAGES))
+    b.add_argument("names", nargs="*", metavar="IMAGE",
+                   help=f"images to build (default: all of {', '.join(sorted(IMAGES))})")
     p = sub.add_parser("path", help="print an image's rootfs path")
     p.add_argument("name", choices=sorted(IMAGES))
     args = parser.parse_args(argv)
@@ -207,13 +210,26 @@ def main(argv: list[str] | None = None) -> int:
     if missing:
         print("isolated images NOT built: needs " + ", ".join(missing), file=sys.stderr)
         return 0  # the tests that need them skip loudly
-    for name in args.names:
+    unknown = sorted(set(args.names) - set(IMAGES))
+    if unknown:
+        parser.error(f"unknown image {unknown[0]} (choose from {', '.join(sorted(IMAGES))})")
+    names = args.names or sorted(IMAGES)
+    for name in names:
         if is_built(name):
             print(f"image {name}: cached at {rootfs(name)}")
-            continue
-        started = time.monotonic()
+    missing_images = [n for n in names if not is_built(n)]
+    if missing_images:
+        _ensure_debootstrap()  # once, before the builds run side by side
+    started = time.monotonic()
+
+    def timed(name: str) -> str:
         path = build(name)
-        print(f"image {name}: built in {time.monotonic() - started:.0f} s at {path}")
+        return f"image {name}: built in {time.monotonic() - started:.0f} s at {path}"
+
+    # side by side: a build waits on the mirror and on dpkg's fsyncs as much as on the CPU
+    with concurrent.futures.ThreadPoolExecutor(max_workers=len(missing_images) or 1) as pool:
+        for line in pool.map(timed, missing_images):
+            print(line, flush=True)
     return 0
 
 

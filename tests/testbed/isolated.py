@@ -44,7 +44,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.testbed import _accepts, _ip, _is_live, _keygen, images
+from tests.testbed import HostSignals, _accepts, _ip, _is_live, _keygen, images
 
 PREFIX = "ib"
 SUBNET_PREFIX = "10.232"
@@ -93,6 +93,10 @@ if [ -s /etc/guest-accounts ]; then
     chmod 600 "$home/.ssh/authorized_keys"
   done < /etc/guest-accounts
 fi
+# the instance metadata startup-script, as root, detached (google-startup-scripts does this)
+if [ -s /etc/guest-startup-script ]; then
+  setsid /bin/bash /etc/guest-startup-script > /var/log/startup-script.log 2>&1 < /dev/null &
+fi
 if [ "$1" != 0 ]; then
   echo "$2" > /run/nologin
   (sleep "$1"; rm -f /run/nologin) &
@@ -133,7 +137,7 @@ class IsolatedHost:
     pidns: str = ""  # "pid:[inode]" of the host's pid namespace while it runs
     started_at: float = 0.0
     host_key: str = ""  # "ssh-ed25519 AAAA..." learnt from the disk after boot
-    extra: dict[str, object] = field(default_factory=dict)
+    extra: dict[str, object] = field(default_factory=dict)  # free for a test's bookkeeping
 
     @property
     def upper(self) -> Path:
@@ -148,7 +152,7 @@ class IsolatedHost:
         return self.process is not None and self.process.poll() is None
 
 
-class IsolatedTestBed:
+class IsolatedTestBed(HostSignals):
     """Isolated hosts on one bridge. Use as a context manager or call `close()`.
 
     `hosts` hosts of `image` are started at once; `add_host` makes more (another image,
@@ -160,9 +164,15 @@ class IsolatedTestBed:
         if reason:
             raise RuntimeError(reason)
         sweep_stale()
-        self.tag = secrets.token_hex(2)
-        self.dir = _beds_dir() / self.tag
-        self.dir.mkdir(parents=True)
+        _beds_dir().mkdir(parents=True, exist_ok=True)
+        for _ in range(100):  # the bed's directory reserves its tag among live beds
+            self.tag = secrets.token_hex(2)
+            self.dir = _beds_dir() / self.tag
+            with contextlib.suppress(FileExistsError):
+                self.dir.mkdir()
+                break
+        else:
+            raise RuntimeError(f"no free tag for an isolated bed in {_beds_dir()}")
         (self.dir / "owner").write_text(_owner_stamp(os.getpid()))
         self.bridge = f"{PREFIX}{self.tag}br"
         self.image = image
@@ -174,6 +184,7 @@ class IsolatedTestBed:
         self._links: list[str] = []
         self._index: subprocess.Popen[bytes] | None = None
         self._lock = threading.Lock()  # hosts may start from several threads (a fake cloud)
+        self._closed = False
         # Hosts die with the *thread* that started them (PR_SET_PDEATHSIG), so one long-lived
         # thread starts them all, whichever thread (a fake cloud's request handler) asks.
         self._launcher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="isobed-launch")
@@ -226,15 +237,26 @@ class IsolatedTestBed:
         return host
 
     def reimage(self, host: IsolatedHost, disk: Disk | None = None,
-                accounts: dict[str, str] | None = None) -> None:
+                accounts: dict[str, str] | None = None, startup_script: str | None = None,
+                names: dict[str, str] | None = None) -> None:
         """Give a stopped host a fresh disk from `disk` (default: its own image and layers), as
         a VM created anew. `accounts` ({user: public key line}, default {cloud: the bed's client
         key}) are what the cloud's guest agent creates at boot from the instance metadata
-        (`ssh-keys`): the user (with passwordless sudo) and its authorized key."""
+        (`ssh-keys`): the user (with passwordless sudo) and its authorized key.
+        `startup_script` runs as root, detached, at every boot (output in
+        /var/log/startup-script.log). `names` ({hostname: address}) are added to /etc/hosts
+        (e.g. metadata.google.internal)."""
         if host.running:
             raise RuntimeError(f"{host.name} must be stopped to get a new disk")
+        images.build((disk or host.disk).image)
+        with self._lock:  # close() waits for a disk being written, then none is
+            if self._closed:
+                raise RuntimeError(f"isolated bed closed: {host.name} gets no new disk")
+            self._reimage(host, disk, accounts, startup_script, names)
+
+    def _reimage(self, host: IsolatedHost, disk: Disk | None, accounts: dict[str, str] | None,
+                 startup_script: str | None, names: dict[str, str] | None) -> None:
         host.disk = disk or host.disk
-        images.build(host.disk.image)
         shutil.rmtree(host.dir, ignore_errors=True)
         for sub in ("upper", "work", "merged"):
             (host.dir / sub).mkdir(parents=True)
@@ -243,7 +265,11 @@ class IsolatedTestBed:
         lower = [*host.disk.layers, images.rootfs(host.disk.image)]
         _write_over(lower, host.upper, "etc/hostname", f"{host.name}\n")
         _write_over(lower, host.upper, "etc/hosts",
-                    f"127.0.0.1 localhost\n{host.address} {host.name}\n")
+                    f"127.0.0.1 localhost\n{host.address} {host.name}\n" + "".join(
+                        f"{address} {name}\n" for name, address in (names or {}).items()))
+        if startup_script:
+            _write_over(lower, host.upper, "etc/guest-startup-script", startup_script,
+                        mode=0o700)
         _write_over(lower, host.upper, "etc/guest-accounts", "".join(
             f"{user} {' '.join(key.split())}\n" for user, key in accounts.items()), mode=0o600)
         host.user = LOGIN_USER if LOGIN_USER in accounts else next(iter(accounts), LOGIN_USER)
@@ -260,21 +286,27 @@ class IsolatedTestBed:
         env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C"}
 
         def launch() -> subprocess.Popen[bytes]:
+            # host.process is set here, in the launcher, so a close() that waits for the
+            # launcher always sees (and kills) what it started
             with open(host.log, "ab") as log:
-                return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log,
-                                        stderr=log, env=env, cwd="/")
+                host.process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log,
+                                                stderr=log, env=env, cwd="/")
+            return host.process
 
-        host.process = self._launcher.submit(launch).result()
+        try:
+            process = self._launcher.submit(launch).result()
+        except RuntimeError as err:  # the launcher is shut down: the bed is closing
+            raise RuntimeError(f"isolated bed closed: {host.name} not started") from err
         host.started_at = time.monotonic()
         key = host.upper / "etc/ssh/ssh_host_ed25519_key.pub"
         deadline = host.started_at + START_TIMEOUT_S
         while not (key.exists() and _accepts(host.address, 22)):
-            if host.process.poll() is not None or time.monotonic() > deadline:
+            if process.poll() is not None or time.monotonic() > deadline:
                 self.stop(host)
                 raise RuntimeError(f"isolated host {host.name} did not start: "
                                    + host.log.read_text(errors="replace")[-2000:])
             time.sleep(0.05)
-        host.pidns = _pidns_for_children(host.process.pid)
+        host.pidns = _pidns_for_children(process.pid)
         host.host_key = " ".join(key.read_text().split()[:2])
         self._pin(host)
 
@@ -340,27 +372,7 @@ class IsolatedTestBed:
 
     def pids(self, host: IsolatedHost) -> list[int]:
         """Live processes of the host (its pid namespace), sshd included."""
-        if not host.pidns:
-            return []
-        found = []
-        for entry in os.listdir("/proc"):
-            if entry.isdigit():
-                with contextlib.suppress(OSError):
-                    if os.readlink(f"/proc/{entry}/ns/pid") == host.pidns and _is_live(int(entry)):
-                        found.append(int(entry))
-        return found
-
-    def kill_processes(self, host: IsolatedHost, sig: int = signal.SIGKILL) -> None:
-        for pid in self.pids(host):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, sig)
-
-    def freeze(self, host: IsolatedHost) -> None:
-        """SIGSTOP every process of the host: it hangs, its TCP connections stay open."""
-        self.kill_processes(host, signal.SIGSTOP)
-
-    def thaw(self, host: IsolatedHost) -> None:
-        self.kill_processes(host, signal.SIGCONT)
+        return live_processes([host.pidns]) if host.pidns else []
 
     def cut(self, host: IsolatedHost) -> None:
         """Cut the host's link: packets vanish, no RST, no FIN."""
@@ -425,16 +437,18 @@ class IsolatedTestBed:
 
         def launch() -> subprocess.Popen[bytes]:
             with open(self.dir / "index.log", "ab") as log:
-                return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+                self._index = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log,
+                                               stderr=log)
+            return self._index
 
-        self._index = self._launcher.submit(launch).result()
+        index = self._launcher.submit(launch).result()
         url = f"http://{self.gateway}:{port}/simple/"
         deadline = time.monotonic() + 60
         while True:
             with contextlib.suppress(OSError), urllib.request.urlopen(url, timeout=2) as reply:
                 if reply.status == 200:
                     return url
-            if self._index.poll() is not None or time.monotonic() > deadline:
+            if index.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError("package index did not start: "
                                    + (self.dir / "index.log").read_text()[-2000:])
             time.sleep(0.1)
@@ -444,6 +458,9 @@ class IsolatedTestBed:
     def close(self) -> None:
         """Kill every host and the index; remove namespaces, links and the bed's directory.
         Idempotent."""
+        with self._lock:
+            self._closed = True
+        self._launcher.shutdown(wait=True)  # nothing starts from now on (a fake cloud's threads)
         for host in self.hosts:
             self.stop(host)
         if self._index is not None:
@@ -456,7 +473,6 @@ class IsolatedTestBed:
         for link in reversed(self._links):
             _ip("link", "del", link, check=False)
         self._links.clear()
-        self._launcher.shutdown(wait=True)
         shutil.rmtree(self.dir, ignore_errors=True)
 
     def leftovers(self) -> list[str]:
@@ -496,6 +512,18 @@ def skip_reason(build: bool = True) -> str | None:
         return None
     return ("ISOLATED TEST HOSTS NOT RUN: containers from Debian images need "
             + ", ".join(missing) + " -- run `make isolated-images` as root on Debian")
+
+
+def live_processes(pidns: Sequence[str]) -> list[int]:
+    """Live (non-zombie) processes in any of the pid namespaces `pidns` ("pid:[inode]", as
+    `IsolatedHost.pidns`): what is left of hosts, seen from the test machine."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            with contextlib.suppress(OSError):
+                if os.readlink(f"/proc/{entry}/ns/pid") in pidns and _is_live(int(entry)):
+                    found.append(int(entry))
+    return found
 
 
 # --- stale beds -----------------------------------------------------------------------------
@@ -576,7 +604,15 @@ def _in_netns(netns: str, *argv: str) -> None:
 
 
 def _pidns_for_children(pid: int) -> str:
-    return os.readlink(f"/proc/{pid}/ns/pid_for_children")
+    """The pid namespace of a host's processes (that of its `unshare`'s children); never the
+    test machine's own, which `pids()`/`kill_processes()` would then take for the host's."""
+    try:
+        ns = os.readlink(f"/proc/{pid}/ns/pid_for_children")
+    except OSError as err:
+        raise RuntimeError(f"isolated host process {pid} ended while starting") from err
+    if ns == os.readlink("/proc/self/ns/pid"):
+        raise RuntimeError(f"isolated host process {pid} has no pid namespace of its own")
+    return ns
 
 
 def _write_over(lower: list[Path], upper: Path, rel: str, text: str, mode: int = 0o644,
@@ -612,3 +648,37 @@ def _write_over(lower: list[Path], upper: Path, rel: str, text: str, mode: int =
     path.write_text(text)
     os.chown(path, uid, gid)
     os.chmod(path, mode)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m tests.testbed.isolated [IMAGE ...]`: start one host per image named (default
+    one of each), print how to log in, and keep them until Ctrl-C (then remove everything)."""
+    import argparse
+    parser = argparse.ArgumentParser(prog="python -m tests.testbed.isolated",
+                                     description="Isolated hosts to look at by hand.")
+    parser.add_argument("images", nargs="*", metavar="IMAGE",
+                        help=f"one host per image (default: {' '.join(sorted(images.IMAGES))})")
+    parser.add_argument("--index", metavar="WHEEL_DIR", help="serve this wheel dir as an index")
+    args = parser.parse_args(argv)
+    unknown = sorted(set(args.images) - set(images.IMAGES))
+    if unknown:
+        parser.error(f"unknown image {unknown[0]}")
+    reason = skip_reason()
+    if reason:
+        print(reason, file=sys.stderr)
+        return 1
+    with IsolatedTestBed() as bed:
+        for image in args.images or sorted(images.IMAGES):
+            host = bed.add_host(image=image)
+            print(f"{host.name} ({image}): {' '.join(bed.ssh_argv(host))}")
+        if args.index:
+            print(f"index: {bed.serve_index(Path(args.index))} "
+                  f"(pip: --trusted-host {bed.gateway})")
+        print("Ctrl-C removes them.", flush=True)
+        with contextlib.suppress(KeyboardInterrupt):
+            signal.pause()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

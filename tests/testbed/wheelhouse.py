@@ -19,7 +19,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from tests.testbed import images
@@ -55,9 +55,49 @@ def path(requirements: Sequence[str], python: str, glibc: str = GLIBC,
 def wheelhouse(requirements: Sequence[str] = HOST_REQUIREMENTS, python: str = "3.11",
                glibc: str = GLIBC, extra_wheels: Sequence[str] = ()) -> Path:
     """A directory holding binary wheels of `requirements` and all their dependencies for
-    CPython `python` ("3.13") on x86_64 Linux with glibc >= `glibc`; downloaded once, then cached. `extra_wheels`:
-    requirements added as they are (e.g. "pip", "setuptools", "wheel" for a host's venv)."""
+    CPython `python` ("3.13") on x86_64 Linux with glibc >= `glibc`; downloaded once, then
+    cached. `extra_wheels`: requirements added as they are (e.g. "pip", "setuptools", "wheel"
+    for a host's venv)."""
     final = path(requirements, python, glibc, extra_wheels)
+
+    def download(tmp: Path) -> str:
+        started = time.monotonic()
+        subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check",
+             "--only-binary=:all:", "--implementation", "cp", "--python-version", python,
+             *(a for p in platforms(glibc) for a in ("--platform", p)), "-d", str(tmp),
+             *requirements, *extra_wheels],
+            check=True, timeout=DOWNLOAD_TIMEOUT_S, stdin=subprocess.DEVNULL)
+        return (f"{' '.join(requirements)} for cp{python}, glibc {glibc}; "
+                f"downloaded in {time.monotonic() - started:.0f} s")
+
+    return _cached(final, download)
+
+
+def merged(requirements: Sequence[str] = HOST_REQUIREMENTS,
+           pythons: Sequence[str] = ("3.11", "3.13"), glibc: str = GLIBC,
+           extra_wheels: Sequence[str] = ()) -> Path:
+    """One directory with the wheelhouses of every Python in `pythons` (hard links, cached):
+    what one index serves to hosts of several images; each host's pip picks its own wheels."""
+    parts = [wheelhouse(requirements, p, glibc, extra_wheels) for p in pythons]
+    final = images.cache_dir() / "wheels" / ("merged-" + hashlib.sha256(
+        " ".join(p.name for p in parts).encode()).hexdigest()[:12])
+
+    def link(tmp: Path) -> str:
+        tmp.mkdir(parents=True)
+        for part in parts:
+            for wheel in part.glob("*.whl"):
+                if not (tmp / wheel.name).exists():
+                    os.link(wheel, tmp / wheel.name)
+        return " ".join(p.name for p in parts)
+
+    return _cached(final, link)
+
+
+def _cached(final: Path, fill: Callable[[Path], str]) -> Path:
+    """`final`, made once by `fill(tmp)` (which returns a line for its `.complete` file) in a
+    temporary directory renamed into place under a lock: never half there, even after a
+    crash or with several test sessions asking at once."""
     if (final / ".complete").exists():
         return final
     with images._lock(final.parent / f".{final.name}.lock"):
@@ -65,16 +105,9 @@ def wheelhouse(requirements: Sequence[str] = HOST_REQUIREMENTS, python: str = "3
             return final
         tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
         shutil.rmtree(tmp, ignore_errors=True)
-        started = time.monotonic()
         try:
-            subprocess.run(
-                [sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check",
-                 "--only-binary=:all:", "--implementation", "cp", "--python-version", python,
-                 *(a for p in platforms(glibc) for a in ("--platform", p)), "-d", str(tmp), *requirements, *extra_wheels],
-                check=True, timeout=DOWNLOAD_TIMEOUT_S, stdin=subprocess.DEVNULL)
-            (tmp / ".complete").write_text(
-                f"{' '.join(requirements)} for cp{python}, glibc {glibc}; "
-                f"downloaded in {time.monotonic() - started:.0f} s\n")
+            note = fill(tmp)
+            (tmp / ".complete").write_text(note + "\n")
             shutil.rmtree(final, ignore_errors=True)
             tmp.rename(final)
         except BaseException:
