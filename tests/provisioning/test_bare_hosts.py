@@ -17,6 +17,7 @@ sudo, no TensorFlow, no `python:` in the inventory, and a route to nothing but t
 Slow (TensorFlow installed for real, twice); skipped loudly where the bed cannot run.
 """
 
+# ruff: noqa: F811  (the bed fixture is imported, then requested by name)
 from __future__ import annotations
 
 import json
@@ -26,7 +27,6 @@ import stat
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -36,8 +36,9 @@ from provisioning import host_runtime
 from provisioning.base import BadRequestError, ClusterRequest, HostSpec
 from provisioning.registry import get_provider
 from tests.orchestrator.test_run_local import check_run_dir
-from tests.testbed import isolated, wheelhouse
+from tests.testbed import wheelhouse
 from tests.testbed.isolated import IsolatedTestBed
+from tests.testbed.isolated_fixtures import module_isolated_bed  # noqa: F401
 from trainer import layout
 
 pytestmark = pytest.mark.slow
@@ -50,20 +51,15 @@ RUN_TIMEOUT_S = 900
 
 
 @pytest.fixture(scope="module")
-def bed() -> Iterator[IsolatedTestBed]:
-    reason = isolated.skip_reason()
-    if reason:
-        pytest.skip(reason)
-    with IsolatedTestBed() as bed:
-        yield bed
-    assert not bed.leftovers(), f"isolated bed left {bed.leftovers()}"
+def bed(module_isolated_bed: IsolatedTestBed) -> IsolatedTestBed:
+    """This module's own bed: its hosts (five TensorFlow installs) go with the module."""
+    return module_isolated_bed
 
 
 @pytest.fixture(scope="module")
 def index_url(bed: IsolatedTestBed) -> str:
     """The bed's package index (one per bed): the hosts' set and pip, for cp313."""
-    runtime = host_runtime.load()
-    return bed.serve_index(wheelhouse.wheelhouse([*runtime.requirements("cpu"), "pip"], "3.13"))
+    return bed.serve_index(wheelhouse.wheelhouse(wheelhouse.HOST_REQUIREMENTS, "3.13"))
 
 
 def provider_dir(tmp_path: Path, options: dict) -> Path:
