@@ -124,11 +124,12 @@ def _inflate(raw, method, size, crc, name):
 
 
 def _pip(python, pip_wheel, *args):
-    """pip, run from its own wheel (the venv has no pip), into `python`'s venv."""
+    """pip, run from its own wheel (the venv has no pip), into `python`'s venv; pip_wheel
+    None: the venv's own pip."""
     import subprocess
 
-    done = subprocess.run([python, os.path.join(pip_wheel, "pip"), *args, "--quiet",
-                           "--disable-pip-version-check", "--no-input"],
+    run = [python, os.path.join(pip_wheel, "pip")] if pip_wheel else [python, "-m", "pip"]
+    done = subprocess.run([*run, *args, "--quiet", "--disable-pip-version-check", "--no-input"],
                           stderr=subprocess.PIPE, text=True)
     if done.returncode != 0:
         lines = [ln for ln in done.stderr.splitlines() if ln.strip()]
@@ -146,10 +147,12 @@ def _wheelhouse_pip(folder):
 
 def _index_pip(index_url, cache, minor):
     """pip's newest wheel for this Python from the index's simple page (PEP 503), kept in
-    `cache`: the host needs neither pip nor ensurepip, and only this index."""
+    `cache`: the host needs neither pip nor ensurepip, and only this index. None when the
+    index serves no pip (a private index of only the set): the venv's ensurepip then."""
     import hashlib
     import html
     import re
+    import urllib.error
     import urllib.parse
     import urllib.request
 
@@ -158,6 +161,11 @@ def _index_pip(index_url, cache, minor):
         with urllib.request.urlopen(urllib.request.Request(url, headers={
                 "Accept": "text/html"}), timeout=60) as response:
             page, base = response.read().decode("utf-8", "replace"), response.geturl()
+    except urllib.error.HTTPError as error:
+        if error.code == 404:
+            return None
+        raise SystemExit(f"the package index {index_url} answered {error.code} for {url}: "
+                         f"set provider.index_url to an index this host can use") from None
     except Exception as error:  # every way of not reaching it says the same to the user
         raise SystemExit(f"the package index {index_url} is not reachable from this host "
                          f"({error}): set provider.index_url to an index it reaches, or "
@@ -171,7 +179,7 @@ def _index_pip(index_url, cache, minor):
             found.append((tuple(int(x) for x in match[1].split(".")), text.strip(),
                           html.unescape(href[1])))
     if not found:
-        raise SystemExit(f"the package index {index_url} serves no pip wheel for Python 3.{minor}")
+        return None
     _, name, href = max(found)
     target = os.path.join(cache, name)
     if os.path.exists(target):
@@ -207,6 +215,12 @@ def make_venv(venv, base_python, spec, minor):
 
         url = spec["index_url"]
         pip = _index_pip(url, os.path.join(spec["envs"], "pip"), minor)
+        if pip is None:  # no pip on that index: the venv's own, from the image's ensurepip
+            done = subprocess.run([python, "-m", "ensurepip", "--default-pip"],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+            if done.returncode != 0:
+                raise SystemExit(f"the package index {url} serves no pip, and this host's "
+                                 f"Python has no ensurepip (python3-venv) to make one")
         # an http:// index (a lab's mirror) was chosen as it is: pip refuses one unless trusted
         parts = urllib.parse.urlsplit(url)
         trust = ["--trusted-host", parts.hostname] if parts.scheme == "http" else []

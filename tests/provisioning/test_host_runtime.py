@@ -213,6 +213,15 @@ def test_a_bare_host_installs_from_the_index_and_reuses_its_venv(tmp_path, index
     assert newer["python"] == first["python"]
 
 
+def test_an_index_without_pip_falls_back_to_the_venvs_ensurepip(tmp_path, index) -> None:
+    url, _ = index
+    shutil.rmtree(tmp_path / "index" / "simple" / "pip")  # the index serves only the set
+    result = run_script(bare_spec(tmp_path, "index", index_url=url))
+    assert result["status"] == "ready" and result["deps_installed"]
+    assert run_trainer(result) == "42"
+    assert Path(result["python"]).with_name("pip").exists()  # the venv's own pip
+
+
 def test_an_unreachable_index_says_what_to_set(tmp_path) -> None:
     spec = bare_spec(tmp_path, "index", index_url="http://127.0.0.1:9/simple")
     done = subprocess.run([sys.executable, "-S", "-c", _HOST_SCRIPT, json.dumps(spec)],
