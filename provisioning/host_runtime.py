@@ -20,7 +20,7 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-from provisioning.checkout import PROJECT_ROOT
+from provisioning.checkout import SHIPPED_PYPROJECT
 
 #: The orchestrator's distribution name (self-references in its extras use it).
 DIST_NAME = "transient-orchestrator"
@@ -130,8 +130,9 @@ def parse(pyproject: dict) -> HostRuntime:  # type: ignore[type-arg]
 
 @functools.cache
 def load(root: Path | None = None) -> HostRuntime:
-    """The hosts' runtime declared in `<root>/pyproject.toml` (the source checkout's)."""
-    path = (root or PROJECT_ROOT) / "pyproject.toml"
+    """The hosts' runtime declared in `<root>/pyproject.toml`; by default the project's own
+    (the copy the installed package carries, a link to the checkout's pyproject.toml)."""
+    path = root / "pyproject.toml" if root is not None else SHIPPED_PYPROJECT
     with open(path, "rb") as f:
         return parse(tomllib.load(f))
 
