@@ -323,6 +323,31 @@ BAD_OVERRIDES: list[tuple[str, list[str], str, str]] = [
     ("digits_local", ["job.train_steps="], "job.train_steps", "not a valid integer"),
     ("digits_local", ["job.train_steps=[1"], "job.train_steps", "no viable alternative"),
     ("digits_local", ["~job.nothing"], "job.nothing", "does not exist"),
+    # an OmegaConf key relative to the node an override was building, anchored in the override
+    ("digits_local", ["sync=switch", "sync.phase_hparams=[0.1, 0.2]"], "sync.phase_hparams.0",
+     "expected a mapping, got a float"),
+    ("digits_local", ["sync=switch", "sync.phase_hparams=[{}, 0.2]"], "sync.phase_hparams.1",
+     "expected a mapping, got a float"),
+    ("digits_local", ["sync=switch", "sync.phase_hparams.0=0.1"], "sync.phase_hparams.0",
+     "expected a mapping"),
+    ("digits_local", ["sync=switch", "sync.phase_hparams=[[0.1]]"], "sync.phase_hparams.0",
+     "expected a mapping, got a list"),
+    ("digits_local", ["sync=switch", "sync.phase_hparams=[{}, {momentum: [1]}]"],
+     "sync.phase_hparams.1", "expected a number, got a list"),
+    ("digits_local", ["+pricing.gpus.h100.on_demand_usd_per_h=3",
+                      "cluster.worker_groups.0.gpu=h100"], "pricing.gpus.h100",
+     "cannot be added from the command line"),
+    ("digits_local", ["+pricing.machine_types.n2-standard-8.on_demand_usd_per_h=1"],
+     "pricing.machine_types.n2-standard-8", "add it whole in an experiment file"),
+    # a list of plain values holding a list (OmegaConf lets it through)
+    ("digits_local", ["sync=switch", "sync.fractions=[[0.5], 0.5]"], "sync.fractions.0",
+     "expected a number, got a list"),
+    ("digits_local", ["job.lr_decay_steps=[1, [2]]"], "job.lr_decay_steps.1",
+     "expected a whole number, got a list"),
+    # the backend chosen by value instead of by the config group
+    ("digits_local", ["provider.name=gce"], "provider.name", "with provider=gce"),
+    ("digits_local", ["provider.name=ssh"], "provider.name", "provider=local's"),
+    ("digits_local", ["provider=ssh", "provider.name=local"], "provider.name", "provider=ssh's"),
 ]
 
 
@@ -387,6 +412,12 @@ BAD_FILES: dict[str, tuple[str, str, str]] = {
     "unknown-top-key": (HEADER + "foo: 1\n", "foo", "unknown key 'foo'"),
     "wrong-type-workers": (HEADER + "cluster:\n  workers: four\n", "cluster.workers",
                            "not a valid integer"),
+    # a config group set as a plain key where the defaults list was meant
+    "group-as-plain-key": (HEADER + "sync: bsp\n", "sync", "override /sync: bsp"),
+    "group-as-plain-key-2": (HEADER + "job:\n  train_steps: 5\nstraggler: one_worker\n",
+                             "straggler", "defaults: [override /straggler: one_worker]"),
+    "section-as-number": (HEADER + "cluster:\n  recovery: 3\n", "cluster.recovery",
+                          "expected a mapping"),
 }
 
 
@@ -430,6 +461,10 @@ CLI_CASES = [
     (["job.learning_rate=nan"], "job.learning_rate"),
     (["cluster=[3]"], "cluster"),
     (["straggler=one_worker", "cluster.workers=1"], "straggler.injections.0.workers.0"),
+    (["sync=switch", "sync.phase_hparams=[0.1, 0.2]"], "sync.phase_hparams.0"),
+    (["provider.name=gce"], "provider.name"),
+    (["+pricing.gpus.h100.on_demand_usd_per_h=3", "cluster.worker_groups.0.gpu=h100"],
+     "pricing.gpus.h100"),
 ]
 
 
