@@ -499,3 +499,28 @@ def test_cli_validate_lists_every_bad_file(tmp_path: Path) -> None:
     fails = [ln for ln in proc.stdout.splitlines() if ln.startswith("FAIL ")]
     assert sorted(ln.split(":")[0][5:] for ln in fails) == sorted(f"{c}.yaml" for c in names)
     assert "ok   digits_local.yaml" in proc.stdout
+
+
+# --- the SSH inventory ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("first", "second"), [("10.9.0.1", "10.9.0.1"), ("Host-A", "host-a"),
+                                               ("127.0.0.1", "localhost")])
+def test_two_inventory_hosts_at_one_address_are_a_config_error(tmp_path: Path, first: str,
+                                                               second: str) -> None:
+    """Both machines' roles would get the same address:port (each machine counts its ports
+    from provider.first_port): named before anything connects, not a run spent on the clash."""
+    key, known = tmp_path / "key", tmp_path / "known_hosts"
+    key.write_text("")
+    known.write_text("")
+
+    def inventory(*addresses: str) -> list[str]:
+        hosts = ", ".join(f"{{name: m{i}, address: '{a}', key_path: '{key}', python: python3}}"
+                          for i, a in enumerate(addresses))
+        return ["provider=ssh", f"provider.hosts=[{hosts}]", f"provider.known_hosts={known}"]
+
+    with pytest.raises(ConfigError) as info:
+        compose_experiment("ssh_digits", inventory(first, "10.9.0.7", second))
+    assert_one_line(info.value.line(), "provider.hosts.2.address")
+    assert "also provider.hosts.0.address" in info.value.line()
+    compose_experiment("ssh_digits", inventory(first, "10.9.0.7", "10.9.0.8"))  # distinct: fine
