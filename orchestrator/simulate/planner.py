@@ -143,11 +143,12 @@ def _hours(seconds: float) -> str:
 
 
 def print_table(ranked: list[dict[str, Any]], cfg: ExperimentConfig, total: int) -> None:
-    from rich.console import Console
     from rich.table import Table
 
+    from orchestrator.display import make_console
+
     p = cfg.planner
-    console = Console()
+    console = make_console()
     if not console.is_terminal:
         console.width = max(console.width, 150)
     limits = []
