@@ -130,8 +130,9 @@ def describe(path: str, msg: str, key_error: bool = False,
                            f"{{{_keys(path)}}}}}")
     if m and m.group(1) == "dict":  # hydra made an empty item for an index past the end
         index = path.rsplit(".", 1)[-1]
-        return ConfigError(path, f"no such item: the list has fewer than {int(index) + 1} items"
-                           if index.isdigit() else "no such item",
+        fewer = "the list is empty" if index == "0" else \
+            f"the list has fewer than {int(index) + 1 if index.isdigit() else 0} items"
+        return ConfigError(path, f"no such item: {fewer}" if index.isdigit() else "no such item",
                            f"replace the whole list: '{path.rsplit('.', 1)[0]}=[{{...}}, ...]'")
     if m:
         return ConfigError(path, f"expected a mapping ({m.group(2)}), got {_a(m.group(1))}")
@@ -176,7 +177,16 @@ def describe(path: str, msg: str, key_error: bool = False,
                            "write one value here")
     m = re.search(r"Invalid value assigned: (\w+) is not a ListConfig", msg)
     if m:
-        return ConfigError(path, f"expected a list, got a {m.group(1)}", "write it as [a, b, ...]")
+        return ConfigError(path, f"expected a list, got {_a(m.group(1))}",
+                           "write it as [a, b, ...]")
+    m = re.search(r"Cannot convert '(\w+)' to string", msg)
+    if m:  # a list or mapping given for a text field
+        got = {"dict": "mapping"}.get(m.group(1), m.group(1))
+        return ConfigError(path, f"expected one value, got {_a(got)}", "write one value here")
+    m = re.search(r"is not a valid input for <enum '(\w+)'>", msg)
+    if m:  # a list or mapping given for a field with a fixed set of values
+        values = _enum_values(m.group(1))
+        return ConfigError(path, "expected one value", f"one of: {values}" if values else None)
     if re.search(r"Cannot merge (Dict|List)Config with (Dict|List)Config", msg):
         if _field_is_list(path):
             return ConfigError(path, "expected a list, got a mapping", "write it as [a, b, ...]")
@@ -239,6 +249,18 @@ def _field_of_type(object_type: str | None, class_name: str) -> str | None:
     # OmegaConf names the root as the object for a nested section too (cluster.recovery: 3)
     inside = [p for p in fits if names.get(p.rsplit(".", 1)[0] if "." in p else "") == object_type]
     return (inside or fits or [None])[0]
+
+
+def _enum_values(name: str) -> str | None:
+    """The values of the schema's enum named ``name``, comma-separated."""
+    import enum
+
+    for _, hint in _schema_fields():
+        inner = [hint, *getattr(hint, "__args__", ())]
+        for kind in inner:
+            if isinstance(kind, type) and issubclass(kind, enum.Enum) and kind.__name__ == name:
+                return ", ".join(str(v.value) for v in kind)
+    return None
 
 
 def _is_group(path: str) -> bool:

@@ -344,6 +344,13 @@ BAD_OVERRIDES: list[tuple[str, list[str], str, str]] = [
      "expected a number, got a list"),
     ("digits_local", ["job.lr_decay_steps=[1, [2]]"], "job.lr_decay_steps.1",
      "expected a whole number, got a list"),
+    # a list where one value belongs, and an item added to an empty list
+    ("digits_local", ["cluster.worker_groups.0.gpu=[k80]"], "cluster.worker_groups.0.gpu",
+     "expected one value, got a list"),
+    ("digits_local", ["cluster.recovery.on_revocation=[replace]"],
+     "cluster.recovery.on_revocation", "one of: shrink, replace"),
+    ("digits_local", ["+sync.phases.0.protocol=bsp"], "sync.phases.0", "the list is empty"),
+    ("digits_local", ["tags=[[1]]"], "tags.0", "expected a string, got a list"),
     # the backend chosen by value instead of by the config group
     ("digits_local", ["provider.name=gce"], "provider.name", "with provider=gce"),
     ("digits_local", ["provider.name=ssh"], "provider.name", "provider=local's"),
