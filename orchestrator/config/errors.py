@@ -246,6 +246,12 @@ def _field_of_type(object_type: str | None, class_name: str) -> str | None:
     names = {path: getattr(hint, "__name__", None) for path, hint in known}
     names[""] = "ExperimentConfig"
     fits = [path for path, hint in known if getattr(hint, "__name__", None) == class_name]
+    if not fits:  # a subclass the field's type stands for (provider: each backend's schema)
+        from provisioning.registry import all_backends
+
+        named = [b.config for b in all_backends() if b.config.__name__ == class_name]
+        fits = [path for path, hint in known if named and isinstance(hint, type)
+                and issubclass(named[0], hint)]
     # OmegaConf names the root as the object for a nested section too (cluster.recovery: 3)
     inside = [p for p in fits if names.get(p.rsplit(".", 1)[0] if "." in p else "") == object_type]
     return (inside or fits or [None])[0]

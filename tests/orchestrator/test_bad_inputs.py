@@ -423,6 +423,8 @@ BAD_FILES: dict[str, tuple[str, str, str]] = {
     "group-as-plain-key": (HEADER + "sync: bsp\n", "sync", "override /sync: bsp"),
     "group-as-plain-key-2": (HEADER + "job:\n  train_steps: 5\nstraggler: one_worker\n",
                              "straggler", "defaults: [override /straggler: one_worker]"),
+    "provider-as-plain-key": (HEADER + "provider: gce\n", "provider",
+                              "override /provider: gce"),
     "section-as-number": (HEADER + "cluster:\n  recovery: 3\n", "cluster.recovery",
                           "expected a mapping"),
 }
