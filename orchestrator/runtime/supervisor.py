@@ -324,7 +324,7 @@ class Supervisor:
         revoked = state == HostState.REVOKED or host.id in self.revoked_here
         cause = LossCause.revoked if revoked else LossCause.crashed
         return HostLoss(host.id, host.spec.name, host.role, self.now_s(), cause,
-                        host_gone=state != HostState.RUNNING)
+                        host_gone=state != HostState.RUNNING or revoked)
 
     def progress_now(self, losses: list[HostLoss]) -> TrainingProgress:
         lost = {loss.host_id for loss in losses} | self.lost
@@ -436,7 +436,8 @@ class Supervisor:
         started again there (replacing it would take its machine's other roles down)."""
         self.refresh_states()
         ids = [i for i in decision.replace_host_ids if i in {h.id for h in self.cluster.hosts}]
-        in_place = [self.cluster.host(i) for i in ids if self.running(self.cluster.host(i))]
+        in_place = [self.cluster.host(i) for i in ids if self.running(self.cluster.host(i))
+                    and i not in self.revoked_here]  # a revoked host is never reused
         try:
             new_hosts = self.fleet.replace([i for i in ids if i not in
                                             {h.id for h in in_place}])
