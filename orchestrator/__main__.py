@@ -1,8 +1,11 @@
-"""Entry point: ``python -m orchestrator [+experiment=NAME] [overrides] [-m sweeps]``.
+"""Entry point: ``python -m orchestrator [+experiment=NAME] [overrides] [-m sweeps]``, or the
+console script ``transient-orchestrator``.
 
 Thin on purpose: compose (Hydra) → validate → plan → dry run or run. A config error prints one
 line, ``config error: <field>: <problem> (<allowed>)``, and exits 2 with no traceback. A failed
-run exits 1; Ctrl-C / SIGTERM clean up and exit 130.
+run exits 1; Ctrl-C / SIGTERM clean up and exit 130. Experiments and config groups come from
+the user's repository first (:mod:`orchestrator.user_repo`), then from the packaged config
+(``pkg://orchestrator.conf``); results go under the folder the command runs from.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from orchestrator.config.errors import CONFIG_ERROR_EXIT_CODE, ConfigError
 from orchestrator.config.schema import register_configs
-from orchestrator.paths import CONF_DIR
+from orchestrator.paths import CONF_SEARCH_PATH
 
 INTERRUPTED_EXIT_CODE = 130
 
@@ -120,6 +123,9 @@ def main() -> None:
     )
 
     register_configs()
+    from orchestrator import user_repo
+
+    user_repo.register_plugins()  # the user's repository before the packaged config
     user_full_error = os.environ.get("HYDRA_FULL_ERROR") == "1"
     os.environ["HYDRA_FULL_ERROR"] = "1"  # let exceptions reach us so we can format them
     signal.signal(signal.SIGTERM, _on_sigterm)
@@ -129,7 +135,8 @@ def main() -> None:
     except ConfigError as err:
         print(err.line(), file=sys.stderr)
         sys.exit(CONFIG_ERROR_EXIT_CODE)
-    app = hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")(run_one)
+    app = hydra.main(version_base="1.3", config_path=CONF_SEARCH_PATH,
+                     config_name="config")(run_one)
     try:
         app()
     except KeyboardInterrupt:
@@ -145,7 +152,8 @@ def main() -> None:
             traceback.print_exc()
             sys.exit(1)
         overrides = [a for a in sys.argv[1:] if not a.startswith("-")]
-        print(explain(exact_item_error(err, overrides)).line(), file=sys.stderr)
+        err = user_repo.explain_missing(explain(exact_item_error(err, overrides)))
+        print(err.line(), file=sys.stderr)
         sys.exit(CONFIG_ERROR_EXIT_CODE)
     from orchestrator.sweep import failed_runs
 
