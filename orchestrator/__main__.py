@@ -41,10 +41,9 @@ def run_one(cfg: DictConfig) -> dict[str, Any] | None:
 
 def _run_one(cfg: DictConfig) -> dict[str, Any] | None:
     from hydra.core.hydra_config import HydraConfig
-    from rich.console import Console
 
     from orchestrator import data, results, sweep
-    from orchestrator.display import cost_text, render_plan, say_provider_note
+    from orchestrator.display import cost_text, make_console, render_plan, say_provider_note
     from orchestrator.run import before_provisioning, execute_run, planned_experiment
     from orchestrator.simulate.band import predict_band
 
@@ -58,11 +57,11 @@ def _run_one(cfg: DictConfig) -> dict[str, Any] | None:
         total = sweep.sweep_size or "?"
         title = f"run {hc.job.num + 1}/{total} {exp.name} " + " ".join(overrides)
     if exp.dry_run:
-        render_plan(plan, Console(), title=f"Plan: {title} (dry run: nothing provisioned)",
+        render_plan(plan, make_console(), title=f"Plan: {title} (dry run: nothing provisioned)",
                     data=data.describe(exp))
         return None
     before_provisioning(exp)
-    say_provider_note(plan, Console(), once=True)
+    say_provider_note(plan, make_console(), once=True)
     run_dir = Path(hc.runtime.output_dir)
     sweep.mark_killed_siblings(run_dir)  # earlier runs here whose orchestrator was killed
     resolved = OmegaConf.to_container(cfg, resolve=True)
@@ -84,12 +83,12 @@ def _run_one(cfg: DictConfig) -> dict[str, Any] | None:
 
 
 def _report(summary: dict[str, Any], run_dir: Path, cost: str) -> None:
-    from rich.console import Console
+    from orchestrator.display import make_console
 
     acc = summary["final_accuracy"]
     acc_text = "n/a" if acc is None else f"{acc:.4f}"
     sps = summary["steps_per_sec"]
-    Console().print(
+    make_console().print(
         f"[bold]{summary['status']}[/bold] {summary['run_id']}: {summary['global_steps']} steps"
         f" in {summary['wall_time_s']:.1f} s ({sps or 0:.1f} steps/s), accuracy {acc_text}, "
         f"{cost}; results in {run_dir}"

@@ -10,6 +10,21 @@ from rich.table import Table
 from orchestrator.plan import RunPlan
 from provisioning.registry import provider_class
 
+#: Off a terminal rich would wrap at 80 columns; tables get this much room there instead.
+PIPE_WIDTH = 120
+
+
+def make_console(stderr: bool = False) -> Console:
+    """A rich console for our messages. Off a terminal (CI logs, a file, a pipe) a one-line
+    message must stay one line, so that it can be grepped and read whole: text is never
+    hard-wrapped there (soft wrap), and tables get PIPE_WIDTH columns (rich's default for a
+    pipe is 80, which wrapped a one-line error onto 2-4 lines)."""
+    console = Console(stderr=stderr)
+    if not console.is_terminal:
+        console.soft_wrap = True
+        console.width = max(console.width, PIPE_WIDTH)
+    return console
+
 
 def _duration(seconds: float | None) -> str:
     if seconds is None:
@@ -54,9 +69,7 @@ def cost_text(cost_usd: float, plan: RunPlan) -> str:
 def render_plan(plan: RunPlan, console: Console | None = None, title: str | None = None,
                 data: str | None = None) -> None:
     """Print the plan: hosts with placement and price, phases, estimates, the data, risks."""
-    console = console or Console()
-    if not console.is_terminal:  # logs and pipes: wide enough that nothing is truncated
-        console.width = max(console.width, 120)
+    console = console or make_console()
     hosts = Table(title=title or f"Plan: {plan.experiment} (provider {plan.provider}, "
                   f"prices {plan.catalog})", title_justify="left")
     for col, justify in (("host", "left"), ("role", "left"), ("GPU", "left"), ("zone", "left"),

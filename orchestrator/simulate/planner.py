@@ -211,11 +211,12 @@ def header(cfg: ExperimentConfig, shown: int, total: int) -> str:
 def print_table(ranked: list[dict[str, Any]], cfg: ExperimentConfig, total: int,
                 console: Any = None) -> None:
     """The ranked table (``planner.top`` rows) and its notes: the marks and what bands cover."""
-    from rich.console import Console
     from rich.table import Table
 
+    from orchestrator.display import make_console
+
     p = cfg.planner
-    console = console or Console()
+    console = console or make_console()
     if not console.is_terminal and console.width < 170:
         console.width = max(console.width, 170)
     table = Table(title=header(cfg, len(ranked), total), title_justify="left")

@@ -8,6 +8,7 @@ before anything is provisioned, so a wrong key path is a one-line config error).
 from __future__ import annotations
 
 import getpass
+import ipaddress
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -66,6 +67,7 @@ class SshProviderConfig(ProviderConfig):
             problems.append(("provider.hosts", "the inventory is empty; list at least one "
                              "machine (name, address, key_path)"))
         names: set[str] = set()
+        addresses: dict[str, int] = {}  # one machine per address: see same_address
         for i, host in enumerate(self.hosts):
             where = f"provider.hosts.{i}"
             if not host.name:
@@ -75,6 +77,15 @@ class SshProviderConfig(ProviderConfig):
             names.add(host.name)
             if not host.address:
                 problems.append((f"{where}.address", "must be set"))
+            elif same_address(host.address) in addresses:
+                first = addresses[same_address(host.address)]
+                problems.append((f"{where}.address", (
+                    f"{host.address!r} is also provider.hosts.{first}.address: roles on both "
+                    f"would serve gRPC on the same address and ports (from "
+                    f"provider.first_port={self.first_port}); give each inventory machine its "
+                    "own address")))
+            else:
+                addresses[same_address(host.address)] = i
             if not 0 < host.port < 65536:
                 problems.append((f"{where}.port", f"{host.port} is not a TCP port"))
             key = host.key_file()
@@ -118,3 +129,17 @@ def runtime_install_problems(index_url: str | None, wheelhouse: str | None, extr
                          "either: a host without `python` installs the trainer's dependencies "
                          "from a package index or from a wheelhouse"))
     return problems
+
+
+def same_address(address: str) -> str:
+    """``address`` as one machine's key: case and an IP's spelling do not matter, and every
+    loopback name is this machine. Two inventory entries with the same key would be given the
+    same gRPC ports (each machine counts its ports from `first_port`), so roles clash."""
+    text = address.strip().lower().strip("[]")
+    if text == "localhost":
+        return "loopback"
+    try:
+        ip = ipaddress.ip_address(text)
+    except ValueError:
+        return text.rstrip(".")  # a host name (a trailing dot is the same name)
+    return "loopback" if ip.is_loopback else str(ip)
