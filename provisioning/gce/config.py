@@ -12,6 +12,7 @@ import enum
 from dataclasses import dataclass, field
 
 from provisioning.base import ProviderConfig
+from provisioning.ssh.config import DEFAULT_INDEX_URL, runtime_install_problems
 
 #: The label every VM of this tool carries (`tool=<TOOL_LABEL>`); `orchestrator.gc` (`orphans.py`)
 #: finds orphans by it. Label values: lowercase letters, digits, `_` and `-`, at most 63 characters.
@@ -37,7 +38,8 @@ class GceConfig(ProviderConfig):
     project: str | None = None  # GCP project id; None = $GOOGLE_CLOUD_PROJECT at run time
     zones: list[str] = field(default_factory=list)  # fallback order after each host's plan zone
     image_project: str = "deeplearning-platform-release"  # where image_family lives
-    image_family: str = "common-cu128-ubuntu-2204-nvidia-570"  # CUDA + driver, no framework
+    # CUDA + driver, no framework; Ubuntu 24.04, whose Python 3.12 the hosts' runtime installs on
+    image_family: str = "common-cu128-ubuntu-2404-nvidia-570"
     image: str | None = None  # a custom image URL (projects/P/global/images/NAME); wins if set
     boot_disk_gb: int = 100  # boot disk size (the DLVM images need ≥ 50 GB)
     network: str = "global/networks/default"  # VPC network
@@ -51,7 +53,8 @@ class GceConfig(ProviderConfig):
     ssh_user: str = "transient"  # login user created by the guest agent from ssh-keys
     ssh_key: str = "~/.ssh/id_ed25519"  # private key; its .pub goes into the VM's ssh-keys
     python: str | None = None  # interpreter on the VMs that has the trainer's dependencies
-    wheelhouse: str | None = None  # local wheels for VMs without `python` (gpu/cpu extra)
+    index_url: str | None = DEFAULT_INDEX_URL  # VMs without `python` install from it themselves
+    wheelhouse: str | None = None  # local dir: wheels for VMs without an index (wins if set)
     termination_action: TerminationAction = TerminationAction.DELETE
     max_run_duration_s: int | None = None  # Spot VMs are deleted/stopped after this; None = never
     labels: dict[str, str] = field(default_factory=dict)  # added to every VM
@@ -67,6 +70,24 @@ class GceConfig(ProviderConfig):
     retries: int = 4  # retries of a transient API error (rate limit, 5xx) per request
     retry_backoff_s: float = 2.0  # first backoff; doubles per retry
     max_parallel: int = 32  # concurrent API calls while creating or deleting
+
+    def check(self) -> list[tuple[str, str]]:
+        """(field, problem) known before any VM exists: the hosts' runtime install keys, an
+        image family whose Python (its name tells) no wheel of the runtime fits, and a baked
+        image (`python -m orchestrator.image bake`) made for another dependency set."""
+        from provisioning.host_runtime import image_family_problem, stale_image_problem
+
+        problems = runtime_install_problems(self.index_url, self.wheelhouse, "cpu",
+                                            self.python is None)
+        if self.python is None and self.image is None:
+            problem = image_family_problem(self.image_family)
+            if problem:
+                problems.append(("provider.image_family", problem))
+        if self.python is None and self.image is not None:
+            problem = stale_image_problem(self.image)
+            if problem:
+                problems.append(("provider.image", problem))
+        return problems
 
     def transient_lifetime_cap_s(self) -> float | None:
         """A Spot VM with ``maxRunDuration`` ends after it (``instance_body``)."""

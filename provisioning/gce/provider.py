@@ -454,6 +454,11 @@ class GceProvider(Provider):
             states[host.id] = state
         return states
 
+    def state_lag_s(self) -> float:
+        """poll() answers from one listing per `poll_interval_s`: a preempted VM's processes
+        can be seen dead (over SSH) up to that long before the listing says STOPPING."""
+        return self.config.poll_interval_s
+
     def _revocation_reason(self, vm: _Vm) -> str:
         """'preempted' when GCE recorded a preemption of the VM, else 'gone' (one call, once)."""
         try:
