@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from trainer_harness import KEEPALIVE_S, LocalCluster, Role, hang, make_spec, reported_between
+from trainer_harness import HUNG_S, LocalCluster, Role, hang, make_spec, reported_between
 
 from trainer.checkpoints import checkpoint_paths
 from trainer.spec import PhaseSpec, StragglerSpec, TrainerSpec
@@ -216,8 +216,8 @@ def test_resume_continues_from_checkpoint(cluster: LocalCluster, tmp_path: Path)
 
 def test_hung_worker_is_named_and_the_other_trains_on(cluster: LocalCluster,
                                                       tmp_path: Path) -> None:
-    """Worker 1 hangs without dying (SIGSTOP) for longer than every timeout of the chief
-    (the heartbeat's naming, gRPC keepalive): the chief's heartbeat names it
+    """Worker 1 hangs without dying (SIGSTOP) for longer than the chief's own timeouts
+    (the heartbeat's naming, its drains and reports): the chief's heartbeat names it
     (`worker_unresponsive`, trainer/heartbeat.py) within seconds, and worker 0 trains on
     meanwhile, through checkpoints (drains that do not wait for the hung worker's closure,
     and no function or eager op registered with it then: trainer/tfcompat.py). After
@@ -229,7 +229,7 @@ def test_hung_worker_is_named_and_the_other_trains_on(cluster: LocalCluster,
     chief = cluster.start("chief", 0, path)
     wait_for_step(chief, 60, timeout=180)  # the chief's start-up, on a loaded machine
     victim = next(s for s in cluster.servers if s.name == "worker1")
-    silent, stopped, resumed = hang(chief, victim, 1, KEEPALIVE_S + 2)
+    silent, stopped, resumed = hang(chief, victim, 1, HUNG_S)
     assert chief.wait(240) == 0, chief.tail()
     # after it was named (by then what was queued before the stop is long done), the
     # global step still advanced, through a checkpoint; a stalled cluster reports nothing
@@ -251,14 +251,14 @@ def test_hung_worker_does_not_hold_the_bsp_barrier(cluster: LocalCluster,
                                                    tmp_path: Path) -> None:
     """BSP: a hung worker blocks the step it holds a gradient for until the heartbeat names
     it (~5 s); then its closure is scheduled again for the survivor and the steps go on for
-    as long as it stays hung (longer than every timeout), each still one update from (at
-    least) one gradient per worker."""
+    as long as it stays hung (longer than the chief's own timeouts), each still one update
+    from (at least) one gradient per worker."""
     steps = 300
     _, path = spec_for(cluster, tmp_path / "bsphang", [PhaseSpec("bsp", steps)])
     chief = cluster.start("chief", 0, path)
     wait_for_step(chief, 30, timeout=180)
     victim = next(s for s in cluster.servers if s.name == "worker1")
-    silent, _, resumed = hang(chief, victim, 1, KEEPALIVE_S + 2)
+    silent, _, resumed = hang(chief, victim, 1, HUNG_S)
     assert chief.wait(180) == 0, chief.tail()
     reported = [step for _, step in reported_between(chief, silent["time"], resumed, ("step",))]
     print(f"hung BSP worker: steps reported after it was named: {reported}")

@@ -145,10 +145,12 @@ class LocalCluster:
             r.kill()
 
 
-#: A hung worker's calls fail after gRPC keepalive gives up on it (time + timeout,
-#: trainer/__main__.py); a stop longer than this and the heartbeat's naming outlasts every
-#: timeout of the chief.
-KEEPALIVE_S = 10.0
+#: How long a test keeps a worker hung after the chief named it: past the heartbeat's naming
+#: (~5 s) and every wait of the chief's own (a report's fetch, a drain's poll, a checkpoint),
+#: several times over. Not past gRPC keepalive (time + timeout ~5.5 min, trainer/keepalive.py):
+#: a worker hung that long has its calls failed and is then treated as killed, which the
+#: killed-worker tests cover.
+HUNG_S = 12.0
 
 
 def hang(chief: Role, victim: Role, index: int, hold_s: float,
