@@ -40,14 +40,16 @@ SHIPPED = {"orchestrator/": "orchestrator/", "trainer/": "trainer/",
            "hydra_plugins/transient_launcher/": "hydra_plugins/transient_launcher/",
            "conf/": "orchestrator/conf/", "experiments/": "orchestrator/conf/experiment/"}
 
+# A lab inventory that is only composed, validated and dry-run (nothing connects to it): two
+# machines need two addresses (TEST-NET-1, RFC 5737, routed nowhere).
 LAB_PROVIDER = """\
 defaults:
   - ssh_schema
   - _self_
 name: ssh
 hosts:
-  - {{name: box1, address: 127.0.0.1, port: 2201, key_path: {key}, python: /usr/bin/python3}}
-  - {{name: box2, address: 127.0.0.2, port: 2202, key_path: {key}, python: /usr/bin/python3}}
+  - {{name: box1, address: 192.0.2.11, port: 22, key_path: {key}, python: /usr/bin/python3}}
+  - {{name: box2, address: 192.0.2.12, port: 22, key_path: {key}, python: /usr/bin/python3}}
 known_hosts: {known_hosts}
 """
 MINE = """\
@@ -192,7 +194,7 @@ def test_a_user_repository_with_the_installed_tool(installed: Installed, user_re
     assert "Plan: mine" in proc.stdout
     proc = run("transient-orchestrator", "+experiment=mine", "--cfg", "job", cwd=user_repo)
     _check(proc, "--cfg job")
-    assert "address: 127.0.0.2" in proc.stdout and "name: box2" in proc.stdout
+    assert "address: 192.0.2.12" in proc.stdout and "name: box2" in proc.stdout
 
     proc = run("transient-orchestrator", "+experiment=nope", "dry_run=true", cwd=user_repo)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr

@@ -16,7 +16,7 @@ from tests.orchestrator.test_run_local import orchestrate, read_events
 
 pytestmark = pytest.mark.slow
 
-CHAOS_STEPS = 2400
+CHAOS_STEPS = 3200
 
 
 def test_chaos_workers_and_the_parameter_server_are_killed(repo_root: Path,
@@ -24,8 +24,10 @@ def test_chaos_workers_and_the_parameter_server_are_killed(repo_root: Path,
     """SIGKILL two random workers and, once, the parameter server: the run completes, its
     accuracy stays that of an undisturbed digits run, and records agree with each other."""
     run_dir = tmp_path / "chaos"
-    events_cfg = ("[{target: worker, at_s: 3.0}, {target: worker, at_s: 9.0},"
-                  " {target: ps-0, at_step: 1500}]")
+    # placed by training progress, not by time: each worker is killed (2 s after its notice)
+    # while the first cluster trains, the PS well after, whatever the machine's speed
+    events_cfg = ("[{target: worker, at_step: 200}, {target: worker, at_step: 700},"
+                  " {target: ps-0, at_step: 1800}]")
     proc = orchestrate(
         repo_root, "+experiment=digits_local", "cluster.workers=3", "sync=asp",
         f"job.train_steps={CHAOS_STEPS}", "job.checkpoint_frequency=400",
@@ -45,10 +47,14 @@ def test_chaos_workers_and_the_parameter_server_are_killed(repo_root: Path,
     assert summary["recoveries"] == kinds["recovery_end"]
     assert summary["lost_steps"] == sum(e.get("lost_steps", 0) for e in events
                                         if e["kind"] == "recovery_start")
-    assert summary["restarts"] == 1
+    # one restart for the PS; a worker killed while that restart deployed (the schedule's
+    # times meet the PS's step on a fast or a loaded machine) fails that attempt and the next
+    # one goes on: each failed attempt is recorded, and the restarts count them all
+    assert summary["restarts"] == 1 + kinds["recovery_attempt_failed"] <= 2
     revoked = [e for e in events if e["kind"] == "revocation"]
     assert sorted(e["role"] for e in revoked) == ["chief", "evaluator", "ps", "worker", "worker"]
-    assert kinds["recovery_start"] == kinds["recovery_end"]  # every recovery closed
+    # every recovery closed: ended, or its attempt failed and the next one started
+    assert kinds["recovery_start"] == kinds["recovery_end"] + kinds["recovery_attempt_failed"]
     # the chief saw each worker killed while it trained (the coordinator's worker_failure
     # names the worker's index; the survivors carried on meanwhile)
     started = min(e["time"] for e in events if e["kind"] == "train_start")
