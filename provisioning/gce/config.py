@@ -64,6 +64,8 @@ class GceConfig(ProviderConfig):
     vm_ready_timeout_s: float = 600.0  # insert until RUNNING, per VM
     host_key_timeout_s: float = 90.0  # wait for the guest agent to publish host keys
     host_key_poll_s: float = 6.0  # guest attributes allow about 10 queries/min per VM
+    boot_timeout_s: float = 300.0  # RUNNING until the first SSH login (refusals retried)
+    login_grace_s: float = 120.0  # a refused key is retried this long after sshd answers
     retries: int = 4  # retries of a transient API error (rate limit, 5xx) per request
     retry_backoff_s: float = 2.0  # first backoff; doubles per retry
     max_parallel: int = 32  # concurrent API calls while creating or deleting

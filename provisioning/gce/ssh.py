@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from provisioning.base import Host, HostLostError, HostState, ResourceJournal
@@ -52,7 +53,11 @@ class VmSsh:
             trust_on_first_use=not self.pinned, first_port=cfg.trainer_port,
             wheelhouse=cfg.wheelhouse, extra=trainer_extra(self.has_gpu),
             ready_timeout_s=cfg.ready_timeout_s)
-        machine = Machine(inventory, SshProvider(ssh_config, journal=self.journal))
+        provider = SshProvider(ssh_config, journal=self.journal)
+        # A fresh VM is RUNNING before it takes logins: wait for it (connection.py).
+        provider.timeouts = replace(provider.timeouts, boot_timeout_s=cfg.boot_timeout_s,
+                                    login_grace_s=cfg.login_grace_s)
+        machine = Machine(inventory, provider)
         try:
             machine.open()
         except Exception as error:

@@ -226,6 +226,10 @@ class FakeGce:
     would publish for a VM at `ip`; default: a fresh ed25519 key per VM. `on_gone(ip)`: called
     when a VM starts stopping (deleted or preempted), so a VM backed by a real host takes its
     processes with it as a real VM does (e.g. kill them on the namespace host).
+    `login_refused_s`: a booting guest refuses SSH logins until this long after RUNNING (the
+    guest agent has not created the account, `pam_nologin`); `on_boot(ip, seconds)` is called
+    when a VM is created, with how long from now its host must refuse logins, so a VM backed
+    by a real host boots like one (e.g. withhold the host's authorized_keys until then).
     """
 
     def __init__(self, project: str = "test-project", zones: tuple[str, ...] = DEFAULT_ZONES,
@@ -233,7 +237,8 @@ class FakeGce:
                  delete_op_s: float = 0.1, stop_s: float = 0.1, wait_cap_s: float = WAIT_CAP_S,
                  guest_attr_delay_s: float = 0.0, ip_pool: list[str] | None = None,
                  host_keys_for: Callable[[str], list[tuple[str, str]]] | None = None,
-                 on_gone: Callable[[str], None] | None = None) -> None:
+                 on_gone: Callable[[str], None] | None = None, login_refused_s: float = 0.0,
+                 on_boot: Callable[[str, float], None] | None = None) -> None:
         self.project = project
         self.zones = list(zones)
         self.provision_s, self.staging_s = provision_s, staging_s
@@ -250,6 +255,8 @@ class FakeGce:
         self._ip_pool = list(ip_pool) if ip_pool else None
         self._host_keys_for = host_keys_for or _random_host_keys
         self._on_gone = on_gone
+        self.login_refused_s = login_refused_s
+        self._on_boot = on_boot
         self._ids = itertools.count(1000)
         self._lock = threading.RLock()
         self._server: ThreadingHTTPServer | None = None
@@ -457,12 +464,15 @@ class FakeGce:
                 return op
             nics = body.get("networkInterfaces") or [{}]
             ip = self._next_ip(nics[0].get("networkIP"))
-            self.instances[(zone, name)] = FakeInstance(
+            inst = FakeInstance(
                 name=name, zone=zone, project=self.project, body=body, ip=ip, created=now,
                 provision_s=self.provision_s, staging_s=self.staging_s,
                 host_keys=self._host_keys_for(ip), id=next(self._ids),
                 guest_attr_delay_s=self.guest_attr_delay_s)
-            return op
+            self.instances[(zone, name)] = inst
+        if self._on_boot is not None:
+            self._on_boot(ip, inst.running_since() + self.login_refused_s - time.time())
+        return op
 
     def delete(self, zone: str, name: str, request_id: str | None) -> FakeOperation:
         with self._lock:

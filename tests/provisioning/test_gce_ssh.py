@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 from pathlib import Path
 
@@ -101,3 +102,43 @@ def test_vms_run_roles_over_ssh_survive_a_preemption_and_leave_nothing(
         assert list_unreleased(journal) == []
         for host in bed.hosts[:2]:
             assert bed.role_pids(host) == [], f"processes left on {host.name}"
+
+
+def test_vms_that_refuse_logins_after_running_are_waited_for(
+        ssh_testbed: SshTestBed, tmp_path: Path) -> None:
+    """Each VM refuses SSH logins for a while after RUNNING, as a booting guest does (account
+    not created yet, pam_nologin): the roles still start, after the connection's retries."""
+    bed = ssh_testbed
+    by_address = {h.address: h for h in bed.hosts}
+    timers: list[threading.Timer] = []
+
+    def boot(ip: str, seconds: float) -> None:  # withhold the login until `seconds` from now
+        keys = by_address[ip].root.parent / "authorized_keys"
+        held = keys.with_suffix(".booting")
+        keys.replace(held)
+        timer = threading.Timer(max(0.0, seconds), held.replace, args=(keys,))
+        timers.append(timer)
+        timer.start()
+
+    with fake_on_bed(bed, 2, project=PROJECT, zones=tuple(ZONES), provision_s=0.05,
+                     staging_s=0.05, insert_op_s=0.05, delete_op_s=0.05, stop_s=0.05,
+                     wait_cap_s=0.2, login_refused_s=3.0, on_boot=boot) as fake:
+        cfg = gce_config(fake, tmp_path, ssh_user="root", ssh_key=str(bed.client_key),
+                         python=host_python(), remote_root=str(tmp_path / "vms"),
+                         boot_timeout_s=60.0, login_grace_s=30.0)
+        provider = GceProvider(cfg, journal=Journal(tmp_path / "run" / "journal.jsonl"))
+        cluster = provider.acquire(small_request("gce-boot", tmp_path / "run", workers=1))
+        try:
+            worker = cluster.hosts_for(Role.WORKER)[0]
+            vm = provider._vm_of(worker.id)
+            proc = provider.runner(worker).start(["sh", "-c", "echo up"])
+            assert proc.readline().strip() == "up" and proc.wait(30) == 0
+            connection = vm.ssh._machine.connection
+            assert connection.attempts > 1  # the first logins were refused, then retried
+        finally:
+            provider.release(cluster)
+            for timer in timers:
+                timer.join()
+        assert fake.live_instances() == []
+        for host in bed.hosts[:2]:
+            assert (host.root.parent / "authorized_keys").exists()
