@@ -9,6 +9,7 @@ Google Cloud" explains them.
 from __future__ import annotations
 
 import enum
+import os
 from dataclasses import dataclass, field
 
 from provisioning.base import ProviderConfig
@@ -49,7 +50,7 @@ class GceConfig(ProviderConfig):
     credentials: str = CREDENTIALS_ADC  # adc | anonymous | path to a service-account key file
     api_endpoint: str | None = None  # Compute API root; None = compute.googleapis.com
     ssh_user: str = "transient"  # login user created by the guest agent from ssh-keys
-    ssh_key: str = "~/.ssh/id_ed25519"  # private key; its .pub goes into the VM's ssh-keys
+    ssh_key: str | None = None  # private key (no passphrase); None = the tool's own (keys.py)
     python: str | None = None  # interpreter on the VMs that has the trainer's dependencies
     wheelhouse: str | None = None  # local wheels for VMs without `python` (gpu/cpu extra)
     termination_action: TerminationAction = TerminationAction.DELETE
@@ -69,6 +70,27 @@ class GceConfig(ProviderConfig):
     retries: int = 4  # retries of a transient API error (rate limit, 5xx) per request
     retry_backoff_s: float = 2.0  # first backoff; doubles per retry
     max_parallel: int = 32  # concurrent API calls while creating or deleting
+
+    def ssh_key_path(self) -> str:
+        """The private key the VMs are logged into with: `ssh_key`, or the tool's own."""
+        from provisioning.gce.keys import tool_key_path
+
+        return os.path.expanduser(self.ssh_key) if self.ssh_key else str(tool_key_path())
+
+    def check(self) -> list[tuple[str, str]]:
+        """(field, problem) for every mistake found before any VM exists (fields as typed)."""
+        problems: list[tuple[str, str]] = []
+        if self.ssh_key:
+            from provisioning.gce.keys import key_problem
+
+            problem = key_problem(self.ssh_key)
+            if problem is not None:
+                problems.append(("provider.ssh_key", problem))
+        for name in ("boot_timeout_s", "login_grace_s", "vm_ready_timeout_s",
+                     "operation_timeout_s"):
+            if getattr(self, name) <= 0:
+                problems.append((f"provider.{name}", "must be > 0"))
+        return problems
 
     def transient_lifetime_cap_s(self) -> float | None:
         """A Spot VM with ``maxRunDuration`` ends after it (``instance_body``)."""

@@ -160,6 +160,7 @@ class GceProvider(Provider):
         self._lock = threading.RLock()
         self._owner = owner_labels()
         self.revocations: dict[HostId, str] = {}  # host -> "preempted" | "gone" (for reports)
+        self._login_key: str | None = None  # public half of the login key (`_public_key`)
 
     # --- class-level hooks (read without building a provider) -----------------------------
 
@@ -215,6 +216,7 @@ class GceProvider(Provider):
         if request.sweep_id:  # the request's sweep labels this run's VMs (replacements too)
             self._sweep_ids[request.run_id] = request.sweep_id
         vms = self._plan_vms(request.run_id, request.hosts)
+        self._public_key()  # a key problem stops here, before any VM
         try:
             self._create(vms)
             self._await_running(vms)
@@ -324,12 +326,19 @@ class GceProvider(Provider):
             self._vms[vm.name] = vm
 
     def _public_key(self) -> str:
-        path = Path(os.path.expanduser(self.config.ssh_key) + ".pub")
-        try:
-            return path.read_text().strip()
-        except OSError:
-            raise BadRequestError(f"provider.ssh_key: cannot read public key {path} (create "
-                                  "one with ssh-keygen -t ed25519)") from None
+        """The public half of the login key (the tool's own is generated on first use)."""
+        from provisioning.gce.keys import ensure_tool_key, key_problem, public_key_line
+
+        if self._login_key is not None:
+            return self._login_key
+        if self.config.ssh_key:
+            problem = key_problem(self.config.ssh_key)
+            if problem is not None:
+                raise BadFieldError("provider.ssh_key", problem)
+            self._login_key = public_key_line(self.config.ssh_key)
+        else:
+            self._login_key = public_key_line(ensure_tool_key())
+        return self._login_key
 
     def _await_running(self, vms: list[_Vm]) -> None:
         """Until every VM is RUNNING: one list call per config.ready_poll_s for all of them."""

@@ -1,7 +1,7 @@
 """Roles on GCE VMs run through the SSH backend (`provisioning.ssh`): one connection per VM.
 
 Each VM becomes a one-machine SSH inventory entry (its external IP, `provider.ssh_user` and
-`provider.ssh_key`) checked against `<run dir>/known_hosts`, which the GCE backend filled from the
+`provider.ssh_key` or the tool's own key) checked against `<run dir>/known_hosts`, which the GCE backend filled from the
 VM's guest attributes; RejectPolicy stays on, and only a VM that published no keys is pinned on
 first use (recorded by the SSH backend). The connection is opened on the first `runner()` call
 for a host on the VM, so watching and releasing VMs never needs SSH.
@@ -46,7 +46,7 @@ class VmSsh:
 
         cfg = self.cfg
         inventory = SshHostConfig(name=self.vm_name, address=self.address, port=22,
-                                  user=cfg.ssh_user, key_path=cfg.ssh_key, root=cfg.remote_root,
+                                  user=cfg.ssh_user, key_path=cfg.ssh_key_path(), root=cfg.remote_root,
                                   python=cfg.python)
         ssh_config = SshProviderConfig(
             hosts=[inventory], known_hosts=str(self.known_hosts),

@@ -272,7 +272,7 @@ class SshConnection:
                 f"ssh host {self._where()}: key {t.key_path} was refused (is its public key in "
                 f"the host's authorized_keys?)") from None
         except (OSError, paramiko.PasswordRequiredException, paramiko.SSHException,
-                ValueError) as error:
+                ValueError, TypeError) as error:  # TypeError: an encrypted OpenSSH key
             sock.close()
             message = _one_line(error)
             if "not found in known_hosts" in message:
@@ -280,7 +280,8 @@ class SshConnection:
                     f"ssh host {self._where()}: host key not in {self.known_hosts}; add it "
                     f"(ssh-keyscan -p {t.port} {t.address} >> {self.known_hosts}) or set "
                     f"provider.trust_on_first_use=true") from None
-            if isinstance(error, paramiko.PasswordRequiredException) or "private key" in message:
+            if isinstance(error, paramiko.PasswordRequiredException | TypeError) \
+                    or "private key" in message:
                 raise BadRequestError(
                     f"ssh host {self._where()}: key {t.key_path} cannot be used (encrypted "
                     f"keys and unsupported formats are not supported)") from None
