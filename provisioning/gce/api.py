@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from provisioning.base import BadFieldError, ProvisionError
+from provisioning.base import BadFieldError, BadRequestError, ProvisionError
 from provisioning.gce.config import CREDENTIALS_ADC, CREDENTIALS_ANONYMOUS, GceConfig
 from provisioning.gce.errors import (
     TransientApiError,
@@ -109,6 +109,18 @@ class ListedVm:
     external_ip: str
 
 
+@dataclass(frozen=True)
+class ProjectInfo:
+    """What projects.get tells before anything is created."""
+
+    quotas: dict[str, tuple[float, float]]  # metric -> (limit, usage), project-wide
+    metadata: dict[str, str]  # commonInstanceMetadata (enable-oslogin, ...)
+
+
+def _quotas(quotas: Any) -> dict[str, tuple[float, float]]:
+    return {str(q.metric): (float(q.limit), float(q.usage)) for q in quotas}
+
+
 class ComputeApi:
     """The calls the backend makes, each bounded and classified."""
 
@@ -128,6 +140,15 @@ class ComputeApi:
             credentials=credentials, client_options=options, transport="rest")
         self.zone_operations = compute_v1.ZoneOperationsClient(
             credentials=credentials, client_options=options, transport="rest")
+        self._credentials, self._options = credentials, options
+        self._more: dict[str, Any] = {}  # clients used once per run (projects, regions, images)
+
+    def _client(self, kind: str) -> Any:
+        """`compute_v1.<kind>` built on first use with the same credentials and endpoint."""
+        if kind not in self._more:
+            self._more[kind] = getattr(self._compute, kind)(
+                credentials=self._credentials, client_options=self._options, transport="rest")
+        return self._more[kind]
 
     # --- retries ---------------------------------------------------------------------------
 
@@ -225,6 +246,35 @@ class ComputeApi:
                 return None
             raise
         return [(item.key, item.value) for item in attrs.query_value.items] or None
+
+    # --- the project, before anything is created (preflight.py) -------------------------
+
+    def project_info(self) -> ProjectInfo:
+        """The project's global quotas and common instance metadata (one projects.get)."""
+        project = self.call("project", lambda: self._client("ProjectsClient").get(
+            project=self.project, timeout=REQUEST_TIMEOUT_S))
+        metadata = {item.key: item.value for item in project.common_instance_metadata.items}
+        return ProjectInfo(_quotas(project.quotas), metadata)
+
+    def region_quotas(self, region: str) -> dict[str, tuple[float, float]]:
+        """metric -> (limit, usage) of one region (one regions.get)."""
+        found = self.call(region, lambda: self._client("RegionsClient").get(
+            project=self.project, region=region, timeout=REQUEST_TIMEOUT_S))
+        return _quotas(found.quotas)
+
+    def image_from_family(self, image_project: str, family: str) -> str:
+        """The image a family resolves to now (BadRequestError when it does not exist)."""
+        from google.api_core import exceptions as gexc
+
+        try:
+            image = self.call("images", lambda: self._client("ImagesClient").get_from_family(
+                project=image_project, family=family, timeout=REQUEST_TIMEOUT_S))
+        except ProvisionError as error:
+            if isinstance(error.__cause__, gexc.NotFound | gexc.Forbidden):
+                raise BadRequestError(f"image family {family} not found in project "
+                                      f"{image_project}") from None
+            raise
+        return str(image.name)
 
     def was_preempted(self, zone: str, name: str) -> bool:
         """True when a `compute.instances.preempted` operation targets this VM (the evidence

@@ -70,6 +70,7 @@ class GceConfig(ProviderConfig):
     retries: int = 4  # retries of a transient API error (rate limit, 5xx) per request
     retry_backoff_s: float = 2.0  # first backoff; doubles per retry
     max_parallel: int = 32  # concurrent API calls while creating or deleting
+    preflight_checks: bool = True  # quotas, image, bucket, OS Login read before any VM
 
     def ssh_key_path(self) -> str:
         """The private key the VMs are logged into with: `ssh_key`, or the tool's own."""

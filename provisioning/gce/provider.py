@@ -161,6 +161,7 @@ class GceProvider(Provider):
         self._owner = owner_labels()
         self.revocations: dict[HostId, str] = {}  # host -> "preempted" | "gone" (for reports)
         self._login_key: str | None = None  # public half of the login key (`_public_key`)
+        self.os_login = False  # the project turns OS Login on (read by the preflight)
 
     # --- class-level hooks (read without building a provider) -----------------------------
 
@@ -217,6 +218,7 @@ class GceProvider(Provider):
             self._sweep_ids[request.run_id] = request.sweep_id
         vms = self._plan_vms(request.run_id, request.hosts)
         self._public_key()  # a key problem stops here, before any VM
+        self._preflight(vms)
         try:
             self._create(vms)
             self._await_running(vms)
@@ -226,6 +228,19 @@ class GceProvider(Provider):
             raise
         by_name = {h.spec.name: h for vm in vms for h in vm.hosts}
         return Cluster(run_id=request.run_id, hosts=[by_name[s.name] for s in request.hosts])
+
+    def _preflight(self, vms: Sequence[_Vm]) -> None:
+        """Quotas, image, bucket and OS Login, before any VM (`preflight.py`); PreflightError
+        with one line per problem."""
+        from provisioning.gce.preflight import PreflightError, check
+
+        if not self.config.preflight_checks:
+            return
+        planned = [replace(vm.request, zone=self._zones_for(vm)[0]) for vm in vms]
+        result = check(self.api, self.config, planned)
+        self.os_login = result.os_login
+        if result.problems:
+            raise PreflightError(result.problems)
 
     def _plan_vms(self, run_id: str, specs: Sequence[HostSpec]) -> list[_Vm]:
         """One `_Vm` per machine of the plan; colocated roles join their owner's VM."""

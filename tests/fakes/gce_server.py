@@ -12,7 +12,11 @@ surface our GCE backend uses, with the JSON shapes and error placements of the r
   STOPPING and then the VM is gone (404);
 - a stock-out (`ZONE_RESOURCE_POOL_EXHAUSTED`, 503) and quota errors (`QUOTA_EXCEEDED`, 403, with
   `quotaInfo.metricName`) surface inside the finished insert operation, as they do on GCE; an
-  accelerator the zone does not offer is a synchronous 400;
+  accelerator the zone does not offer is a synchronous 400. Quotas (`set_quota`) count GPUs,
+  vCPUs (`CPUS`, `PREEMPTIBLE_CPUS` where granted, `CPUS_ALL_REGIONS`), `IN_USE_ADDRESSES` and
+  `GPUS_ALL_REGIONS`, and are readable with their usage through projects.get / regions.get;
+- projects.get also serves `project_metadata` (commonInstanceMetadata: `enable-oslogin`);
+  images.getFromFamily resolves the families in `image_families` (None: every family);
 - `request_id` makes a repeated insert return the first operation (idempotency);
 - `preempt()` (also `POST .../instances/NAME/preempt`) flips the guest-visible `preempted` flag,
   runs the termination action (DELETE: gone; STOP: TERMINATED) and records a
@@ -248,6 +252,9 @@ class FakeGce:
         self.accelerators: dict[str, set[str]] = {z: set(DEFAULT_ACCELERATORS) for z in zones}
         self.stockouts: dict[str, int | None] = {}  # zone -> remaining failing inserts (None: all)
         self.quotas: dict[tuple[str, str | None], int] = {}  # (metric, region|None) -> limit
+        self.project_metadata: dict[str, str] = {}  # commonInstanceMetadata (enable-oslogin)
+        #: (image project, family) that resolve; None: every family resolves
+        self.image_families: set[tuple[str, str]] | None = None
         self.instances: dict[tuple[str, str], FakeInstance] = {}  # (zone, name)
         self.operations: dict[tuple[str, str], FakeOperation] = {}
         self.request_ids: dict[str, FakeOperation] = {}
@@ -387,22 +394,46 @@ class FakeGce:
                 return ip
         raise AssertionError("unreachable")
 
+    def usage(self, metric: str, region: str | None) -> int:
+        """What the live instances use of `metric` in `region` (None: all regions)."""
+        with self._lock:
+            return sum(self._demand(inst.body, region_of(inst.zone)).get(metric, 0)
+                       for inst in self.live_instances()
+                       if region is None or region_of(inst.zone) == region)
+
+    def _demand(self, body: dict[str, Any], region: str) -> dict[str, int]:
+        """Quota metrics one instance counts against, as GCE counts them: a Spot VM against
+        PREEMPTIBLE_* where the region has that quota, else against the standard one."""
+        probe = FakeInstance("probe", "", self.project, body, "", 0, 0, 0, [])
+        spot = probe.spot()
+
+        def regional(metric: str) -> str:
+            preemptible = f"PREEMPTIBLE_{metric}"
+            return preemptible if spot and self.quotas.get((preemptible, region), 0) > 0 \
+                else metric
+
+        demand: collections.Counter[str] = collections.Counter()
+        cpus = machine_cpus(body.get("machineType", "").rsplit("/", 1)[-1])
+        if cpus:
+            demand["CPUS_ALL_REGIONS"] += cpus
+            demand[regional("CPUS")] += cpus
+        for gpu, n in probe.accelerators():
+            demand["GPUS_ALL_REGIONS"] += n
+            short = _GPU_QUOTA_NAMES.get(gpu)
+            if short is not None:
+                demand[regional(f"NVIDIA_{short}_GPUS")] += n
+        nics = body.get("networkInterfaces") or [{}]
+        if nics[0].get("accessConfigs"):
+            demand["IN_USE_ADDRESSES"] += 1
+        return dict(demand)
+
     def _quota_error(self, zone: str, inst_body: dict[str, Any]) -> dict[str, Any] | None:
-        probe = FakeInstance("probe", zone, self.project, inst_body, "", 0, 0, 0, [])
-        wanted = probe.accelerators()
-        if not wanted:
-            return None
+        wanted = self._demand(inst_body, region_of(zone))
         for (metric, q_region), limit in sorted(self.quotas.items(), key=str):
             if q_region is not None and q_region != region_of(zone):
                 continue
-            used = 0
-            for inst in self.live_instances():
-                if q_region is not None and region_of(inst.zone) != q_region:
-                    continue
-                used += sum(n for gpu, n in inst.accelerators()
-                            if _counts_against(metric, gpu, inst.spot()))
-            add = sum(n for gpu, n in wanted if _counts_against(metric, gpu, probe.spot()))
-            if add and used + add > limit:
+            add = wanted.get(metric, 0)
+            if add and self.usage(metric, q_region) + add > limit:
                 where = f"in region {q_region}" if q_region else "globally"
                 message = f"Quota '{metric}' exceeded.  Limit: {float(limit)} {where}."
                 info = {"metricName": f"compute.googleapis.com/{metric.lower()}",
@@ -413,6 +444,14 @@ class FakeGce:
                     {"code": "QUOTA_EXCEEDED", "message": message,
                      "errorDetails": [{"quotaInfo": info}]}]}
         return None
+
+    def quota_list(self, region: str | None) -> list[dict[str, Any]]:
+        """`quotas` of projects.get (region None) or regions.get: the limits set, with usage."""
+        with self._lock:
+            return [{"metric": metric, "limit": float(limit),
+                     "usage": float(self.usage(metric, region))}
+                    for (metric, q_region), limit in sorted(self.quotas.items(), key=str)
+                    if q_region == region]
 
     def insert(self, zone: str, body: dict[str, Any], request_id: str | None) -> FakeOperation:
         with self._lock:
@@ -517,13 +556,10 @@ class FakeGce:
                 "queryValue": {"items": items}}
 
 
-def _counts_against(metric: str, gpu: str, spot: bool) -> bool:
-    if metric == "GPUS_ALL_REGIONS":
-        return True
-    short = _GPU_QUOTA_NAMES.get(gpu)
-    if short is None:
-        return False
-    return metric == (f"PREEMPTIBLE_NVIDIA_{short}_GPUS" if spot else f"NVIDIA_{short}_GPUS")
+def machine_cpus(machine_type: str) -> int:
+    """vCPUs of a machine type: the trailing count of `n1-standard-4`, `g2-standard-8`."""
+    found = re.fullmatch(r"[a-z0-9]+-(?:standard|highmem|highcpu)-(\d+)", machine_type)
+    return int(found.group(1)) if found else 0
 
 
 def _random_host_keys(ip: str) -> list[tuple[str, str]]:
@@ -542,6 +578,11 @@ def _random_host_keys(ip: str) -> list[tuple[str, str]]:
 
 _ZONE = r"/compute/v1/projects/(?P<project>[^/]+)/zones/(?P<zone>[^/]+)"
 _ROUTES: list[tuple[str, re.Pattern[str], str]] = [
+    ("GET", re.compile(r"/compute/v1/projects/(?P<project>[^/]+)$"), "projects.get"),
+    ("GET", re.compile(r"/compute/v1/projects/(?P<project>[^/]+)/regions/(?P<region>[^/]+)$"),
+     "regions.get"),
+    ("GET", re.compile(r"/compute/v1/projects/(?P<image_project>[^/]+)/global/images/family/"
+                       r"(?P<family>[^/]+)$"), "images.getFromFamily"),
     ("GET", re.compile(r"/compute/v1/projects/(?P<project>[^/]+)/aggregated/instances$"),
      "instances.aggregatedList"),
     ("POST", re.compile(_ZONE + r"/instances$"), "instances.insert"),
@@ -615,6 +656,35 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(data)
 
     # --- endpoints ---------------------------------------------------------------------------
+
+    def _projects_get(self, a: dict[str, str], q: dict[str, str], _: Any) -> tuple[int, Any]:
+        fake = self.fake
+        items = [{"key": k, "value": v} for k, v in fake.project_metadata.items()]
+        return 200, {"kind": "compute#project", "name": fake.project, "id": "1234",
+                     "quotas": fake.quota_list(None),
+                     "commonInstanceMetadata": {"kind": "compute#metadata",
+                                                "fingerprint": "ZmFrZQ==", "items": items}}
+
+    def _regions_get(self, a: dict[str, str], q: dict[str, str], _: Any) -> tuple[int, Any]:
+        region = a["region"]
+        if region not in {region_of(z) for z in self.fake.zones}:
+            raise FakeHttpError(404, f"The resource 'projects/{self.fake.project}/regions/"
+                                f"{region}' was not found", "notFound", "NOT_FOUND")
+        return 200, {"kind": "compute#region", "name": region, "status": "UP",
+                     "zones": [f"{API}/projects/{self.fake.project}/zones/{z}"
+                               for z in self.fake.zones if region_of(z) == region],
+                     "quotas": self.fake.quota_list(region)}
+
+    def _images_getFromFamily(self, a: dict[str, str], q: dict[str, str],
+                              _: Any) -> tuple[int, Any]:
+        families = self.fake.image_families
+        key = (a["image_project"], a["family"])
+        if families is not None and key not in families:
+            raise FakeHttpError(404, f"The resource 'projects/{key[0]}/global/images/family/"
+                                f"{key[1]}' was not found", "notFound", "NOT_FOUND")
+        return 200, {"kind": "compute#image", "name": f"{key[1]}-v20260101", "family": key[1],
+                     "status": "READY",
+                     "selfLink": f"{API}/projects/{key[0]}/global/images/{key[1]}-v20260101"}
 
     def _instances_insert(self, a: dict[str, str], q: dict[str, str],
                           body: dict[str, Any]) -> tuple[int, Any]:

@@ -175,8 +175,9 @@ def test_regional_quota_blocks_the_region(fake: FakeGce, make_provider, tmp_path
 
 def test_global_gpu_quota_stops_with_the_metric_named(fake: FakeGce, make_provider,
                                                       tmp_path: Path) -> None:
+    """As an insert finds it (the pre-create checks off: quotas can change between them)."""
     fake.set_quota("GPUS_ALL_REGIONS", 1)
-    provider = make_provider()
+    provider = make_provider(preflight_checks=False)
     with pytest.raises(QuotaError, match="GPUS_ALL_REGIONS") as info:
         provider.acquire(small_request("gq", tmp_path, workers=2))
     assert info.value.region is None and "all regions" in str(info.value)
