@@ -276,6 +276,36 @@ class ComputeApi:
             raise
         return str(image.name)
 
+    def os_login_user(self) -> str | None:
+        """Whose OS Login profile gets the key: `provider.os_login_user`, else the service
+        account of the credentials (user credentials do not carry their e-mail)."""
+        return self.cfg.os_login_user or getattr(self._credentials, "service_account_email",
+                                                 None)
+
+    def import_os_login_key(self, user: str, public_key: str) -> str:
+        """Add `public_key` to `user`'s OS Login profile (the OS Login API, through Google's
+        client); returns the POSIX user name to log in as."""
+        from google.api_core.client_options import ClientOptions
+        from google.cloud import oslogin_v1
+
+        if "oslogin" not in self._more:
+            # A fake Compute endpoint (tests) serves the OS Login API too.
+            options = (ClientOptions(api_endpoint=self.cfg.api_endpoint)
+                       if self.cfg.api_endpoint else None)
+            self._more["oslogin"] = oslogin_v1.OsLoginServiceClient(
+                credentials=self._credentials, client_options=options, transport="rest")
+        client = self._more["oslogin"]
+        key = oslogin_v1.common.SshPublicKey(key=public_key)
+        response = self.call("OS Login", lambda: client.import_ssh_public_key(
+            parent=f"users/{user}", ssh_public_key=key, project_id=self.project,
+            timeout=REQUEST_TIMEOUT_S))
+        accounts = list(response.login_profile.posix_accounts)
+        primary = next((a for a in accounts if a.primary), accounts[0] if accounts else None)
+        if primary is None or not primary.username:
+            raise BadRequestError(f"OS Login gave {user} no POSIX account in project "
+                                  f"{self.project}")
+        return str(primary.username)
+
     def was_preempted(self, zone: str, name: str) -> bool:
         """True when a `compute.instances.preempted` operation targets this VM (the evidence
         that survives a DELETE termination action, gce-notes §A4)."""

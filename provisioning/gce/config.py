@@ -50,6 +50,7 @@ class GceConfig(ProviderConfig):
     credentials: str = CREDENTIALS_ADC  # adc | anonymous | path to a service-account key file
     api_endpoint: str | None = None  # Compute API root; None = compute.googleapis.com
     ssh_user: str = "transient"  # login user created by the guest agent from ssh-keys
+    os_login_user: str | None = None  # OS Login projects: whose profile gets the key (e-mail)
     ssh_key: str | None = None  # private key (no passphrase); None = the tool's own (keys.py)
     python: str | None = None  # interpreter on the VMs that has the trainer's dependencies
     wheelhouse: str | None = None  # local wheels for VMs without `python` (gpu/cpu extra)

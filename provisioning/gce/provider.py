@@ -162,6 +162,7 @@ class GceProvider(Provider):
         self.revocations: dict[HostId, str] = {}  # host -> "preempted" | "gone" (for reports)
         self._login_key: str | None = None  # public half of the login key (`_public_key`)
         self.os_login = False  # the project turns OS Login on (read by the preflight)
+        self._login_user: str | None = None  # OS Login's POSIX user; None = provider.ssh_user
 
     # --- class-level hooks (read without building a provider) -----------------------------
 
@@ -239,8 +240,29 @@ class GceProvider(Provider):
         planned = [replace(vm.request, zone=self._zones_for(vm)[0]) for vm in vms]
         result = check(self.api, self.config, planned)
         self.os_login = result.os_login
-        if result.problems:
-            raise PreflightError(result.problems)
+        problems = list(result.problems)
+        if self.os_login:
+            problem = self._use_os_login()
+            if problem is not None:
+                problems.append(problem)
+        if problems:
+            raise PreflightError(problems)
+
+    def _use_os_login(self) -> str | None:
+        """The project ignores `ssh-keys` metadata (OS Login): import our key into the OS
+        Login profile and log in as its POSIX user; a line saying why not, else None."""
+        user = self.api.os_login_user()
+        if not user:
+            return (f"provider.os_login_user: project {self.api.project} has OS Login on "
+                    "(enable-oslogin=TRUE), so VMs ignore the ssh-keys metadata; set it to the "
+                    "e-mail of the account whose OS Login profile gets the tool's key")
+        try:
+            self._login_user = self.api.import_os_login_key(user, self._public_key())
+        except ProvisionError as error:
+            return (f"provider.os_login_user: project {self.api.project} has OS Login on and "
+                    f"the key could not be imported for {user} ({error}); it needs the role "
+                    "roles/compute.osAdminLogin (or osLogin) in the project")
+        return None
 
     def _plan_vms(self, run_id: str, specs: Sequence[HostSpec]) -> list[_Vm]:
         """One `_Vm` per machine of the plan; colocated roles join their owner's VM."""
@@ -407,7 +429,7 @@ class GceProvider(Provider):
             vm.ssh = VmSsh(self.config, vm.name, vm.external_ip or vm.internal_ip,
                            has_gpu(vm.request.machine_type, vm.request.gpu),
                            self.known_hosts_path(run_id), pinned=bool(vm.host_keys),
-                           journal=self._journal)
+                           journal=self._journal, user=self._login_user)
             with self._lock:
                 for host in vm.hosts:
                     self._host_vm[host.id] = vm.name

@@ -32,8 +32,10 @@ class VmSsh:
     """The SSH side of one VM: its connection (opened lazily) and the runners of its hosts."""
 
     def __init__(self, cfg: GceConfig, vm_name: str, address: str, has_gpu: bool,
-                 known_hosts: Path, pinned: bool, journal: ResourceJournal | None) -> None:
+                 known_hosts: Path, pinned: bool, journal: ResourceJournal | None,
+                 user: str | None = None) -> None:
         self.cfg, self.vm_name, self.address = cfg, vm_name, address
+        self.user = user or cfg.ssh_user  # OS Login's POSIX user where the project uses it
         self.has_gpu, self.known_hosts, self.pinned = has_gpu, known_hosts, pinned
         self.journal = journal
         self._machine = None
@@ -46,7 +48,7 @@ class VmSsh:
 
         cfg = self.cfg
         inventory = SshHostConfig(name=self.vm_name, address=self.address, port=22,
-                                  user=cfg.ssh_user, key_path=cfg.ssh_key_path(), root=cfg.remote_root,
+                                  user=self.user, key_path=cfg.ssh_key_path(), root=cfg.remote_root,
                                   python=cfg.python)
         ssh_config = SshProviderConfig(
             hosts=[inventory], known_hosts=str(self.known_hosts),

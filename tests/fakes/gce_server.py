@@ -15,7 +15,9 @@ surface our GCE backend uses, with the JSON shapes and error placements of the r
   accelerator the zone does not offer is a synchronous 400. Quotas (`set_quota`) count GPUs,
   vCPUs (`CPUS`, `PREEMPTIBLE_CPUS` where granted, `CPUS_ALL_REGIONS`), `IN_USE_ADDRESSES` and
   `GPUS_ALL_REGIONS`, and are readable with their usage through projects.get / regions.get;
-- projects.get also serves `project_metadata` (commonInstanceMetadata: `enable-oslogin`);
+- projects.get also serves `project_metadata` (commonInstanceMetadata: `enable-oslogin`), and
+  the OS Login API's `users.importSshPublicKey` (`/v1/users/U:importSshPublicKey`, the real
+  `google-cloud-os-login` client pointed at the fake) returns the POSIX user to log in as;
   images.getFromFamily resolves the families in `image_families` (None: every family);
 - `request_id` makes a repeated insert return the first operation (idempotency);
 - `preempt()` (also `POST .../instances/NAME/preempt`) flips the guest-visible `preempted` flag,
@@ -255,6 +257,9 @@ class FakeGce:
         self.project_metadata: dict[str, str] = {}  # commonInstanceMetadata (enable-oslogin)
         #: (image project, family) that resolve; None: every family resolves
         self.image_families: set[tuple[str, str]] | None = None
+        #: OS Login: user e-mail -> public keys imported (`users.importSshPublicKey`)
+        self.oslogin_keys: dict[str, list[str]] = {}
+        self.oslogin_denied = False  # importSshPublicKey answers 403 (no OS Login role)
         self.instances: dict[tuple[str, str], FakeInstance] = {}  # (zone, name)
         self.operations: dict[tuple[str, str], FakeOperation] = {}
         self.request_ids: dict[str, FakeOperation] = {}
@@ -579,6 +584,8 @@ def _random_host_keys(ip: str) -> list[tuple[str, str]]:
 _ZONE = r"/compute/v1/projects/(?P<project>[^/]+)/zones/(?P<zone>[^/]+)"
 _ROUTES: list[tuple[str, re.Pattern[str], str]] = [
     ("GET", re.compile(r"/compute/v1/projects/(?P<project>[^/]+)$"), "projects.get"),
+    ("POST", re.compile(r"/v1/users/(?P<user>[^/:]+):importSshPublicKey$"),
+     "oslogin.importSshPublicKey"),
     ("GET", re.compile(r"/compute/v1/projects/(?P<project>[^/]+)/regions/(?P<region>[^/]+)$"),
      "regions.get"),
     ("GET", re.compile(r"/compute/v1/projects/(?P<image_project>[^/]+)/global/images/family/"
@@ -656,6 +663,36 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(data)
 
     # --- endpoints ---------------------------------------------------------------------------
+
+    def _oslogin_importSshPublicKey(self, a: dict[str, str], q: dict[str, str],
+                                    body: dict[str, Any]) -> tuple[int, Any]:
+        """OS Login: add the key to the user's login profile; the profile names the POSIX
+        account to log in as (`alice@example.com` -> `alice_example_com`, as Google does)."""
+        fake = self.fake
+        user = urllib.parse.unquote(a["user"])
+        if q.get("projectId") not in (None, fake.project):
+            raise FakeHttpError(404, f"project {q.get('projectId')} not found", "notFound",
+                                "NOT_FOUND")
+        if fake.oslogin_denied:
+            raise FakeHttpError(403, f"Permission denied on resource users/{user} (or it may "
+                                "not exist).", "forbidden", "PERMISSION_DENIED")
+        key = str(body.get("key", "")).strip()
+        if not key.startswith(("ssh-", "ecdsa-")):
+            raise FakeHttpError(400, "Invalid SSH public key", "invalid", "INVALID_ARGUMENT")
+        with fake._lock:
+            keys = fake.oslogin_keys.setdefault(user, [])
+            if key not in keys:
+                keys.append(key)
+        fingerprint = base64.b16encode(key.split()[1][:24].encode()).decode().lower()
+        return 200, {"loginProfile": {
+            "name": user,
+            "posixAccounts": [{"primary": True, "username": re.sub(r"[^a-z0-9_]", "_",
+                                                                   user.lower()),
+                               "uid": "1001", "gid": "1001",
+                               "homeDirectory": "/home/" + re.sub(r"[^a-z0-9_]", "_",
+                                                                  user.lower()),
+                               "operatingSystemType": "LINUX", "accountId": fake.project}],
+            "sshPublicKeys": {fingerprint: {"key": key, "fingerprint": fingerprint}}}}
 
     def _projects_get(self, a: dict[str, str], q: dict[str, str], _: Any) -> tuple[int, Any]:
         fake = self.fake

@@ -77,13 +77,44 @@ def test_cpus_exhausted_globally_stop_everywhere_at_insert(fake: FakeGce, make_p
     assert fake.calls["instances.insert"] == 3  # no retry in another region
 
 
-def test_the_projects_os_login_mode_is_read_before_any_vm(fake: FakeGce, make_provider,
-                                                         tmp_path: Path) -> None:
+def test_with_os_login_the_key_is_imported_and_vms_are_logged_into_as_its_posix_user(
+        fake: FakeGce, make_provider, tmp_path: Path) -> None:
+    """The project's metadata turns OS Login on, so VMs ignore ssh-keys: the key goes into the
+    OS Login profile (the real google-cloud-os-login client) and SSH uses the POSIX user."""
     fake.project_metadata["enable-oslogin"] = "TRUE"
-    provider = make_provider()
+    provider = make_provider(os_login_user="alice@example.com")
     cluster = provider.acquire(small_request("osl", tmp_path, workers=1))
     try:
         assert provider.os_login
+        public = provider._public_key()
+        assert fake.oslogin_keys == {"alice@example.com": [public]}
+        ssh = provider._vm_of(cluster.hosts[0].id).ssh
+        assert ssh.user == "alice_example_com"
+    finally:
+        provider.release(cluster)
+
+
+@pytest.mark.parametrize("why", ["no user", "denied"])
+def test_os_login_that_cannot_work_is_one_line_before_any_vm(
+        fake: FakeGce, make_provider, tmp_path: Path, why: str) -> None:
+    fake.project_metadata["enable-oslogin"] = "TRUE"
+    fake.oslogin_denied = why == "denied"
+    provider = make_provider(os_login_user=None if why == "no user" else "bob@example.com")
+    with pytest.raises(PreflightError) as info:
+        provider.acquire(small_request("osl-no", tmp_path, workers=1))
+    [line] = info.value.problems
+    assert line.startswith("provider.os_login_user: project test-project has OS Login on")
+    assert ("Permission denied" in line) if why == "denied" else ("set it to the e-mail" in line)
+    assert fake.calls["instances.insert"] == 0 and fake.live_instances() == []
+
+
+def test_without_os_login_the_ssh_keys_user_logs_in(fake: FakeGce, make_provider,
+                                                    tmp_path: Path) -> None:
+    provider = make_provider(os_login_user="alice@example.com")
+    cluster = provider.acquire(small_request("no-osl", tmp_path, workers=1))
+    try:
+        assert not provider.os_login and fake.oslogin_keys == {}
+        assert provider._vm_of(cluster.hosts[0].id).ssh.user == "transient"
     finally:
         provider.release(cluster)
 
