@@ -37,6 +37,7 @@ class GceConfig(ProviderConfig):
     name: str = "gce"
     project: str | None = None  # GCP project id; None = $GOOGLE_CLOUD_PROJECT at run time
     zones: list[str] = field(default_factory=list)  # fallback order after each host's plan zone
+    cross_region: bool = False  # let VMs of one cluster fall back into different regions
     image_project: str = "deeplearning-platform-release"  # where image_family lives
     image_family: str = "common-cu128-ubuntu-2204-nvidia-570"  # CUDA + driver, no framework
     image: str | None = None  # a custom image URL (projects/P/global/images/NAME); wins if set

@@ -27,7 +27,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+import logging
 import os
 import socket
 import threading
@@ -94,6 +96,8 @@ STATE_MAP: dict[str, HostState] = {
     "DEPROVISIONING": HostState.REVOKED,
 }
 KNOWN_HOSTS_FILE = "known_hosts"
+PLACEMENT_FILE = "placement.json"  # where a run's VMs landed (zone per VM), in its run dir
+log = logging.getLogger(__name__)
 PIN_GUEST_ATTRIBUTES = "guest-attributes"
 PIN_FIRST_USE = "first-use"
 
@@ -221,12 +225,13 @@ class GceProvider(Provider):
         self._public_key()  # a key problem stops here, before any VM
         self._preflight(vms)
         try:
-            self._create(vms)
+            self._create_cluster(vms)
             self._await_running(vms)
             self._pin_host_keys(request.run_id, vms)
         except BaseException:
             self._delete([vm for vm in vms if vm.created])
             raise
+        self._record_placement(request.run_id, request.workdir, vms)
         by_name = {h.spec.name: h for vm in vms for h in vm.hosts}
         return Cluster(run_id=request.run_id, hosts=[by_name[s.name] for s in request.hosts])
 
@@ -345,6 +350,58 @@ class GceProvider(Provider):
                 pending.append(vm)
             if bad is not None:
                 raise bad
+
+    def _create_cluster(self, vms: list[_Vm]) -> None:
+        """Create a run's VMs in ONE region: the region of the first VM's (the PS's) zones
+        first, then each other region of `provider.zones`; a VM that fits nowhere in a region
+        moves the whole cluster to the next one (what was created there is deleted first), so
+        the PS and its workers never talk across regions (inter-region latency and egress on
+        every step). `provider.cross_region=true`: each VM falls back on its own."""
+        if self.config.cross_region or not vms:
+            self._create(vms)
+            return
+        regions = [region_of(z) for z in self._zones_for(vms[0])]
+        regions += [region_of(z) for z in self.config.zones]
+        reasons = []
+        for region in dict.fromkeys(regions):
+            if any(not self._zones_in(vm, region) for vm in vms):
+                continue  # some VM has no zone there
+            try:
+                self._create(vms, same_region=region)
+                return
+            except CapacityError as error:
+                if isinstance(error, QuotaError) and error.region is None:
+                    raise  # a project-wide quota: no region helps
+                self._delete([vm for vm in vms if vm.created])
+                reasons.append(f"{region}: {error}")
+        if not reasons:
+            raise BadRequestError("provider.zones: no region has a zone for every VM of the "
+                                  "cluster (list zones of one region, or set "
+                                  "provider.cross_region=true)")
+        raise CapacityError("no region could hold the whole cluster: " + "; ".join(reasons))
+
+    def _zones_in(self, vm: _Vm, region: str) -> list[str]:
+        zones = [vm.zone_hint, vm.specs[0].zone, *self.config.zones]
+        return [z for z in dict.fromkeys(zones) if z and region_of(z) == region]
+
+    def _record_placement(self, run_id: str, workdir: Path, vms: Sequence[_Vm]) -> None:
+        """Where the VMs landed: said once (the run's log) and kept in `<run dir>/placement.json`."""
+        import json
+
+        zones: dict[str, list[str]] = {}
+        for vm in vms:
+            zones.setdefault(vm.zone, []).append(vm.slot)
+        regions = sorted({region_of(z) for z in zones})
+        log.info("gce: %d VMs of run %s in region %s: %s", len(vms), run_id, ", ".join(regions),
+                 "; ".join(f"{z}: {', '.join(slots)}" for z, slots in zones.items()))
+        record = {"regions": regions, "vms": [
+            {"slot": vm.slot, "name": vm.name, "zone": vm.zone, "hosts": [s.name for s in vm.specs]}
+            for vm in vms]}
+        with contextlib.suppress(OSError):
+            workdir.mkdir(parents=True, exist_ok=True)
+            tmp = workdir / (PLACEMENT_FILE + ".tmp")
+            tmp.write_text(json.dumps(record, indent=1) + "\n")
+            tmp.replace(workdir / PLACEMENT_FILE)
 
     def _insert_one(self, vm: _Vm) -> None:
         cfg = self.config
