@@ -117,6 +117,12 @@ class ProjectInfo:
     metadata: dict[str, str]  # commonInstanceMetadata (enable-oslogin, ...)
 
 
+def not_ready(error: BaseException) -> bool:
+    """GCE's "the resource is not ready" (a VM still stopping, an address still held)."""
+    text = str(error)
+    return "RESOURCE_NOT_READY" in text or "resourceNotReady" in text or "is not ready" in text
+
+
 def _quotas(quotas: Any) -> dict[str, tuple[float, float]]:
     return {str(q.metric): (float(q.limit), float(q.usage)) for q in quotas}
 
@@ -192,6 +198,24 @@ class ComputeApi:
                 return None
             raise
         return op.name
+
+    def remove(self, zone: str, name: str, timeout_s: float) -> None:
+        """Delete a VM and wait until it is gone (already gone is fine). A VM that GCE is
+        itself stopping (a preemption) answers RESOURCE_NOT_READY for a while: retried with
+        backoff for up to `cfg.not_ready_retry_s` instead of failing (SkyPilot does the same)."""
+        deadline = time.monotonic() + self.cfg.not_ready_retry_s
+        delay = self.cfg.retry_backoff_s
+        while True:
+            try:
+                op = self.delete(zone, name)
+                if op is not None:
+                    self.wait(zone, op, timeout_s)
+                return
+            except ProvisionError as error:
+                if not not_ready(error) or time.monotonic() + delay > deadline:
+                    raise
+            self._sleep(delay)
+            delay = min(delay * 2, 15.0)
 
     def wait(self, zone: str, operation: str, timeout_s: float) -> None:
         """Block until the zone operation is DONE; raise its error classified. Bounded by

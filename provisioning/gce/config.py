@@ -71,6 +71,8 @@ class GceConfig(ProviderConfig):
     login_grace_s: float = 120.0  # a refused key is retried this long after sshd answers
     retries: int = 4  # retries of a transient API error (rate limit, 5xx) per request
     retry_backoff_s: float = 2.0  # first backoff; doubles per retry
+    not_ready_retry_s: float = 120.0  # delete of a stopping VM / a held internal IP: retried
+    boot_preemptions: int = 3  # a Spot VM preempted while booting is re-created this often
     max_parallel: int = 32  # concurrent API calls while creating or deleting
     preflight_checks: bool = True  # quotas, image, bucket, OS Login read before any VM
 

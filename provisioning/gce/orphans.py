@@ -83,9 +83,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if doomed and not args.dry_run:
         def delete(vm: ListedVm) -> str | None:
             try:
-                op = api.delete(vm.zone, vm.name)
-                if op is not None:
-                    api.wait(vm.zone, op, config.operation_timeout_s)
+                api.remove(vm.zone, vm.name, config.operation_timeout_s)
             except ProvisionError as error:
                 return f"{vm.name}: {error}"
             return None

@@ -129,6 +129,13 @@ class _Vm:
         return self.request.zone
 
 
+def _address_held(error: BaseException) -> bool:
+    """The requested internal IP is still held by a VM that is going away."""
+    text = str(error)
+    return "already being used" in text or "ipInUseByAnotherResource" in text \
+        or "IP_IN_USE" in text
+
+
 def owner_labels() -> dict[str, str]:
     """Who created a VM: this machine and process, so `orchestrator.gc` can tell a live run."""
     pid = os.getpid()
@@ -231,6 +238,8 @@ class GceProvider(Provider):
         except BaseException:
             self._delete([vm for vm in vms if vm.created])
             raise
+        finally:
+            self._delete_ghosts(request.run_id)
         self._record_placement(request.run_id, request.workdir, vms)
         by_name = {h.spec.name: h for vm in vms for h in vm.hosts}
         return Cluster(run_id=request.run_id, hosts=[by_name[s.name] for s in request.hosts])
@@ -306,14 +315,35 @@ class GceProvider(Provider):
                                   "in the cluster or list zones in provider.zones)")
         return zones
 
-    def _create(self, vms: list[_Vm], same_region: str | None = None) -> None:
-        """Insert every VM, in parallel rounds; failed ones move to their next usable zone."""
+    def _keep_ghost(self, vm: _Vm) -> None:
+        """An insert that raised a transient error may have created the VM anyway: keep its
+        name (journalled already) so it is deleted with the run's other leftovers."""
+        ghost = _Vm(request=vm.request, run_id=vm.run_id, slot=vm.slot, specs=[], created=True)
+        with self._lock:
+            self._vms[ghost.name] = ghost
+        vm.created = False
+
+    def _delete_ghosts(self, run_id: str) -> None:
+        """Delete the names of inserts that may have succeeded unseen (404 = never created)."""
+        with self._lock:
+            ghosts = [vm for vm in self._vms.values()
+                      if vm.run_id == run_id and not vm.specs and not vm.deleted]
+        try:
+            self._delete(ghosts)
+        except ProvisionError as error:  # release tries again
+            log.warning("gce: could not delete a VM whose insert failed: %s", error)
+
+    def _create(self, vms: list[_Vm], same_region: str | None = None,
+                avoid_zones: frozenset[str] = frozenset()) -> None:
+        """Insert every VM, in parallel rounds; failed ones move to their next usable zone
+        (`avoid_zones` are tried last)."""
         blocked_zones: set[str] = set()
         blocked_regions: set[str] = set()
         everywhere_blocked = False
         reasons: list[str] = []
         last_error: dict[str, ProvisionError] = {}
-        candidates = {vm.slot: self._zones_for(vm, same_region) for vm in vms}
+        candidates = {vm.slot: sorted(self._zones_for(vm, same_region),
+                                      key=lambda z: z in avoid_zones) for vm in vms}
         pending = list(vms)
         while pending:
             round_vms = []
@@ -341,6 +371,8 @@ class GceProvider(Provider):
                         blocked_regions.add(error.region)
                 elif isinstance(error, ZoneCapacityError | TransientApiError):
                     blocked_zones.add(vm.zone)
+                    if vm.created:  # the insert may have succeeded: delete that name later
+                        self._keep_ghost(vm)
                 elif isinstance(error, ProvisionError):
                     bad = bad or error
                 else:
@@ -409,13 +441,23 @@ class GceProvider(Provider):
         body = instance_body(cfg, self.api.project, vm.request, vm.run_id, self._public_key())
         vm.created = True  # from here on a delete is owed (404 if it never came to exist)
         vm.deleted = False
-        try:
-            op = self.api.insert(vm.zone, body, request_id=str(uuid.uuid4()))
-            self.api.wait(vm.zone, op, cfg.operation_timeout_s)
-        except (ZoneCapacityError, QuotaError, BadRequestError):
-            vm.created = False  # the operation failed: GCE created nothing
-            self._record_released(vm)
-            raise
+        deadline = self._clock() + cfg.not_ready_retry_s
+        delay = cfg.retry_backoff_s
+        while True:
+            try:
+                op = self.api.insert(vm.zone, body, request_id=str(uuid.uuid4()))
+                self.api.wait(vm.zone, op, cfg.operation_timeout_s)
+                break
+            except (ZoneCapacityError, QuotaError, BadRequestError) as error:
+                if vm.request.network_ip and _address_held(error) \
+                        and self._clock() + delay < deadline:
+                    # The lost VM's internal IP is released a little after it is gone.
+                    self._sleep(delay)
+                    delay = min(delay * 2, 15.0)
+                    continue
+                vm.created = False  # the operation failed: GCE created nothing
+                self._record_released(vm)
+                raise
         with self._lock:
             self._vms[vm.name] = vm
 
@@ -439,6 +481,8 @@ class GceProvider(Provider):
         deadline = self._clock() + self.config.vm_ready_timeout_s
         waiting = {vm.name: vm for vm in vms}
         run_ids = {vm.run_id for vm in vms}
+        missing: dict[str, int] = {}  # name -> lists in a row without it (gone after insert)
+        preempted: dict[str, int] = {}  # slot -> preemptions while booting
         while waiting:
             listed = {}
             for run_id in run_ids:
@@ -448,15 +492,38 @@ class GceProvider(Provider):
                 if seen is not None and seen.status == "RUNNING":
                     vm.internal_ip, vm.external_ip = seen.internal_ip, seen.external_ip
                     del waiting[name]
-                elif seen is not None and STATE_MAP.get(seen.status) is HostState.REVOKED:
-                    raise ZoneCapacityError(vm.zone, f"VM {name} went {seen.status} while "
+                    continue
+                if seen is None:
+                    missing[name] = missing.get(name, 0) + 1
+                    if missing[name] < 2:  # its insert is DONE: absent twice = gone
+                        continue
+                elif STATE_MAP.get(seen.status) is not HostState.REVOKED:
+                    continue
+                status = seen.status if seen is not None else "gone"
+                preempted[vm.slot] = preempted.get(vm.slot, 0) + 1
+                if not vm.request.transient or preempted[vm.slot] > self.config.boot_preemptions:
+                    raise ZoneCapacityError(vm.zone, f"VM {name} went {status} while "
                                             "starting (preempted during creation)")
+                log.warning("gce: %s went %s while booting (preempted): re-creating it alone",
+                            name, status)
+                del waiting[name]
+                self._recreate_booting(vm)
+                waiting[vm.name] = vm
             if not waiting:
                 break
             if self._clock() >= deadline:
                 raise CapacityError(f"VMs not RUNNING after {self.config.vm_ready_timeout_s:g} s: "
                                     + ", ".join(sorted(waiting)))
             self._sleep(self.config.ready_poll_s)
+
+    def _recreate_booting(self, vm: _Vm) -> None:
+        """A Spot VM preempted before it ever ran: delete what is left of it and create it
+        again, alone, in its region (another zone first), keeping the rest of the cluster."""
+        old_name, old_zone = vm.name, vm.zone
+        self._delete([vm])
+        with self._lock:
+            self._vms.pop(old_name, None)
+        self._create([vm], same_region=region_of(old_zone), avoid_zones=frozenset({old_zone}))
 
     def _pin_host_keys(self, run_id: str, vms: list[_Vm]) -> None:
         """Host keys from guest attributes (in parallel), then the Host records."""
@@ -591,6 +658,8 @@ class GceProvider(Provider):
         except BaseException:
             self._delete([vm for vm in fresh if vm.created])
             raise
+        finally:
+            self._delete_ghosts(cluster.run_id)
         swap = {h.id: new_host for vm, new in zip(old, fresh, strict=True)
                 for h, new_host in zip(vm.hosts, new.hosts, strict=True)}
         return Cluster(run_id=cluster.run_id, hosts=[swap.get(h.id, h) for h in cluster.hosts])
@@ -615,9 +684,7 @@ class GceProvider(Provider):
         failure after every delete was tried."""
 
         def delete(vm: _Vm) -> None:
-            op = self.api.delete(vm.zone, vm.name)
-            if op is not None:
-                self.api.wait(vm.zone, op, self.config.operation_timeout_s)
+            self.api.remove(vm.zone, vm.name, self.config.operation_timeout_s)
             vm.deleted = True
             vm.created = False
             self._record_released(vm)
@@ -659,9 +726,7 @@ class GceProvider(Provider):
         def delete(name: str) -> None:
             listed = existing[name]
             try:
-                op = self.api.delete(listed.zone, name)
-                if op is not None:
-                    self.api.wait(listed.zone, op, self.config.operation_timeout_s)
+                self.api.remove(listed.zone, name, self.config.operation_timeout_s)
             except ProvisionError as error:
                 failed[name] = str(error)
 

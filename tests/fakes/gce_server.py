@@ -20,6 +20,10 @@ surface our GCE backend uses, with the JSON shapes and error placements of the r
   `google-cloud-os-login` client pointed at the fake) returns the POSIX user to log in as;
   images.getFromFamily resolves the families in `image_families` (None: every family);
 - `request_id` makes a repeated insert return the first operation (idempotency);
+- what a first real run hits: `fail_inserts` (503 after the VM was created anyway),
+  `preempt_booting` (a Spot VM preempted while PROVISIONING), `not_ready_while_stopping`
+  (delete of a VM GCE is stopping answers `resourceNotReady`), `ip_hold_s` (an internal IP
+  still in use for a while after its VM is gone);
 - `preempt()` (also `POST .../instances/NAME/preempt`) flips the guest-visible `preempted` flag,
   runs the termination action (DELETE: gone; STOP: TERMINATED) and records a
   `compute.instances.preempted` zone operation;
@@ -260,6 +264,12 @@ class FakeGce:
         #: OS Login: user e-mail -> public keys imported (`users.importSshPublicKey`)
         self.oslogin_keys: dict[str, list[str]] = {}
         self.oslogin_denied = False  # importSshPublicKey answers 403 (no OS Login role)
+        #: zone -> insert calls left that create the VM and then answer 503 anyway
+        self.insert_errors: dict[str, int] = {}
+        self.preempt_booting = 0  # the next N Spot VMs are preempted while PROVISIONING
+        #: delete of a VM that GCE itself is stopping (preemption) answers RESOURCE_NOT_READY
+        self.not_ready_while_stopping = False
+        self.ip_hold_s = 0.0  # an internal IP stays in use this long after its VM is gone
         self.instances: dict[tuple[str, str], FakeInstance] = {}  # (zone, name)
         self.operations: dict[tuple[str, str], FakeOperation] = {}
         self.request_ids: dict[str, FakeOperation] = {}
@@ -381,7 +391,10 @@ class FakeGce:
         return op
 
     def _next_ip(self, requested: str | None) -> str:
-        used = {i.ip for i in self.instances.values() if not self._is_gone(i)}
+        now = time.time()
+        used = {i.ip for i in self.instances.values() if not self._is_gone(i)
+                or (i.deleting_at is not None
+                    and now < i.deleting_at + self.stop_s + self.ip_hold_s)}
         if requested:
             if requested in used:
                 raise FakeHttpError(400, f"IP '{requested}' is already being used by another "
@@ -514,9 +527,36 @@ class FakeGce:
                 host_keys=self._host_keys_for(ip), id=next(self._ids),
                 guest_attr_delay_s=self.guest_attr_delay_s)
             self.instances[(zone, name)] = inst
+            preempt = self.preempt_booting > 0 and inst.spot()
+            if preempt:
+                self.preempt_booting -= 1
+        if preempt:  # GCE takes the capacity back before the guest has booted
+            timer = threading.Timer(self.provision_s / 2, self._preempt_if_alive, (zone, name))
+            timer.daemon = True
+            timer.start()
         if self._on_boot is not None:
             self._on_boot(ip, inst.running_since() + self.login_refused_s - time.time())
         return op
+
+    def _preempt_if_alive(self, zone: str, name: str) -> None:
+        with contextlib.suppress(FakeHttpError):
+            self.preempt(zone, name)
+
+    def fail_inserts(self, zone: str, calls: int) -> None:
+        """The next `calls` insert requests in `zone` do their work (create the VM, or find the
+        first operation of a repeated request id) and then answer 503, as a backend error or a
+        lost response does: the VM may exist although the client saw an error."""
+        with self._lock:
+            self.insert_errors[zone] = calls
+
+    def _after_insert(self, zone: str) -> None:
+        with self._lock:
+            left = self.insert_errors.get(zone, 0)
+            if left <= 0:
+                return
+            self.insert_errors[zone] = left - 1
+        raise FakeHttpError(503, "Internal error. Please try again or contact Google Support.",
+                            "backendError", "UNAVAILABLE")
 
     def delete(self, zone: str, name: str, request_id: str | None) -> FakeOperation:
         with self._lock:
@@ -524,6 +564,11 @@ class FakeGce:
                 return self.request_ids[request_id]
             inst = self._instance(zone, name)
             now = time.time()
+            if self.not_ready_while_stopping and inst.preempted \
+                    and inst.status(now, self.stop_s) == "STOPPING":
+                raise FakeHttpError(400, f"The resource 'projects/{self.project}/zones/{zone}/"
+                                    f"instances/{name}' is not ready", "resourceNotReady",
+                                    "FAILED_PRECONDITION")
             stopping = inst.deleting_at is None and inst.stopped_at is None
             if inst.deleting_at is None:
                 inst.deleting_at = now
@@ -726,6 +771,7 @@ class _Handler(BaseHTTPRequestHandler):
     def _instances_insert(self, a: dict[str, str], q: dict[str, str],
                           body: dict[str, Any]) -> tuple[int, Any]:
         op = self.fake.insert(a["zone"], body, q.get("requestId"))
+        self.fake._after_insert(a["zone"])
         return 200, op.to_json(time.time())
 
     def _instances_get(self, a: dict[str, str], q: dict[str, str], _: Any) -> tuple[int, Any]:
