@@ -271,6 +271,25 @@ class ComputeApi:
             raise
         return [(item.key, item.value) for item in attrs.query_value.items] or None
 
+    def set_metadata_value(self, zone: str, name: str, key: str, value: str) -> None:
+        """Set one instance metadata item (instances.get for the fingerprint, then
+        setMetadata; a fingerprint race is retried once)."""
+        for attempt in range(2):
+            inst = self.call(zone, lambda: self.instances.get(
+                project=self.project, zone=zone, instance=name, timeout=REQUEST_TIMEOUT_S))
+            items = [self._compute.Items(key=i.key, value=i.value)
+                     for i in inst.metadata.items if i.key != key]
+            items.append(self._compute.Items(key=key, value=value))
+            resource = self._compute.Metadata(fingerprint=inst.metadata.fingerprint, items=items)
+            try:
+                self.call(zone, lambda m=resource: self.instances.set_metadata(
+                    project=self.project, zone=zone, instance=name,
+                    metadata_resource=m, timeout=REQUEST_TIMEOUT_S))
+                return
+            except BadRequestError:
+                if attempt:
+                    raise
+
     # --- the project, before anything is created (preflight.py) -------------------------
 
     def project_info(self) -> ProjectInfo:

@@ -56,7 +56,8 @@ class GceConfig(ProviderConfig):
     python: str | None = None  # interpreter on the VMs that has the trainer's dependencies
     wheelhouse: str | None = None  # local wheels for VMs without `python` (gpu/cpu extra)
     termination_action: TerminationAction = TerminationAction.DELETE
-    max_run_duration_s: int | None = None  # Spot VMs are deleted/stopped after this; None = never
+    max_run_duration_s: int | None = None  # every VM ends after this (cloud-enforced); None = never
+    lease_s: float = 900.0  # a VM the orchestrator has not renewed for this long ends itself; 0 = off
     labels: dict[str, str] = field(default_factory=dict)  # added to every VM
     storage: str | None = None  # gs://BUCKET/PREFIX: checkpoints and results of each run there
     remote_root: str = "/var/tmp/transient"  # run dirs on the VMs: <root>/<run_id>/hosts/<id>
@@ -95,6 +96,9 @@ class GceConfig(ProviderConfig):
                      "operation_timeout_s"):
             if getattr(self, name) <= 0:
                 problems.append((f"provider.{name}", "must be > 0"))
+        if 0 < self.lease_s < 3 * self.poll_interval_s:
+            problems.append(("provider.lease_s", f"{self.lease_s:g} s is too short to renew "
+                             f"(at least 3 x provider.poll_interval_s; 0 turns the lease off)"))
         return problems
 
     def transient_lifetime_cap_s(self) -> float | None:

@@ -66,6 +66,7 @@ from provisioning.base import (
 )
 from provisioning.catalog import Market
 from provisioning.gce.body import (
+    LEASE_KEY,
     VmRequest,
     has_gpu,
     instance_body,
@@ -174,6 +175,9 @@ class GceProvider(Provider):
         self._login_key: str | None = None  # public half of the login key (`_public_key`)
         self.os_login = False  # the project turns OS Login on (read by the preflight)
         self._login_user: str | None = None  # OS Login's POSIX user; None = provider.ssh_user
+        self._lease_thread: threading.Thread | None = None
+        self._lease_stop = threading.Event()
+        self.lease_renewals = 0  # renewal rounds done (tests, benchmarks)
 
     # --- class-level hooks (read without building a provider) -----------------------------
 
@@ -438,7 +442,10 @@ class GceProvider(Provider):
     def _insert_one(self, vm: _Vm) -> None:
         cfg = self.config
         self._journal_vm(vm, released=False)
-        body = instance_body(cfg, self.api.project, vm.request, vm.run_id, self._public_key())
+        lease = (time.time() + cfg.lease_s + cfg.vm_ready_timeout_s + cfg.boot_timeout_s
+                 if cfg.lease_s > 0 else None)  # until the first renewal, boot included
+        body = instance_body(cfg, self.api.project, vm.request, vm.run_id, self._public_key(),
+                             lease_expires=lease)
         vm.created = True  # from here on a delete is owed (404 if it never came to exist)
         vm.deleted = False
         deadline = self._clock() + cfg.not_ready_retry_s
@@ -460,6 +467,50 @@ class GceProvider(Provider):
                 raise
         with self._lock:
             self._vms[vm.name] = vm
+        self._start_lease()
+
+    # --- the lease: VMs end themselves when the orchestrator is gone ----------------------
+
+    def _start_lease(self) -> None:
+        """Renew every live VM's lease every `lease_s / 3` from a background thread, so a VM
+        outlives its orchestrator (killed, asleep, cut off) by at most `lease_s`."""
+        if self.config.lease_s <= 0:
+            return
+        with self._lock:
+            if self._lease_thread is not None and self._lease_thread.is_alive():
+                return
+            self._lease_stop.clear()
+            self._lease_thread = threading.Thread(target=self._renew_leases, daemon=True,
+                                                  name="gce-lease")
+            self._lease_thread.start()
+
+    def _renew_leases(self) -> None:
+        interval = self.config.lease_s / 3
+        failing = False
+        while not self._lease_stop.wait(interval):
+            with self._lock:
+                vms = [vm for vm in self._vms.values()
+                       if vm.specs and not vm.deleted and vm.revoked_reason is None]
+            expires = str(int(time.time() + self.config.lease_s))
+
+            def renew(vm: _Vm, value: str = expires) -> None:
+                self.api.set_metadata_value(vm.zone, vm.name, LEASE_KEY, value)
+
+            errors = [e for e in self._parallel(renew, vms) if e is not None]
+            if errors and not failing:
+                log.warning("gce: cannot renew the VMs' lease (%s); they end themselves "
+                            "%g s after the last renewal", errors[0], self.config.lease_s)
+            failing = bool(errors)
+            self.lease_renewals += 1
+
+    def _stop_lease(self) -> None:
+        with self._lock:
+            if any(vm.specs and not vm.deleted for vm in self._vms.values()):
+                return
+            thread, self._lease_thread = self._lease_thread, None
+        self._lease_stop.set()
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=5)
 
     def _public_key(self) -> str:
         """The public half of the login key (the tool's own is generated on first use)."""
@@ -673,7 +724,10 @@ class GceProvider(Provider):
             vms = [vm for vm in self._vms.values()
                    if vm.run_id == cluster.run_id and not vm.deleted]
         self._close_ssh(vms)
-        self._delete(vms)
+        try:
+            self._delete(vms)
+        finally:
+            self._stop_lease()
 
     def _close_ssh(self, vms: Sequence[_Vm]) -> None:
         """Stop every role on these VMs and close their connections, in parallel."""

@@ -28,7 +28,10 @@ surface our GCE backend uses, with the JSON shapes and error placements of the r
   runs the termination action (DELETE: gone; STOP: TERMINATED) and records a
   `compute.instances.preempted` zone operation;
 - a per-instance metadata server under `/_metadata/ZONE/NAME/computeMetadata/v1/...` with
-  `wait_for_change`/`last_etag`, so the VM-side preemption watcher can run against it;
+  `wait_for_change`/`last_etag`, so the VM-side preemption watcher can run against it, and
+  instance name/zone/attributes, project id and a token for the VM-side lease watcher;
+- setMetadata (with the fingerprint check); GCE's `maxRunDuration` and the guests' lease
+  watchers are honoured (`_enforce`: a VM whose lease in its metadata has passed is deleted);
 - `calls` counts API calls per endpoint (what a benchmark of API calls per minute reads).
 
 Stdlib only. Everything happens on 127.0.0.1; nothing leaves the machine.
@@ -39,6 +42,7 @@ from __future__ import annotations
 import base64
 import collections
 import contextlib
+import hashlib
 import itertools
 import json
 import re
@@ -51,6 +55,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 API = "https://www.googleapis.com/compute/v1"
+LEASE_KEY = "transient-lease-expires"  # provisioning.gce.body.LEASE_KEY (the fake stays stdlib)
 DEFAULT_ZONES = ("us-central1-a", "us-central1-b", "us-east1-c", "us-west1-b")
 #: The real `wait` returns after at most about 2 minutes; the fake's cap is short so the
 #: client's bounded wait loop is exercised.
@@ -135,6 +140,7 @@ class FakeInstance:
     preempted_etag: int = 1
     gone: bool = False
     guest_attr_delay_s: float = 0.0
+    ended_by: str | None = None  # "maxRunDuration" | "lease" when GCE or the guest ended it
     watchers: threading.Condition = field(default_factory=threading.Condition)
 
     def status(self, now: float, stop_s: float) -> str:
@@ -161,6 +167,7 @@ class FakeInstance:
             "creationTimestamp": time.strftime("%Y-%m-%dT%H:%M:%S.000-00:00",
                                                time.gmtime(self.created)),
         })
+        body.setdefault("metadata", {})["fingerprint"] = self.metadata_fingerprint()
         nics = body.get("networkInterfaces") or [{}]
         nics[0]["networkIP"] = self.ip
         for access in nics[0].get("accessConfigs", []):
@@ -170,6 +177,10 @@ class FakeInstance:
 
     def metadata(self) -> dict[str, str]:
         return {i["key"]: i.get("value", "") for i in self.body.get("metadata", {}).get("items", [])}
+
+    def metadata_fingerprint(self) -> str:
+        items = json.dumps(self.body.get("metadata", {}).get("items", []), sort_keys=True)
+        return base64.b64encode(hashlib.sha256(items.encode()).digest()[:8]).decode()
 
     def accelerators(self) -> list[tuple[str, int]]:
         """(accelerator name, count), attached or built into the machine type."""
@@ -270,6 +281,7 @@ class FakeGce:
         #: delete of a VM that GCE itself is stopping (preemption) answers RESOURCE_NOT_READY
         self.not_ready_while_stopping = False
         self.ip_hold_s = 0.0  # an internal IP stays in use this long after its VM is gone
+        self.guest_lease_watch = True  # emulate the VMs' lease watchers (see `_enforce`)
         self.instances: dict[tuple[str, str], FakeInstance] = {}  # (zone, name)
         self.operations: dict[tuple[str, str], FakeOperation] = {}
         self.request_ids: dict[str, FakeOperation] = {}
@@ -363,9 +375,31 @@ class FakeGce:
 
     # --- internals -------------------------------------------------------------------------
 
+    def _enforce(self, inst: FakeInstance, now: float) -> None:
+        """What GCE and the guest do on their own: `maxRunDuration` runs the termination
+        action; the guest's lease watcher (`body.lease_watcher_script`, emulated here unless
+        `guest_lease_watch` is off) deletes its VM once the lease in its metadata has passed."""
+        if inst.deleting_at is not None or inst.stopped_at is not None:
+            return
+        scheduling = inst.body.get("scheduling", {})
+        limit = scheduling.get("maxRunDuration", {}).get("seconds")
+        if limit is not None and now >= inst.running_since() + float(limit):
+            end = inst.running_since() + float(limit)
+            if scheduling.get("instanceTerminationAction", "STOP") == "DELETE":
+                inst.deleting_at = end
+            else:
+                inst.stopped_at = end
+            inst.ended_by = "maxRunDuration"
+            return
+        expires = inst.metadata().get(LEASE_KEY)
+        if self.guest_lease_watch and expires and now > float(expires):
+            inst.deleting_at = float(expires)
+            inst.ended_by = "lease"
+
     def _is_gone(self, inst: FakeInstance) -> bool:
         if inst.gone:
             return True
+        self._enforce(inst, time.time())
         if inst.deleting_at is not None and time.time() >= inst.deleting_at + self.stop_s:
             inst.gone = True
         return inst.gone
@@ -642,6 +676,8 @@ _ROUTES: list[tuple[str, re.Pattern[str], str]] = [
     ("GET", re.compile(_ZONE + r"/instances/(?P<name>[^/]+)/getGuestAttributes$"),
      "instances.getGuestAttributes"),
     ("POST", re.compile(_ZONE + r"/instances/(?P<name>[^/]+)/preempt$"), "test.preempt"),
+    ("POST", re.compile(_ZONE + r"/instances/(?P<name>[^/]+)/setMetadata$"),
+     "instances.setMetadata"),
     ("GET", re.compile(_ZONE + r"/instances/(?P<name>[^/]+)$"), "instances.get"),
     ("DELETE", re.compile(_ZONE + r"/instances/(?P<name>[^/]+)$"), "instances.delete"),
     ("GET", re.compile(_ZONE + r"/operations$"), "zoneOperations.list"),
@@ -649,6 +685,8 @@ _ROUTES: list[tuple[str, re.Pattern[str], str]] = [
     ("POST", re.compile(_ZONE + r"/operations/(?P<op>[^/]+)/wait$"), "zoneOperations.wait"),
     ("GET", re.compile(r"/_metadata/(?P<zone>[^/]+)/(?P<name>[^/]+)/computeMetadata/v1/"
                        r"instance/preempted$"), "metadata.preempted"),
+    ("GET", re.compile(r"/_metadata/(?P<zone>[^/]+)/(?P<name>[^/]+)/computeMetadata/v1/"
+                       r"(?P<path>.+)$"), "metadata.value"),
 ]
 
 
@@ -778,6 +816,48 @@ class _Handler(BaseHTTPRequestHandler):
         with self.fake._lock:
             inst = self.fake._instance(a["zone"], a["name"])
             return 200, inst.to_json(time.time(), self.fake.stop_s)
+
+    def _instances_setMetadata(self, a: dict[str, str], q: dict[str, str],
+                               body: dict[str, Any]) -> tuple[int, Any]:
+        fake = self.fake
+        with fake._lock:
+            inst = fake._instance(a["zone"], a["name"])
+            if body.get("fingerprint") != inst.metadata_fingerprint():
+                raise FakeHttpError(412, "Supplied fingerprint does not match current metadata "
+                                    "fingerprint.", "conditionNotMet", "FAILED_PRECONDITION")
+            inst.body["metadata"] = {"items": list(body.get("items", []))}
+            op = fake._new_operation(a["zone"], a["name"], "setMetadata", time.time())
+            return 200, op.to_json(time.time())
+
+    def _metadata_value(self, a: dict[str, str], q: dict[str, str], _: Any) -> tuple[int, Any]:
+        """The guest's metadata server: instance name/zone/attributes, the project id and a
+        service-account token (what the lease watcher reads)."""
+        fake = self.fake
+        with fake._lock:
+            inst = fake.instances.get((a["zone"], a["name"]))
+            if inst is None or fake._is_gone(inst):
+                raise FakeHttpError(404, "no such instance")
+            path = a["path"]
+            values = {"instance/name": inst.name,
+                      "instance/zone": f"projects/1234/zones/{inst.zone}",
+                      "project/project-id": fake.project,
+                      "instance/service-accounts/default/token": json.dumps(
+                          {"access_token": "fake-token", "expires_in": 3599,
+                           "token_type": "Bearer"})}
+            if path.startswith("instance/attributes/"):
+                value = inst.metadata().get(path.split("/", 2)[2])
+            else:
+                value = values.get(path)
+        if value is None:
+            raise FakeHttpError(404, f"metadata {path} not found")
+        data = value.encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/text")
+        self.send_header("Metadata-Flavor", "Google")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+        raise _AlreadySent
 
     def _instances_delete(self, a: dict[str, str], q: dict[str, str], _: Any) -> tuple[int, Any]:
         op = self.fake.delete(a["zone"], a["name"], q.get("requestId"))
