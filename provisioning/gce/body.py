@@ -21,7 +21,8 @@ ATTACHED_GPUS = {"t4": "nvidia-tesla-t4", "v100": "nvidia-tesla-v100",
 #: Machine-type family -> the catalog GPU built into it (never put in guestAccelerators).
 BUILT_IN_GPUS = {"a2": "a100", "g2": "l4", "a3": "h100", "g4": "rtx-pro-6000", "a4": "b200"}
 #: Spot VMs get 30 s between ACPI soft-off and power-off (gce-notes §A3); without
-#: preemptionNoticeDuration the metadata flip is the only warning.
+#: preemptionNoticeDuration the metadata flip is the only warning, and it comes WITH the soft-off:
+#: systemd is already stopping sshd and the session, so the notice is best-effort.
 SPOT_SHUTDOWN_WINDOW_S = 30
 METADATA_URL = "http://metadata.google.internal/computeMetadata/v1"
 _LABEL_BAD = re.compile(r"[^a-z0-9_-]")

@@ -70,6 +70,7 @@ class GceConfig(ProviderConfig):
     host_key_poll_s: float = 6.0  # guest attributes allow about 10 queries/min per VM
     boot_timeout_s: float = 300.0  # RUNNING until the first SSH login (refusals retried)
     login_grace_s: float = 120.0  # a refused key is retried this long after sshd answers
+    unreachable_grace_s: float = 300.0  # SSH lost while GCE says RUNNING: revoked after this
     retries: int = 4  # retries of a transient API error (rate limit, 5xx) per request
     retry_backoff_s: float = 2.0  # first backoff; doubles per retry
     not_ready_retry_s: float = 120.0  # delete of a stopping VM / a held internal IP: retried

@@ -665,7 +665,7 @@ class GceProvider(Provider):
             state = HostState.REVOKED if seen is None else STATE_MAP.get(seen.status,
                                                                           HostState.REVOKED)
             if state is HostState.RUNNING and vm.ssh is not None:
-                state = vm.ssh.state() or state  # a cut SSH heartbeat is news before GCE's
+                state = vm.ssh.state() or state  # REVOKED only after the unreachable grace
             if state is HostState.REVOKED and vm.revoked_reason is None:
                 vm.revoked_reason = self._revocation_reason(vm)
                 if vm.ssh is not None:

@@ -9,6 +9,7 @@ import os
 import signal
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -142,3 +143,62 @@ def test_vms_that_refuse_logins_after_running_are_waited_for(
         assert fake.live_instances() == []
         for host in bed.hosts[:2]:
             assert (host.root.parent / "authorized_keys").exists()
+
+
+def test_a_cut_link_while_gce_says_running_is_unreachable_not_revoked(
+        ssh_testbed: SshTestBed, tmp_path: Path) -> None:
+    """Our network is not their preemption: a 12 s cut of the link to a RUNNING VM loses the
+    SSH heartbeat, but the VM is not revoked nor deleted; the connection comes back, what the
+    old connection ran is stopped, and roles start there again. A VM that stays cut past the
+    grace is revoked."""
+    bed = ssh_testbed
+    by_address = {h.address: h for h in bed.hosts}
+    with fake_on_bed(bed, 2, project=PROJECT, zones=tuple(ZONES), provision_s=0.05,
+                     staging_s=0.05, insert_op_s=0.05, delete_op_s=0.05, stop_s=0.05,
+                     wait_cap_s=0.2) as fake:
+        cfg = gce_config(fake, tmp_path, ssh_user="root", ssh_key=str(bed.client_key),
+                         python=host_python(), remote_root=str(tmp_path / "vms"),
+                         unreachable_grace_s=60.0)
+        provider = GceProvider(cfg, journal=Journal(tmp_path / "run" / "journal.jsonl"))
+        cluster = provider.acquire(small_request("gce-cut", tmp_path / "run", workers=1))
+        try:
+            worker = cluster.hosts_for(Role.WORKER)[0]
+            worker_host = by_address[worker.address]
+            vm = provider._vm_of(worker.id)
+            proc = provider.runner(worker).start(["sh", "-c", "echo up; exec sleep 300"])
+            assert proc.readline().strip() == "up"
+            old_pids = bed.role_pids(worker_host)
+            assert old_pids
+            bed.cut(worker_host)
+            try:
+                deadline = time.monotonic() + 30
+                while vm.ssh._unreachable_since is None:  # the heartbeat notices the cut
+                    assert time.monotonic() < deadline, "the cut was not noticed"
+                    assert provider.poll(cluster)[worker.id] is HostState.RUNNING
+                    time.sleep(0.2)
+                time.sleep(4)
+                assert provider.poll(cluster)[worker.id] is HostState.RUNNING  # not revoked
+            finally:
+                bed.restore(worker_host)
+            again = provider.runner(worker)  # waits for the reconnection
+            assert vm.ssh.reconnects == 1
+            assert (vm.zone, vm.name) in {(i.zone, i.name) for i in fake.live_instances()}
+            left = bed.processes_left([worker_host], within_s=10.0)[worker_host.name]
+            assert not set(left) & set(old_pids), "the old connection's role was not stopped"
+            fresh = again.start(["sh", "-c", "echo back"])
+            assert fresh.readline().strip() == "back" and fresh.wait(30) == 0
+            assert proc.wait(30) < 0  # the old handle reports its loss
+
+            # Cut for good, with a short grace: then it is revoked.
+            vm.ssh.cfg = replace(cfg, unreachable_grace_s=3.0)
+            bed.cut(worker_host)
+            try:
+                deadline = time.monotonic() + 60
+                while provider.poll(cluster)[worker.id] is not HostState.REVOKED:
+                    assert time.monotonic() < deadline, "never revoked"
+                    time.sleep(0.2)
+            finally:
+                bed.restore(worker_host)
+        finally:
+            provider.release(cluster)
+        assert fake.live_instances() == []
