@@ -129,6 +129,7 @@ done
 #: unless the orchestrator has pushed it further (`GceProvider` renews it).
 LEASE_KEY = "transient-lease-expires"
 COMPUTE_URL = "https://compute.googleapis.com/compute/v1"
+COMPUTE_SCOPE = "https://www.googleapis.com/auth/compute"
 
 
 def lease_watcher_script(poll_s: int = 30) -> str:
@@ -236,9 +237,13 @@ def instance_body(cfg: GceConfig, project: str, vm: VmRequest, run_id: str,
             "diskType": f"zones/{zone}/diskTypes/pd-balanced"}}],
         "networkInterfaces": [nic],
         "metadata": {"items": metadata},
-        "serviceAccounts": [{"email": cfg.service_account or "default",
-                             "scopes": list(cfg.scopes)}],
     }
+    if cfg.service_account:
+        body["serviceAccounts"] = [{"email": cfg.service_account, "scopes": list(cfg.scopes)}]
+    elif lease_expires is not None:
+        # Least privilege: the VM's token only lets its lease watcher delete the VM itself
+        # (nothing on a VM calls another Google API); no lease, no account at all.
+        body["serviceAccounts"] = [{"email": "default", "scopes": [COMPUTE_SCOPE]}]
     if accs:
         body["guestAccelerators"] = accs
     if scheduling:

@@ -46,8 +46,11 @@ class GceConfig(ProviderConfig):
     subnetwork: str | None = None  # regions/R/subnetworks/S for custom-mode VPCs
     tags: list[str] = field(default_factory=lambda: ["transient-ps"])  # firewall target tags
     external_ip: bool = True  # an ephemeral public IP (the orchestrator SSHes to it)
-    service_account: str | None = None  # e-mail; None = the project's default compute account
-    scopes: list[str] = field(default_factory=lambda: list(DEFAULT_SCOPES))
+    inside_vpc: bool = False  # the orchestrator runs in the VMs' VPC (reaches internal IPs)
+    service_account: str | None = None  # VMs' e-mail; None = the default one, compute scope only,
+    #: for the lease watcher (no lease: no account)
+    scopes: list[str] = field(default_factory=lambda: list(DEFAULT_SCOPES))  # ours; the VMs' too
+    #: with service_account
     credentials: str = CREDENTIALS_ADC  # adc | anonymous | path to a service-account key file
     api_endpoint: str | None = None  # Compute API root; None = compute.googleapis.com
     ssh_user: str = "transient"  # login user created by the guest agent from ssh-keys
@@ -97,6 +100,11 @@ class GceConfig(ProviderConfig):
                      "operation_timeout_s"):
             if getattr(self, name) <= 0:
                 problems.append((f"provider.{name}", "must be > 0"))
+        if not self.external_ip and not self.inside_vpc:
+            problems.append(("provider.external_ip", "false leaves the VMs with internal IPs "
+                             "only, which the orchestrator cannot reach from outside their VPC: "
+                             "keep it true, or run the orchestrator on a VM in that VPC and set "
+                             "provider.inside_vpc=true"))
         if 0 < self.lease_s < 3 * self.poll_interval_s:
             problems.append(("provider.lease_s", f"{self.lease_s:g} s is too short to renew "
                              f"(at least 3 x provider.poll_interval_s; 0 turns the lease off)"))

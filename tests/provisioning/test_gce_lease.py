@@ -147,3 +147,28 @@ def test_a_sigkilled_orchestrators_vms_end_within_the_lease_without_gc(
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_vms_get_a_service_account_only_for_their_lease_or_when_configured() -> None:
+    vm = VmRequest(name="tp-r-worker-0-1", zone=ZONE, machine_type="n1-standard-4", gpu=None,
+                   transient=True, labels={}, host_ids=["r-worker-0-1"])
+    assert "serviceAccounts" not in instance_body(GceConfig(), "p", vm, "r", "ssh-ed25519 A")
+    with_lease = instance_body(GceConfig(), "p", vm, "r", "ssh-ed25519 A", lease_expires=9.0)
+    assert with_lease["serviceAccounts"] == [
+        {"email": "default", "scopes": ["https://www.googleapis.com/auth/compute"]}]
+    mine = GceConfig(service_account="vm@p.iam.gserviceaccount.com")
+    assert instance_body(mine, "p", vm, "r", "ssh-ed25519 A")["serviceAccounts"] == [
+        {"email": "vm@p.iam.gserviceaccount.com", "scopes": list(mine.scopes)}]
+
+
+def test_internal_ips_only_is_refused_unless_the_orchestrator_is_inside_the_vpc() -> None:
+    from orchestrator.config.errors import ConfigError
+    from orchestrator.validate import compose_experiment
+
+    with pytest.raises(ConfigError) as info:
+        compose_experiment("cifar10_res32", ["provider.external_ip=false"])
+    line = info.value.line()
+    assert line.startswith("config error: provider.external_ip: false leaves the VMs with "
+                           "internal IPs only") and "\n" not in line
+    compose_experiment("cifar10_res32", ["provider.external_ip=false",
+                                         "provider.inside_vpc=true"])
