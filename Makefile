@@ -1,6 +1,7 @@
 # One command sets up and runs the local default; one passes the tests (README "Quick start").
 #   make run    set up what is missing, then train the embedded default (digits_local)
-#   make test   set up what is missing, then run the whole test suite but the headline sweep
+#   make test   set up what is missing (isolated hosts' images too), then run the whole test
+#               suite but the headline sweep
 #   make ci     what CI runs (.ci/run): dry-run every committed experiment, lint, test, gce-fake
 #   make gce-fake  the headline sweep on a fake Google Cloud (README "Running on Google Cloud")
 PYTHON ?= python3
@@ -13,10 +14,10 @@ LOGDIR ?= outputs
 PACKAGES := orchestrator provisioning trainer analysis hydra_plugins bench
 EXPERIMENTS := $(sort $(basename $(notdir $(wildcard experiments/*.yaml))))
 
-.PHONY: setup bytecode run test test-fast gce-fake validate dry-run ci bench lint tensorboard clean help
+.PHONY: setup bytecode isolated-images run test test-fast gce-fake validate dry-run ci bench lint tensorboard clean help
 
 help:
-	@echo "make setup | bytecode | run | test | test-fast | gce-fake | validate | dry-run | ci | bench | lint | tensorboard | clean"
+	@echo "make setup | bytecode | isolated-images | run | test | test-fast | gce-fake | validate | dry-run | ci | bench | lint | tensorboard | clean"
 
 setup: $(STAMP)
 
@@ -36,11 +37,18 @@ $(STAMP): pyproject.toml
 bytecode: setup
 	@$(PY) -m compileall -q $(PACKAGES) > /dev/null
 
+# The isolated test hosts' Debian 12 and 13 root filesystems (tests/testbed/images.py): built
+# with debootstrap when missing (about 2 min each, 50 MB from the Debian mirror), cached in
+# /var/tmp/transient-isobed outside the checkout; a no-op once cached or when not root
+isolated-images: setup
+	$(PY) -m tests.testbed.images build
+
 run: bytecode
 	$(PY) -m orchestrator +experiment=digits_local
 
 test: bytecode
 	bash .ci/testbed-deps  # sshd + iproute2 for the SSH test bed, when missing
+	$(MAKE) --no-print-directory isolated-images
 	$(PY) -m pytest -m "not headline" $(PYTEST_ARGS)
 
 test-fast: setup
@@ -50,6 +58,7 @@ test-fast: setup
 # the fake Compute API, namespace sshd hosts as its VMs and the GCS emulator (root, sshd, ip)
 gce-fake: bytecode
 	bash .ci/testbed-deps
+	$(MAKE) --no-print-directory isolated-images
 	$(PY) -m pytest -m headline tests/provisioning/test_gce_headline.py -s $(PYTEST_ARGS)
 
 validate: setup

@@ -26,6 +26,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 SSHD = Path("/usr/sbin/sshd")
 SSH_KEYGEN = "ssh-keygen"
@@ -114,7 +115,27 @@ class TestHost:
     sshd: subprocess.Popen[bytes] | None = None
 
 
-class SshTestBed:
+class HostSignals:
+    """Signals to all of a host's processes, for test beds whose `pids(host)` lists them."""
+
+    def pids(self, host: Any) -> list[int]:
+        raise NotImplementedError
+
+    def kill_processes(self, host: Any, sig: int = signal.SIGKILL) -> None:
+        """Send `sig` to every process of the host (sshd included)."""
+        for pid in self.pids(host):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+
+    def freeze(self, host: Any) -> None:
+        """SIGSTOP every process of the host: it hangs, its TCP connections stay open."""
+        self.kill_processes(host, signal.SIGSTOP)
+
+    def thaw(self, host: Any) -> None:
+        self.kill_processes(host, signal.SIGCONT)
+
+
+class SshTestBed(HostSignals):
     """N sshd hosts in network namespaces. Use as a context manager or call `close()`."""
 
     def __init__(self, scratch: Path, hosts: int = 3) -> None:
@@ -228,19 +249,6 @@ class SshTestBed:
         while any(self.role_pids(h) for h in hosts) and time.monotonic() < deadline:
             time.sleep(0.1)
         return {h.name: self.role_pids(h) for h in hosts}
-
-    def kill_processes(self, host: TestHost, sig: int = signal.SIGKILL) -> None:
-        """Send `sig` to every process inside the namespace (sshd included)."""
-        for pid in self.pids(host):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, sig)
-
-    def freeze(self, host: TestHost) -> None:
-        """SIGSTOP every process of the host: it hangs, its TCP connections stay open."""
-        self.kill_processes(host, signal.SIGSTOP)
-
-    def thaw(self, host: TestHost) -> None:
-        self.kill_processes(host, signal.SIGCONT)
 
     def change_host_key(self, host: TestHost) -> None:
         """Give the host a new host key (a reinstalled server) and restart its sshd; the test
