@@ -258,10 +258,16 @@ class ComputeApi:
     def host_keys(self, zone: str, name: str) -> list[tuple[str, str]] | None:
         """The host keys the guest agent published (`hostkeys/` guest attributes), or None when
         not published (yet) or guest attributes are off."""
+        return self.guest_attributes(zone, name, "hostkeys")
+
+    def guest_attributes(self, zone: str, name: str, namespace: str
+                         ) -> list[tuple[str, str]] | None:
+        """(key, value) of the guest attributes under `namespace/`, or None when none are
+        published (yet) or guest attributes are off."""
         from google.api_core import exceptions as gexc
 
         request = self._compute.GetGuestAttributesInstanceRequest(
-            project=self.project, zone=zone, instance=name, query_path="hostkeys/")
+            project=self.project, zone=zone, instance=name, query_path=f"{namespace}/")
         try:
             attrs = self.call(zone, lambda: self.instances.get_guest_attributes(
                 request=request, timeout=REQUEST_TIMEOUT_S))

@@ -165,13 +165,42 @@ done
 """
 
 
-def startup_script(watcher: str, remote_root: str, lease_watcher: str | None = None) -> str:
+#: Guest-attribute namespace where a GPU VM's startup script says what nvidia-smi sees: key
+#: `gpus`, value the GPU count, or "0: <nvidia-smi's message>" (`GceProvider` reads it).
+GPU_NAMESPACE = "transient-gpu"
+
+
+def gpu_check_script(wait_s: int = 600) -> str:
+    """Bash for GPU VMs: wait (a driverless DLVM image installs the driver on first boot) for
+    `nvidia-smi -L` to list a GPU, at most `wait_s`, then publish the count or the last error
+    as guest attribute `transient-gpu/gpus`, so the orchestrator fails fast on a VM that would
+    otherwise train on its CPU."""
+    return f"""#!/bin/bash
+# transient-ps: GPU check (publishes what nvidia-smi sees as a guest attribute)
+MD="${{TRANSIENT_METADATA_URL:-{METADATA_URL}}}"
+end=$(( $(date +%s) + {wait_s} ))
+while true; do
+  out=$(nvidia-smi -L 2>&1)
+  count=$(printf '%s\\n' "$out" | grep -c '^GPU ')
+  if [ "$count" -gt 0 ] || [ "$(date +%s)" -ge "$end" ]; then break; fi
+  sleep 10
+done
+if [ "$count" -gt 0 ]; then value="$count"; else value="0: $(printf '%s' "$out" | tr '\\n' ' ' | cut -c1-300)"; fi
+curl -sf -X PUT --data "$value" -H 'Metadata-Flavor: Google' \
+  "$MD/instance/guest-attributes/{GPU_NAMESPACE}/gpus"
+"""
+
+
+def startup_script(watcher: str, remote_root: str, lease_watcher: str | None = None,
+                   gpu_check: str | None = None) -> str:
     """The VM's `startup-script`: install the watchers and run them detached from the script
     (as systemd units where possible, so the startup-script service finishing does not kill
     them)."""
     scripts = [("preemption-watcher", watcher)]
     if lease_watcher is not None:
         scripts.append(("lease-watcher", lease_watcher))
+    if gpu_check is not None:
+        scripts.append(("gpu-check", gpu_check))
     lines = ["#!/bin/bash",
              f"mkdir -p {shlex.quote(remote_root)} && chmod 1777 {shlex.quote(remote_root)}"]
     for unit, text in scripts:
@@ -220,7 +249,8 @@ def instance_body(cfg: GceConfig, project: str, vm: VmRequest, run_id: str,
         {"key": "enable-guest-attributes", "value": "TRUE"},
         {"key": "startup-script", "value": startup_script(
             watcher, cfg.remote_root,
-            lease_watcher_script() if lease_expires is not None else None)},
+            lease_watcher_script() if lease_expires is not None else None,
+            gpu_check_script(int(cfg.gpu_timeout_s)) if gpu_vm and cfg.gpu_check else None)},
     ]
     if lease_expires is not None:
         metadata.append({"key": LEASE_KEY, "value": str(int(lease_expires))})

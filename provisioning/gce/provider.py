@@ -66,6 +66,7 @@ from provisioning.base import (
 )
 from provisioning.catalog import Market
 from provisioning.gce.body import (
+    GPU_NAMESPACE,
     LEASE_KEY,
     VmRequest,
     has_gpu,
@@ -586,6 +587,8 @@ class GceProvider(Provider):
                     break
                 self._sleep(self.config.host_key_poll_s)
             vm.host_keys = keys
+            if self.config.gpu_check and has_gpu(vm.request.machine_type, vm.request.gpu):
+                self._check_gpu(vm)
 
         errors = self._parallel(fetch, vms)
         for error in errors:
@@ -608,6 +611,26 @@ class GceProvider(Provider):
             with self._lock:
                 for host in vm.hosts:
                     self._host_vm[host.id] = vm.name
+
+    def _check_gpu(self, vm: _Vm) -> None:
+        """Fail fast on a GPU VM that sees no GPU (driver missing or not loaded), instead of
+        training on its CPU: its startup script publishes what nvidia-smi sees
+        (`body.gpu_check_script`) as guest attributes, read here with the host keys."""
+        deadline = self._clock() + self.config.gpu_timeout_s + 60.0  # the script's wait, then
+        what = f"VM {vm.name} ({vm.request.machine_type}, GPU {vm.request.gpu or 'built in'})"
+        while (seen := self.api.guest_attributes(vm.zone, vm.name, GPU_NAMESPACE)) is None:
+            if self._clock() >= deadline:
+                raise BadRequestError(f"{what}: no GPU check published within "
+                                      f"{self.config.gpu_timeout_s + 60:g} s (guest "
+                                      "attributes off, or the startup script did not run); "
+                                      "provider.gpu_check=false skips it")
+            self._sleep(self.config.host_key_poll_s)
+        value = dict(seen).get("gpus", "0: nothing published")
+        if not value.split(":", 1)[0].strip().isdigit() or int(value.split(":", 1)[0]) < 1:
+            detail = value.split(":", 1)[1].strip() if ":" in value else value
+            raise BadRequestError(f"{what} sees no GPU: nvidia-smi: {detail} (the NVIDIA "
+                                  "driver is missing or not loaded; use an image family that "
+                                  "carries it, e.g. common-cu128-ubuntu-2204-nvidia-570)")
 
     def known_hosts_path(self, run_id: str) -> Path:
         return self._workdirs.get(run_id, Path.cwd()) / KNOWN_HOSTS_FILE

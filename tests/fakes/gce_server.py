@@ -30,6 +30,7 @@ surface our GCE backend uses, with the JSON shapes and error placements of the r
 - a per-instance metadata server under `/_metadata/ZONE/NAME/computeMetadata/v1/...` with
   `wait_for_change`/`last_etag`, so the VM-side preemption watcher can run against it, and
   instance name/zone/attributes, project id and a token for the VM-side lease watcher;
+- guest attributes `transient-gpu/gpus` of GPU VMs: what nvidia-smi sees (`gpu_driver_ok`);
 - setMetadata (with the fingerprint check); GCE's `maxRunDuration` and the guests' lease
   watchers are honoured (`_enforce`: a VM whose lease in its metadata has passed is deleted);
 - `calls` counts API calls per endpoint (what a benchmark of API calls per minute reads).
@@ -56,6 +57,9 @@ from typing import Any
 
 API = "https://www.googleapis.com/compute/v1"
 LEASE_KEY = "transient-lease-expires"  # provisioning.gce.body.LEASE_KEY (the fake stays stdlib)
+GPU_NAMESPACE = "transient-gpu"  # provisioning.gce.body.GPU_NAMESPACE
+NO_DRIVER = ("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. "
+             "Make sure that the latest NVIDIA driver is installed and running.")
 DEFAULT_ZONES = ("us-central1-a", "us-central1-b", "us-east1-c", "us-west1-b")
 #: The real `wait` returns after at most about 2 minutes; the fake's cap is short so the
 #: client's bounded wait loop is exercised.
@@ -141,6 +145,7 @@ class FakeInstance:
     gone: bool = False
     guest_attr_delay_s: float = 0.0
     ended_by: str | None = None  # "maxRunDuration" | "lease" when GCE or the guest ended it
+    guest_written: dict[str, dict[str, str]] = field(default_factory=dict)  # PUT by the guest
     watchers: threading.Condition = field(default_factory=threading.Condition)
 
     def status(self, now: float, stop_s: float) -> str:
@@ -282,6 +287,7 @@ class FakeGce:
         self.not_ready_while_stopping = False
         self.ip_hold_s = 0.0  # an internal IP stays in use this long after its VM is gone
         self.guest_lease_watch = True  # emulate the VMs' lease watchers (see `_enforce`)
+        self.gpu_driver_ok = True  # False: GPU VMs' nvidia-smi finds no driver
         self.instances: dict[tuple[str, str], FakeInstance] = {}  # (zone, name)
         self.operations: dict[tuple[str, str], FakeOperation] = {}
         self.request_ids: dict[str, FakeOperation] = {}
@@ -631,11 +637,20 @@ class FakeGce:
                 raise FakeHttpError(400, "Guest attributes are disabled for this instance "
                                     "(metadata enable-guest-attributes is not TRUE)")
             ready = time.time() >= inst.running_since() + inst.guest_attr_delay_s
+            namespace = query_path.rstrip("/")
+            gpus = sum(n for _, n in inst.accelerators())
+            published = {"hostkeys": [(k, v) for k, v in inst.host_keys],
+                         # what the startup script's GPU check publishes (body.gpu_check_script)
+                         GPU_NAMESPACE: [("gpus", str(gpus) if self.gpu_driver_ok else
+                                          "0: " + NO_DRIVER)] if gpus else []}
+            for ns, values in inst.guest_written.items():  # what a real guest script wrote
+                published[ns] = sorted(values.items())
             if inst.status(time.time(), self.stop_s) != "RUNNING" or not ready \
-                    or not inst.host_keys or query_path.rstrip("/") != "hostkeys":
+                    or not inst.host_keys or not published.get(namespace):
                 raise FakeHttpError(404, f"The resource '{query_path}' of type 'Guest Attribute' "
                                     "was not found.", "notFound", "NOT_FOUND")
-            items = [{"namespace": "hostkeys", "key": k, "value": v} for k, v in inst.host_keys]
+            items = [{"namespace": namespace, "key": k, "value": v}
+                     for k, v in published[namespace]]
         return {"kind": "compute#guestAttributes", "queryPath": query_path,
                 "queryValue": {"items": items}}
 
@@ -687,6 +702,9 @@ _ROUTES: list[tuple[str, re.Pattern[str], str]] = [
                        r"instance/preempted$"), "metadata.preempted"),
     ("GET", re.compile(r"/_metadata/(?P<zone>[^/]+)/(?P<name>[^/]+)/computeMetadata/v1/"
                        r"(?P<path>.+)$"), "metadata.value"),
+    ("PUT", re.compile(r"/_metadata/(?P<zone>[^/]+)/(?P<name>[^/]+)/computeMetadata/v1/"
+                       r"instance/guest-attributes/(?P<ns>[^/]+)/(?P<key>[^/]+)$"),
+     "metadata.putGuestAttribute"),
 ]
 
 
@@ -706,6 +724,9 @@ class _Handler(BaseHTTPRequestHandler):
     def do_DELETE(self) -> None:
         self._dispatch("DELETE")
 
+    def do_PUT(self) -> None:
+        self._dispatch("PUT")
+
     def _dispatch(self, method: str) -> None:
         url = urllib.parse.urlsplit(self.path)
         query = {k: v[-1] for k, v in urllib.parse.parse_qs(url.query).items()}
@@ -724,7 +745,8 @@ class _Handler(BaseHTTPRequestHandler):
                     raise FakeHttpError(404, f"The resource 'projects/{args['project']}' was not "
                                         "found", "notFound", "NOT_FOUND")
                 status, body = getattr(self, "_" + endpoint.replace(".", "_"))(
-                    args, query, json.loads(raw) if raw else {})
+                    args, query, raw.decode(errors="replace") if endpoint.startswith("metadata.")
+                    else json.loads(raw) if raw else {})
             except FakeHttpError as err:
                 status, body = err.code, err.body()
             except _AlreadySent:
@@ -828,6 +850,15 @@ class _Handler(BaseHTTPRequestHandler):
             inst.body["metadata"] = {"items": list(body.get("items", []))}
             op = fake._new_operation(a["zone"], a["name"], "setMetadata", time.time())
             return 200, op.to_json(time.time())
+
+    def _metadata_putGuestAttribute(self, a: dict[str, str], q: dict[str, str],
+                                    body: Any) -> tuple[int, Any]:
+        """The guest writes a guest attribute (its raw body is the value)."""
+        fake = self.fake
+        with fake._lock:
+            inst = fake._instance(a["zone"], a["name"])
+            inst.guest_written.setdefault(a["ns"], {})[a["key"]] = str(body)
+        return 200, ""
 
     def _metadata_value(self, a: dict[str, str], q: dict[str, str], _: Any) -> tuple[int, Any]:
         """The guest's metadata server: instance name/zone/attributes, the project id and a
