@@ -1,18 +1,29 @@
 """`provider=gce`: one Compute Engine VM per machine of the plan, Spot for transient hosts.
 
-- acquire: VMs are journalled *before* they are inserted, then created in parallel (one
-  idempotency `request_id` per attempt), each operation waited on in a bounded loop. A failed
-  insert is classified once (`errors.py`): a stock-out blocks the zone, a quota error its region
-  (or every region for GPUS_ALL_REGIONS), and the VMs that failed move to their next zone
-  (`HostSpec.zone` first, then `provider.zones`); a bad request stops at once. When acquire
-  fails, every VM it created is deleted before the error propagates.
+- acquire: first the checks that need no VM, in one pass with one line per problem
+  (`preflight.py`: quotas, image family, bucket, OS Login, whose key is imported then; the login
+  key is `keys.py`'s). VMs are journalled *before* they are inserted, then created in parallel
+  (one idempotency `request_id` per attempt), each operation waited on in a bounded loop. A
+  failed insert is classified once (`errors.py`): a stock-out blocks the zone, a quota error its
+  region (or every region for `*_ALL_REGIONS`), and the VMs that failed move to their next zone
+  (`HostSpec.zone` first, then `provider.zones`) within ONE region: a VM that fits nowhere there
+  moves the whole cluster to the next region (`provider.cross_region` lifts it); a bad request
+  stops at once. An insert that raised a transient error may have created its VM: that name is
+  deleted when the acquire ends. A Spot VM preempted while booting is re-created alone. When
+  acquire fails, every VM it created is deleted before the error propagates. Where the VMs
+  landed goes to the log and `<run dir>/placement.json`.
 - readiness: ONE label-filtered aggregatedList per tick for all VMs until RUNNING, then host
   keys from the guest attributes (pinned into `<run dir>/known_hosts`; first-use pinning when a
-  VM publishes none).
+  VM publishes none) and, on GPU VMs, what nvidia-smi saw (no GPU: one line, the acquire
+  fails). The first SSH login waits for the booting guest (`connection.py`, boot_timeout_s).
+- lease: every VM carries a lease in its metadata, renewed from a background thread; a watcher
+  on the VM deletes it once the lease has passed (the orchestrator is gone), and
+  `max_run_duration_s` bounds every VM's life on GCE's side.
 - poll: ONE aggregatedList per `poll_interval_s` for the whole cluster; raw GCE states are mapped
   onto HostState in `STATE_MAP`, a VM we did not delete that is stopping, stopped or gone is
-  REVOKED (preempted: its zone's `compute.instances.preempted` operation is looked up once), and
-  so is a RUNNING VM whose SSH heartbeat stopped.
+  REVOKED (preempted: its zone's `compute.instances.preempted` operation is looked up once). A
+  RUNNING VM whose SSH heartbeat stopped is only *unreachable* (our network): reconnected in the
+  background (`gce/ssh.py`), REVOKED after `unreachable_grace_s`.
 - replace: the lost VM is deleted and a new one created the same way in the same zone with the
   same internal IP, so the replacement keeps the TensorFlow endpoint of its slot.
 - release: deletes every VM of the run, in parallel; idempotent.

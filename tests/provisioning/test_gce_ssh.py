@@ -29,6 +29,10 @@ from tests.testbed import SshTestBed
 from tests.testbed.fixtures import host_python, ssh_testbed  # noqa: F401
 
 pytestmark = pytest.mark.slow
+#: The fake's delays for these tests: short, so the tests wait on SSH, not on the fake.
+FAST: dict[str, object] = dict(project=PROJECT, zones=tuple(ZONES), provision_s=0.05,
+                               staging_s=0.05, insert_op_s=0.05, delete_op_s=0.05, stop_s=0.05,
+                               wait_cap_s=0.2)
 
 
 def fake_on_bed(bed: SshTestBed, vms: int, **options: object) -> FakeGce:
@@ -46,9 +50,7 @@ def test_vms_run_roles_over_ssh_survive_a_preemption_and_leave_nothing(
         ssh_testbed: SshTestBed, tmp_path: Path) -> None:
     bed = ssh_testbed
     by_address = {h.address: h for h in bed.hosts}
-    with fake_on_bed(bed, 2, project=PROJECT, zones=tuple(ZONES), provision_s=0.05,
-                     staging_s=0.05, insert_op_s=0.05, delete_op_s=0.05, stop_s=0.05,
-                     wait_cap_s=0.2) as fake:
+    with fake_on_bed(bed, 2, **FAST) as fake:
         cfg = gce_config(fake, tmp_path, ssh_user="root", ssh_key=str(bed.client_key),
                          python=host_python(), remote_root=str(tmp_path / "vms"))
         provider = GceProvider(cfg, journal=Journal(tmp_path / "run" / "journal.jsonl"))
@@ -121,9 +123,7 @@ def test_vms_that_refuse_logins_after_running_are_waited_for(
         timers.append(timer)
         timer.start()
 
-    with fake_on_bed(bed, 2, project=PROJECT, zones=tuple(ZONES), provision_s=0.05,
-                     staging_s=0.05, insert_op_s=0.05, delete_op_s=0.05, stop_s=0.05,
-                     wait_cap_s=0.2, login_refused_s=3.0, on_boot=boot) as fake:
+    with fake_on_bed(bed, 2, **FAST, login_refused_s=3.0, on_boot=boot) as fake:
         cfg = gce_config(fake, tmp_path, ssh_user="root", ssh_key=str(bed.client_key),
                          python=host_python(), remote_root=str(tmp_path / "vms"),
                          boot_timeout_s=60.0, login_grace_s=30.0)
@@ -153,9 +153,7 @@ def test_a_cut_link_while_gce_says_running_is_unreachable_not_revoked(
     grace is revoked."""
     bed = ssh_testbed
     by_address = {h.address: h for h in bed.hosts}
-    with fake_on_bed(bed, 2, project=PROJECT, zones=tuple(ZONES), provision_s=0.05,
-                     staging_s=0.05, insert_op_s=0.05, delete_op_s=0.05, stop_s=0.05,
-                     wait_cap_s=0.2) as fake:
+    with fake_on_bed(bed, 2, **FAST) as fake:
         cfg = gce_config(fake, tmp_path, ssh_user="root", ssh_key=str(bed.client_key),
                          python=host_python(), remote_root=str(tmp_path / "vms"),
                          unreachable_grace_s=60.0)
