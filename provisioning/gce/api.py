@@ -1,7 +1,9 @@
 """Thin, bounded access to the Compute Engine API through `google.cloud.compute_v1` (REST).
 
 Every call is retried a bounded number of times with doubling backoff when it fails
-transiently, and every error is classified once (`provisioning.gce.errors`). Operations are
+transiently (the client library's own retries are off: by default it retries UNAVAILABLE for up
+to 600 s, which froze a poll for 10 minutes when the orchestrator's link was cut), and every
+error is classified once (`provisioning.gce.errors`). Operations are
 waited on with our own `ZoneOperationsClient` in a bounded loop: `wait` returns when the
 operation is DONE *or* after up to two minutes (sometimes earlier), and `ExtendedOperation.result()`
 polls through a client built without our `api_endpoint` (platform-notes §6), so neither is used.
@@ -158,15 +160,17 @@ class ComputeApi:
 
     # --- retries ---------------------------------------------------------------------------
 
-    def call(self, zone: str, fn: Callable[[], T]) -> T:
-        """`fn()` with up to `cfg.retries` retries of transient errors; others raise classified."""
+    def call(self, zone: str, fn: Callable[[], T], retries: int | None = None) -> T:
+        """`fn()` with up to `retries` (default `cfg.retries`) retries of transient errors;
+        others raise classified."""
         backoff = self.cfg.retry_backoff_s
-        for attempt in range(self.cfg.retries + 1):
+        retries = self.cfg.retries if retries is None else retries
+        for attempt in range(retries + 1):
             try:
                 return fn()
             except Exception as error:
                 classified = classify_exception(zone, error)
-                if not isinstance(classified, TransientApiError) or attempt == self.cfg.retries:
+                if not isinstance(classified, TransientApiError) or attempt == retries:
                     raise classified from error
             self._sleep(backoff)
             backoff *= 2
@@ -181,7 +185,7 @@ class ComputeApi:
         request = self._compute.InsertInstanceRequest(
             project=self.project, zone=zone, instance_resource=resource, request_id=request_id)
         op = self.call(zone, lambda: self.instances.insert(request=request,
-                                                           timeout=REQUEST_TIMEOUT_S))
+                                                           timeout=REQUEST_TIMEOUT_S, retry=None))
         return op.name
 
     def delete(self, zone: str, name: str) -> str | None:
@@ -192,7 +196,7 @@ class ComputeApi:
             project=self.project, zone=zone, instance=name, request_id=str(uuid.uuid4()))
         try:
             op = self.call(zone, lambda: self.instances.delete(request=request,
-                                                               timeout=REQUEST_TIMEOUT_S))
+                                                               timeout=REQUEST_TIMEOUT_S, retry=None))
         except ProvisionError as error:
             if isinstance(error.__cause__, gexc.NotFound):
                 return None
@@ -225,7 +229,7 @@ class ComputeApi:
         while True:
             op = self.call(zone, lambda: self.zone_operations.wait(
                 project=self.project, zone=zone, operation=operation,
-                timeout=REQUEST_TIMEOUT_S))
+                timeout=REQUEST_TIMEOUT_S, retry=None))
             if op.status == done:
                 break
             if time.monotonic() >= deadline:
@@ -234,7 +238,8 @@ class ComputeApi:
         if op.error.errors:
             raise classify(zone, op.http_error_status_code or None, items_from_operation(op))
 
-    def list_vms(self, label_filter: str) -> list[ListedVm]:
+    def list_vms(self, label_filter: str, retries: int | None = None,
+                 timeout_s: float = REQUEST_TIMEOUT_S) -> list[ListedVm]:
         """Every VM matching `label_filter` in every zone: ONE aggregatedList call (per page)."""
         request = self._compute.AggregatedListInstancesRequest(
             project=self.project, filter=label_filter)
@@ -242,7 +247,7 @@ class ComputeApi:
         def fetch() -> list[ListedVm]:
             found = []
             for scope, scoped in self.instances.aggregated_list(request=request,
-                                                                timeout=REQUEST_TIMEOUT_S):
+                                                                timeout=timeout_s, retry=None):
                 zone = scope.rsplit("/", 1)[-1]
                 for inst in scoped.instances:
                     nic = inst.network_interfaces[0] if inst.network_interfaces else None
@@ -253,7 +258,7 @@ class ComputeApi:
                                           internal, external))
             return found
 
-        return self.call("all zones", fetch)
+        return self.call("all zones", fetch, retries)
 
     def host_keys(self, zone: str, name: str) -> list[tuple[str, str]] | None:
         """The host keys the guest agent published (`hostkeys/` guest attributes), or None when
@@ -270,7 +275,7 @@ class ComputeApi:
             project=self.project, zone=zone, instance=name, query_path=f"{namespace}/")
         try:
             attrs = self.call(zone, lambda: self.instances.get_guest_attributes(
-                request=request, timeout=REQUEST_TIMEOUT_S))
+                request=request, timeout=REQUEST_TIMEOUT_S, retry=None))
         except ProvisionError as error:
             if isinstance(error.__cause__, gexc.NotFound | gexc.BadRequest):
                 return None
@@ -282,7 +287,7 @@ class ComputeApi:
         setMetadata; a fingerprint race is retried once)."""
         for attempt in range(2):
             inst = self.call(zone, lambda: self.instances.get(
-                project=self.project, zone=zone, instance=name, timeout=REQUEST_TIMEOUT_S))
+                project=self.project, zone=zone, instance=name, timeout=REQUEST_TIMEOUT_S, retry=None))
             items = [self._compute.Items(key=i.key, value=i.value)
                      for i in inst.metadata.items if i.key != key]
             items.append(self._compute.Items(key=key, value=value))
@@ -290,7 +295,7 @@ class ComputeApi:
             try:
                 self.call(zone, lambda m=resource: self.instances.set_metadata(
                     project=self.project, zone=zone, instance=name,
-                    metadata_resource=m, timeout=REQUEST_TIMEOUT_S))
+                    metadata_resource=m, timeout=REQUEST_TIMEOUT_S, retry=None))
                 return
             except BadRequestError:
                 if attempt:
@@ -301,14 +306,14 @@ class ComputeApi:
     def project_info(self) -> ProjectInfo:
         """The project's global quotas and common instance metadata (one projects.get)."""
         project = self.call("project", lambda: self._client("ProjectsClient").get(
-            project=self.project, timeout=REQUEST_TIMEOUT_S))
+            project=self.project, timeout=REQUEST_TIMEOUT_S, retry=None))
         metadata = {item.key: item.value for item in project.common_instance_metadata.items}
         return ProjectInfo(_quotas(project.quotas), metadata)
 
     def region_quotas(self, region: str) -> dict[str, tuple[float, float]]:
         """metric -> (limit, usage) of one region (one regions.get)."""
         found = self.call(region, lambda: self._client("RegionsClient").get(
-            project=self.project, region=region, timeout=REQUEST_TIMEOUT_S))
+            project=self.project, region=region, timeout=REQUEST_TIMEOUT_S, retry=None))
         return _quotas(found.quotas)
 
     def image_from_family(self, image_project: str, family: str) -> str:
@@ -317,7 +322,7 @@ class ComputeApi:
 
         try:
             image = self.call("images", lambda: self._client("ImagesClient").get_from_family(
-                project=image_project, family=family, timeout=REQUEST_TIMEOUT_S))
+                project=image_project, family=family, timeout=REQUEST_TIMEOUT_S, retry=None))
         except ProvisionError as error:
             if isinstance(error.__cause__, gexc.NotFound | gexc.Forbidden):
                 raise BadRequestError(f"image family {family} not found in project "
@@ -347,7 +352,7 @@ class ComputeApi:
         key = oslogin_v1.common.SshPublicKey(key=public_key)
         response = self.call("OS Login", lambda: client.import_ssh_public_key(
             parent=f"users/{user}", ssh_public_key=key, project_id=self.project,
-            timeout=REQUEST_TIMEOUT_S))
+            timeout=REQUEST_TIMEOUT_S, retry=None))
         accounts = list(response.login_profile.posix_accounts)
         primary = next((a for a in accounts if a.primary), accounts[0] if accounts else None)
         if primary is None or not primary.username:
@@ -362,5 +367,5 @@ class ComputeApi:
             project=self.project, zone=zone,
             filter=f'operationType = "compute.instances.preempted" AND targetLink:"{name}"')
         ops = self.call(zone, lambda: list(self.zone_operations.list(
-            request=request, timeout=REQUEST_TIMEOUT_S)))
+            request=request, timeout=REQUEST_TIMEOUT_S, retry=None)))
         return any(op.target_link.rsplit("/", 1)[-1] == name for op in ops)

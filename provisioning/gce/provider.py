@@ -109,6 +109,8 @@ STATE_MAP: dict[str, HostState] = {
     "DEPROVISIONING": HostState.REVOKED,
 }
 KNOWN_HOSTS_FILE = "known_hosts"
+#: One poll's list call: a cut link must not hold the supervisor's loop for minutes.
+POLL_TIMEOUT_S = 20.0
 PLACEMENT_FILE = "placement.json"  # where a run's VMs landed (zone per VM), in its run dir
 log = logging.getLogger(__name__)
 PIN_GUEST_ATTRIBUTES = "guest-attributes"
@@ -190,6 +192,7 @@ class GceProvider(Provider):
         self._lease_thread: threading.Thread | None = None
         self._lease_stop = threading.Event()
         self.lease_renewals = 0  # renewal rounds done (tests, benchmarks)
+        self._api_down = False  # the last poll could not reach the Compute API
 
     # --- class-level hooks (read without building a provider) -----------------------------
 
@@ -682,8 +685,24 @@ class GceProvider(Provider):
         now = self._clock()
         cached = self._poll_cache.get(cluster.run_id)
         if cached is None or now - cached[0] >= self.config.poll_interval_s:
-            listed = {v.name: v for v in self.api.list_vms(self._run_filter(cluster.run_id))}
-            cached = (now, listed)
+            try:  # one attempt: the next poll is the retry, the supervisor's loop never waits
+                found = self.api.list_vms(self._run_filter(cluster.run_id), retries=0,
+                                          timeout_s=POLL_TIMEOUT_S)
+            except TransientApiError as error:
+                if cached is None:
+                    raise
+                # Our link to the API is down (or GCE hiccups): the cloud has not said anything
+                # new, so the last answer stands; SSH tells an unreachable VM meanwhile.
+                if not self._api_down:
+                    log.warning("gce: cannot reach the Compute API (%s); keeping the VMs' last "
+                                "known states", error)
+                self._api_down = True
+                cached = (now, cached[1])
+            else:
+                if self._api_down:
+                    log.warning("gce: the Compute API answers again")
+                self._api_down = False
+                cached = (now, {v.name: v for v in found})
             self._poll_cache[cluster.run_id] = cached
         listed = cached[1]
         states = {}

@@ -288,6 +288,8 @@ class FakeGce:
         self.ip_hold_s = 0.0  # an internal IP stays in use this long after its VM is gone
         self.guest_lease_watch = True  # emulate the VMs' lease watchers (see `_enforce`)
         self.gpu_driver_ok = True  # False: GPU VMs' nvidia-smi finds no driver
+        self.api_down = False  # True: the API answers 503 to everything (the VMs' own
+        #: metadata servers, and so their watchers, keep working): the orchestrator's link is cut
         self.instances: dict[tuple[str, str], FakeInstance] = {}  # (zone, name)
         self.operations: dict[tuple[str, str], FakeOperation] = {}
         self.request_ids: dict[str, FakeOperation] = {}
@@ -741,6 +743,9 @@ class _Handler(BaseHTTPRequestHandler):
                 with self.fake._lock:
                     self.fake.calls[endpoint] += 1
             try:
+                if self.fake.api_down and not endpoint.startswith(("test.", "metadata.")):
+                    raise FakeHttpError(503, "fake: the orchestrator's link is cut",
+                                        "backendError", "UNAVAILABLE")
                 if args.get("project", self.fake.project) != self.fake.project:
                     raise FakeHttpError(404, f"The resource 'projects/{args['project']}' was not "
                                         "found", "notFound", "NOT_FOUND")
