@@ -49,7 +49,7 @@ run: bytecode
 test: bytecode
 	bash .ci/testbed-deps  # sshd + iproute2 for the SSH test bed, when missing
 	$(MAKE) --no-print-directory isolated-images
-	$(PY) -m pytest -m "not headline" $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not headline" --durations=25 $(PYTEST_ARGS)
 
 test-fast: setup
 	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)

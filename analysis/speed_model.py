@@ -35,6 +35,7 @@ from sklearn.preprocessing import StandardScaler
 
 from analysis.features import (
     CMDARE_DIR,
+    gpu_tflops,
     per_architecture,
     prepare_speed_frame,
     read_speed_csvs,
@@ -190,6 +191,116 @@ def evaluate_leave_architecture_out(df: pd.DataFrame | None = None) -> dict[str,
                       for g in per_gpu.index},
         "n_architectures": int(prepared["model"].nunique()),
     }
+
+
+#: ``speed_data_base/<folder>``'s architecture prefix → the speed table's model name.
+_BASE_MODELS = {"res15": "Res15", "res32": "Res32", "shakebig": "shakebig",
+                "shakesmall": "shakesmall"}
+
+
+def load_base_speed_table(lookup: pd.DataFrame | None = None) -> pd.DataFrame:
+    """CM-DARE's ``speed_data_base/``: a second, independent measurement of four architectures
+    on K80 and P100 and the only V100 measurement, as a per-architecture table (the columns of
+    :attr:`SpeedModel.table`; step time = the median of the run's 100-step readings, the
+    features borrowed from ``lookup``, by default the K80+P100 training table)."""
+    table = lookup if lookup is not None else fit_speed_model(load_reference_speed_data()).table
+    features = table.groupby("model")[["gflops", "mparams", "tensors"]].first()
+    rows = []
+    for folder in sorted((CMDARE_DIR / "speed_data_base").iterdir()):
+        arch = next(a for a in _BASE_MODELS if folder.name.startswith(a))
+        gpu = folder.name[len(arch):].upper()
+        data = pd.read_csv(folder / "data.csv").dropna(subset=["Step", "Step Time"])
+        rows.append({"gpu": gpu, "model": _BASE_MODELS[arch],
+                     **features.loc[_BASE_MODELS[arch]].to_dict(),
+                     "tflops": gpu_tflops(gpu), "y": float(data["Step Time"].median())})
+    return pd.DataFrame(rows)
+
+
+def evaluate_leave_gpu_out() -> dict[str, Any]:
+    """Leave-one-GPU-out: how wrong the speed model is on a GPU it never saw.
+
+    The papers measured three GPUs: K80 and P100 (16 architectures, the training table) and
+    V100 (4 architectures, ``speed_data_base`` only). Each is held out in turn; the model is
+    fitted on the others' rows and predicts the held-out GPU's by the route an unmeasured GPU
+    takes (the nearest fitted GPU scaled by peak TFLOPS). Each fold records the relative errors
+    (log of predicted / measured) and how far the held-out GPU's TFLOPS lie outside the fitted
+    range (``distance``, in natural-log units; 0 inside). Holding out P100 (between K80 and
+    V100) is the one interpolation; K80 and V100 are extrapolations."""
+    main = fit_speed_model(load_reference_speed_data()).table
+    base = load_base_speed_table(main)
+    data = {"K80": main[main["gpu"] == "K80"], "P100": main[main["gpu"] == "P100"],
+            "V100": base[base["gpu"] == "V100"]}
+    folds = {}
+    for held, rows in data.items():
+        train = pd.concat([d for g, d in data.items() if g != held], ignore_index=True)
+        pred = SpeedModel(train).predict(rows.reset_index(drop=True))
+        errors = np.log(pred / rows["y"].to_numpy())
+        lo, hi = train["tflops"].min(), train["tflops"].max()
+        tf = float(rows["tflops"].iloc[0])
+        folds[held] = {"fitted_on": sorted(set(train["gpu"])), "n": len(rows),
+                       "distance": round(tflops_distance(tf, lo, hi), 6),
+                       "rms_log_error": round(float(np.sqrt(np.mean(errors ** 2))), 6),
+                       "mean_log_error": round(float(np.mean(errors)), 6),
+                       "mape": round(float(np.mean(np.abs(np.expm1(errors))) * 100), 3)}
+    return folds
+
+
+def tflops_distance(tflops: float, lo: float, hi: float) -> float:
+    """How far (|log ratio|) a GPU's peak TFLOPS lie outside the fitted range [lo, hi]; 0 inside."""
+    if tflops < lo:
+        return float(np.log(lo / tflops))
+    return float(np.log(tflops / hi)) if tflops > hi else 0.0
+
+
+def repeat_measurement_error() -> float:
+    """RMS log ratio between CM-DARE's two measurements of the same (GPU, architecture)
+    (``speed_data`` and ``speed_data_base``, K80 and P100): what a measured step time is off
+    by on another VM, another day."""
+    main = fit_speed_model(load_reference_speed_data()).table
+    both = load_base_speed_table(main).merge(main, on=["gpu", "model"], suffixes=("", "_main"))
+    return float(np.sqrt(np.mean(np.log(both["y"] / both["y_main"]) ** 2)))
+
+
+def architecture_error() -> float:
+    """RMS log error of leave-one-architecture-out on the fitted GPUs: a model measured on no
+    GPU (e.g. ResNet-56) predicted from its complexity."""
+    raw = load_reference_speed_data()
+    prepared = prepare_speed_frame(raw)
+    table = per_architecture(prepare_speed_frame(raw, lookup=prepared).dropna(subset=["y"]))
+    errors = []
+    for model in table["model"].unique():
+        held = (table["model"] == model).to_numpy()
+        pred = SpeedModel(table[~held]).predict(table[held].reset_index(drop=True))
+        errors += list(np.log(pred / table[held]["y"].to_numpy()))
+    return float(np.sqrt(np.mean(np.square(errors))))
+
+
+def speed_error_model() -> dict[str, Any]:
+    """The speed model's own error as a log-normal spread of the step time, from held-out data:
+
+    * ``measured``: a (GPU, architecture) the papers measured: the repeat-measurement spread;
+    * ``architecture``: an architecture measured on no GPU, on a fitted GPU: leave-one-
+      architecture-out;
+    * a GPU no paper measured: ``sqrt(inside² + (per_log_tflops · d)²)``, ``d`` the distance of
+      its TFLOPS outside the fitted range; ``inside`` from the interpolating fold (P100 held
+      out), ``per_log_tflops`` from the extrapolating folds (K80, V100 held out) by least
+      squares on their excess variance (``Σ max(0, e² − inside²) / Σ d²``).
+
+    Why log-normal: the errors are ratios (a GPU 1.4× slower than predicted), and a step time
+    is positive."""
+    folds = evaluate_leave_gpu_out()
+    inside = [f for f in folds.values() if f["distance"] == 0]
+    outside = [f for f in folds.values() if f["distance"] > 0]
+    sigma_in = float(np.sqrt(np.mean([f["rms_log_error"] ** 2 for f in inside])))
+    excess = sum(max(0.0, f["rms_log_error"] ** 2 - sigma_in ** 2) * f["n"] for f in outside)
+    slope = float(np.sqrt(excess / sum(f["distance"] ** 2 * f["n"] for f in outside)))
+    main = fit_speed_model(load_reference_speed_data()).table
+    return {"measured": round(repeat_measurement_error(), 6),
+            "architecture": round(architecture_error(), 6),
+            "inside": round(sigma_in, 6), "per_log_tflops": round(slope, 6),
+            "fitted_gpus": sorted(set(main["gpu"])),
+            "tflops_range": [float(main["tflops"].min()), float(main["tflops"].max())],
+            "folds": folds}
 
 
 _FOLDER_MODEL = {"res": "Res", "cus": "custom", "shake32_d32": "shake small 32d"}

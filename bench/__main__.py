@@ -24,6 +24,7 @@ next to a baseline taken in the same run where one exists:
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import json
 import os
@@ -48,7 +49,8 @@ STEADY_FROM = 0.2  # a run's rate after warm-up: from the report at this fractio
 IMPORT_REPEATS = 3
 # What the chief imports before its first step (trainer/startup.py): the start-up's floor.
 IMPORT_COMMAND = "from trainer.startup import import_tensorflow; import_tensorflow()"
-EXTRA_SECTIONS = ("bench.dispatch", "bench.ssh", "bench.sim", "bench.gce", "bench.gce_real")
+EXTRA_SECTIONS = ("bench.dispatch", "bench.ssh", "bench.hosts", "bench.sim", "bench.gce",
+                  "bench.gce_real")
 
 
 def run_orchestrator(tag: str, overrides: list[str]) -> tuple[float, Path]:
@@ -427,14 +429,30 @@ def only(piece: str) -> list[str]:
                 "job.eval_frequency=0", "job.checkpoint_frequency=0"])
             pairs.append(asp1_pair(run_dir, base))
         return asp1_lines(pairs)
-    raise SystemExit(f"--only: one of startup, ps_kill, asp1 (got {piece!r})")
+    raise SystemExit(f"--only: one of {', '.join(PIECES)} (got {piece!r})")
+
+
+PIECES = ("startup", "ps_kill", "asp1")
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    """The command line: nothing (the whole benchmark, ~25 min) or ``--only PIECE``. An unknown
+    argument or ``--help`` is answered before anything is measured."""
+    parser = argparse.ArgumentParser(
+        prog="python -m bench",
+        description="Measure the local stack on this machine and write docs/benchmarks.md "
+                    "(the whole run takes about 25 minutes; make bench runs it).")
+    parser.add_argument("--only", choices=PIECES, metavar="PIECE",
+                        help="measure just this piece (one of: " + ", ".join(PIECES) + ") and "
+                             "print its markdown instead of writing the document")
+    return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(sys.argv[1:] if argv is None else argv)
     OUT_DIR.mkdir(exist_ok=True)
-    if argv[:1] == ["--only"] and len(argv) == 2:
-        print("\n".join(only(argv[1])))
+    if args.only is not None:
+        print("\n".join(only(args.only)))
         return 0
     print("baseline: single-process TensorFlow loop ...", flush=True)
     baseline = measure_baseline()

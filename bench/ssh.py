@@ -48,7 +48,7 @@ def section() -> list[str]:
     try:
         with SshTestBed(scratch / "bed", hosts=4) as bed:
             t0 = time.perf_counter()
-            _wheel_cache(None, "cpu").wheel()
+            _wheel_cache(None, "cpu", None).wheel()
             wheel_s = time.perf_counter() - t0
             counter = iter(range(10_000))
 
@@ -107,7 +107,7 @@ def section() -> list[str]:
         "for every SSH command, README \"Running on your own machines\"); our connections "
         "set TCP_NODELAY (without it Nagle held each second request on a connection for the "
         "peer's delayed ACK: a command's round trip was 47 ms, now 5 ms); the hosts' wheel "
-        "holds only `trainer` and `provisioning` (54 files); the host script runs with "
+        "holds only `trainer`; the host script runs with "
         "`python -S` and reads the wheel with its own small zip reader (the site-packages "
         "scan and zipfile's imports were 60 ms of CPU per host). What remains per host is "
         "work, not waiting (measured: ~140 ms of CPU on the host side, sshd and the script, "

@@ -1,8 +1,11 @@
-"""Entry point: ``python -m orchestrator [+experiment=NAME] [overrides] [-m sweeps]``.
+"""Entry point: ``python -m orchestrator [+experiment=NAME] [overrides] [-m sweeps]``, or the
+console script ``transient-orchestrator``.
 
 Thin on purpose: compose (Hydra) → validate → plan → dry run or run. A config error prints one
 line, ``config error: <field>: <problem> (<allowed>)``, and exits 2 with no traceback. A failed
-run exits 1; Ctrl-C / SIGTERM clean up and exit 130.
+run exits 1; Ctrl-C / SIGTERM clean up and exit 130. Experiments and config groups come from
+the user's repository first (:mod:`orchestrator.user_repo`), then from the packaged config
+(``pkg://orchestrator.conf``); results go under the folder the command runs from.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from orchestrator.config.errors import CONFIG_ERROR_EXIT_CODE, ConfigError
 from orchestrator.config.schema import register_configs
-from orchestrator.paths import CONF_DIR
+from orchestrator.paths import CONF_SEARCH_PATH
 
 INTERRUPTED_EXIT_CODE = 130
 
@@ -38,10 +41,9 @@ def run_one(cfg: DictConfig) -> dict[str, Any] | None:
 
 def _run_one(cfg: DictConfig) -> dict[str, Any] | None:
     from hydra.core.hydra_config import HydraConfig
-    from rich.console import Console
 
     from orchestrator import data, results, sweep
-    from orchestrator.display import cost_text, render_plan, say_provider_note
+    from orchestrator.display import cost_text, make_console, render_plan, say_provider_note
     from orchestrator.run import before_provisioning, execute_run, planned_experiment
     from orchestrator.simulate.band import predict_band
 
@@ -55,11 +57,11 @@ def _run_one(cfg: DictConfig) -> dict[str, Any] | None:
         total = sweep.sweep_size or "?"
         title = f"run {hc.job.num + 1}/{total} {exp.name} " + " ".join(overrides)
     if exp.dry_run:
-        render_plan(plan, Console(), title=f"Plan: {title} (dry run: nothing provisioned)",
+        render_plan(plan, make_console(), title=f"Plan: {title} (dry run: nothing provisioned)",
                     data=data.describe(exp))
         return None
     before_provisioning(exp)
-    say_provider_note(plan, Console(), once=True)
+    say_provider_note(plan, make_console(), once=True)
     run_dir = Path(hc.runtime.output_dir)
     sweep.mark_killed_siblings(run_dir)  # earlier runs here whose orchestrator was killed
     resolved = OmegaConf.to_container(cfg, resolve=True)
@@ -81,12 +83,12 @@ def _run_one(cfg: DictConfig) -> dict[str, Any] | None:
 
 
 def _report(summary: dict[str, Any], run_dir: Path, cost: str) -> None:
-    from rich.console import Console
+    from orchestrator.display import make_console
 
     acc = summary["final_accuracy"]
     acc_text = "n/a" if acc is None else f"{acc:.4f}"
     sps = summary["steps_per_sec"]
-    Console().print(
+    make_console().print(
         f"[bold]{summary['status']}[/bold] {summary['run_id']}: {summary['global_steps']} steps"
         f" in {summary['wall_time_s']:.1f} s ({sps or 0:.1f} steps/s), accuracy {acc_text}, "
         f"{cost}; results in {run_dir}"
@@ -121,6 +123,9 @@ def main() -> None:
     )
 
     register_configs()
+    from orchestrator import user_repo
+
+    user_repo.register_plugins()  # the user's repository before the packaged config
     user_full_error = os.environ.get("HYDRA_FULL_ERROR") == "1"
     os.environ["HYDRA_FULL_ERROR"] = "1"  # let exceptions reach us so we can format them
     signal.signal(signal.SIGTERM, _on_sigterm)
@@ -130,7 +135,8 @@ def main() -> None:
     except ConfigError as err:
         print(err.line(), file=sys.stderr)
         sys.exit(CONFIG_ERROR_EXIT_CODE)
-    app = hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")(run_one)
+    app = hydra.main(version_base="1.3", config_path=CONF_SEARCH_PATH,
+                     config_name="config")(run_one)
     try:
         app()
     except KeyboardInterrupt:
@@ -146,7 +152,8 @@ def main() -> None:
             traceback.print_exc()
             sys.exit(1)
         overrides = [a for a in sys.argv[1:] if not a.startswith("-")]
-        print(explain(exact_item_error(err, overrides)).line(), file=sys.stderr)
+        err = user_repo.explain_missing(explain(exact_item_error(err, overrides)))
+        print(err.line(), file=sys.stderr)
         sys.exit(CONFIG_ERROR_EXIT_CODE)
     from orchestrator.sweep import failed_runs
 

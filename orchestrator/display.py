@@ -2,16 +2,33 @@
 
 from __future__ import annotations
 
+import math
+
 from rich.console import Console
 from rich.table import Table
 
 from orchestrator.plan import RunPlan
 from provisioning.registry import provider_class
 
+#: Off a terminal rich would wrap at 80 columns; tables get this much room there instead.
+PIPE_WIDTH = 120
+
+
+def make_console(stderr: bool = False) -> Console:
+    """A rich console for our messages. Off a terminal (CI logs, a file, a pipe) a one-line
+    message must stay one line, so that it can be grepped and read whole: text is never
+    hard-wrapped there (soft wrap), and tables get PIPE_WIDTH columns (rich's default for a
+    pipe is 80, which wrapped a one-line error onto 2-4 lines)."""
+    console = Console(stderr=stderr)
+    if not console.is_terminal:
+        console.soft_wrap = True
+        console.width = max(console.width, PIPE_WIDTH)
+    return console
+
 
 def _duration(seconds: float | None) -> str:
     if seconds is None:
-        return "n/a (no reference speed for this model/GPU)"
+        return "n/a (the speed model has no figure for this model and worker)"
     h, rem = divmod(round(seconds), 3600)
     m, s = divmod(rem, 60)
     return f"{h}h {m:02d}m {s:02d}s" if h else f"{m}m {s:02d}s"
@@ -52,9 +69,7 @@ def cost_text(cost_usd: float, plan: RunPlan) -> str:
 def render_plan(plan: RunPlan, console: Console | None = None, title: str | None = None,
                 data: str | None = None) -> None:
     """Print the plan: hosts with placement and price, phases, estimates, the data, risks."""
-    console = console or Console()
-    if not console.is_terminal:  # logs and pipes: wide enough that nothing is truncated
-        console.width = max(console.width, 120)
+    console = console or make_console()
     hosts = Table(title=title or f"Plan: {plan.experiment} (provider {plan.provider}, "
                   f"prices {plan.catalog})", title_justify="left")
     for col, justify in (("host", "left"), ("role", "left"), ("GPU", "left"), ("zone", "left"),
@@ -80,21 +95,7 @@ def render_plan(plan: RunPlan, console: Console | None = None, title: str | None
                        f"{p.bsp_equivalent_steps:g}", hp)
     console.print(phases)
 
-    speed = f"{plan.est_steps_per_sec:.2f} steps/s" if plan.est_steps_per_sec else "n/a"
-    cost = f"${plan.est_cost_usd:.4f}" if plan.est_cost_usd is not None else "n/a"
-    console.print(f"cost: [bold]${plan.hourly_usd:.4f}/h[/bold]   est. speed: {speed}   "
-                  f"est. train time: {_duration(plan.est_train_time_s)}   est. cost: {cost}")
-    b = plan.prediction  # simulated band (orchestrator/simulate/band.py)
-    if b and "unavailable" in b:
-        console.print(f"simulated: n/a ({b['unavailable']})")
-    elif b:
-        basis = (" calibrated on this machine" if "calibration" in b
-                 else " of the GPU cluster in the cloud" if b.get("stand_in") else "")
-        console.print(f"simulated{basis} (p10–p90 of {b['runs']}): time "
-                      f"{_duration(b['wall_time_s']['p10'])}"
-                      f" – {_duration(b['wall_time_s']['p90'])}   cost ${b['cost_usd']['p10']:.2f}"
-                      f" – ${b['cost_usd']['p90']:.2f}   revocations {b['revocations']['p10']:g}"
-                      f" – {b['revocations']['p90']:g}   P(completes) {b['p_complete']:.0%}")
+    render_estimate(plan, console)
     if data:
         console.print(f"data: {data}", highlight=False)
     say_provider_note(plan, console)
@@ -109,6 +110,37 @@ def render_plan(plan: RunPlan, console: Console | None = None, title: str | None
         console.print(f"[yellow]risk:[/yellow] {risk}")
     for warning in plan.warnings:
         console.print(f"[yellow]warning:[/yellow] {warning}")
+
+
+def render_estimate(plan: RunPlan, console: Console) -> None:
+    """The plan's one estimate: the speed model's point figures (those the band used when there
+    is one, e.g. calibrated on this machine), then the simulated band around them."""
+    b = plan.prediction  # simulated band (orchestrator/simulate/band.py)
+    est = (b or {}).get("estimate") or {
+        "steps_per_sec": plan.est_steps_per_sec, "train_time_s": plan.est_train_time_s,
+        "cost_usd": plan.est_cost_usd, "speed_error": plan.speed_error,
+        "extrapolated": plan.extrapolated_gpus}
+    speed = f"{est['steps_per_sec']:.2f} steps/s" if est["steps_per_sec"] else "n/a"
+    cost = f"${est['cost_usd']:.4f}" if est["cost_usd"] is not None else "n/a"
+    mark = ""
+    if est["extrapolated"]:
+        spread = ", ".join(f"{g} ×/÷{math.exp(est['speed_error'][g]['sigma_log']):.2f}"
+                           for g in est["extrapolated"])
+        mark = f"   [yellow]† extrapolated[/yellow] (GPU no paper measured, 1σ {spread})"
+    console.print(f"cost: [bold]${plan.hourly_usd:.4f}/h[/bold]   est. speed: {speed}   "
+                  f"est. train time: {_duration(est['train_time_s'])}   est. cost: {cost}{mark}")
+    if b and "unavailable" in b:
+        console.print(f"simulated: n/a ({b['unavailable']})")
+    elif b:
+        basis = (" calibrated on this machine" if "calibration" in b
+                 else " of the GPU cluster in the cloud" if b.get("stand_in") else "")
+        t = b["time_to_result_s"]
+        console.print(f"simulated{basis} (p10–p90 of {b['runs']} runs, revocations and the "
+                      f"speed model's error drawn per run): time {_duration(t['p10'])} – "
+                      f"{_duration(t['p90']) if t['p90'] is not None else 'never'}   "
+                      f"cost ${b['cost_usd']['p10']:.2f} – ${b['cost_usd']['p90']:.2f}   "
+                      f"revocations {b['revocations']['p10']:g} – {b['revocations']['p90']:g}"
+                      f"   P(completes) {b['p_complete']:.0%}")
 
 
 def render_preview(plan: RunPlan, console: Console) -> None:

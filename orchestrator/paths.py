@@ -1,7 +1,21 @@
-"""Where the orchestrator finds its own files: the config tree, the experiments, reference data."""
+"""Where the orchestrator finds its own files: the config tree, the experiments, reference data.
 
-from provisioning.checkout import PROJECT_ROOT
+They ship inside the installed package (wheel, sdist or editable install alike): the config tree
+is the package ``orchestrator.conf`` (in the checkout, ``orchestrator/conf`` links to the
+top-level ``conf/``, whose ``experiment`` links to ``experiments/``), which Hydra reads at
+``pkg://orchestrator.conf``. The user's own experiments and config groups come first
+(:mod:`orchestrator.user_repo`).
+"""
 
-CONF_DIR = PROJECT_ROOT / "conf"
-EXPERIMENTS_DIR = PROJECT_ROOT / "experiments"
-REFERENCE_DATA_DIR = PROJECT_ROOT / "analysis" / "reference_data"
+from pathlib import Path
+
+_PACKAGE = Path(__file__).resolve().parent
+
+#: The packaged config tree as a Hydra search-path entry (``hydra.main``'s config path).
+CONF_PACKAGE = "orchestrator.conf"
+CONF_SEARCH_PATH = f"pkg://{CONF_PACKAGE}"
+#: The same tree as a folder (installed packages are folders: no zip imports here).
+CONF_DIR = _PACKAGE / "conf"
+#: The packaged example experiments (the ``experiment`` group of the packaged tree).
+EXPERIMENTS_DIR = CONF_DIR / "experiment"
+REFERENCE_DATA_DIR = _PACKAGE.parent / "analysis" / "reference_data"

@@ -10,19 +10,10 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from orchestrator.config.schema import ExperimentConfig, Protocol, schedule_phases
+from orchestrator.config.transient import OnRevocation, RevocationModel
+from orchestrator.simulate.models import NoModelError, SimModels
 from orchestrator.transient.revocation import RevocationSchedule
 from provisioning.base import HostSpec
-
-# Measured single-worker speed (steps/s, batch 128) of the papers' workloads (research.md).
-REFERENCE_STEPS_PER_SEC: dict[tuple[str, str], float] = {
-    ("resnet_cifar_32", "k80"): 4.589,
-    ("resnet_cifar_32", "p100"): 12.114,
-    ("resnet_cifar_32", "v100"): 15.7,
-}
-# One PS saturates near this many ASP steps/s (CM-DARE: P100 ResNet-32, ≥5 workers).
-PS_CAPACITY_STEPS_PER_SEC = 45.0
-# Sync-Switch: 8 K80 workers, BSP took 10,603.7 s for 8,000 steps vs 4.8 steps/s per worker.
-BSP_EFFICIENCY = (8000 / 10603.7) / 4.8
 
 
 @dataclass
@@ -59,7 +50,9 @@ class RunPlan:
     workers: int
     parameter_servers: int
     hourly_usd: float
-    est_steps_per_sec: float | None  # None: no reference measurement for this model and GPU
+    # the speed model's point estimate (orchestrator.simulate.models, the one model of speed the
+    # band, the planner and the scheduler use too); None: it cannot predict this setup
+    est_steps_per_sec: float | None
     est_train_time_s: float | None
     est_cost_usd: float | None
     revocation_model: str = "none"
@@ -67,6 +60,14 @@ class RunPlan:
     risks: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     prediction: dict[str, Any] | None = None  # simulated band (orchestrator.simulate.band)
+    # per worker GPU: how far its step time may be off (SimModels.step_time_error)
+    speed_error: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    @property
+    def extrapolated_gpus(self) -> list[str]:
+        """Worker GPUs whose step time is the speed model extrapolated to a GPU it was not
+        fitted on (no paper measured it and no calibration replaced it)."""
+        return sorted(g for g, e in self.speed_error.items() if e["basis"] == "extrapolated")
 
     @property
     def total_steps(self) -> int:
@@ -153,21 +154,35 @@ def plan_phases(cfg: ExperimentConfig, workers: int) -> list[PhasePlan]:
     return phases
 
 
-def estimate_speed(cfg: ExperimentConfig, hosts: list[HostPlan], protocol: str) -> float | None:
-    """Cluster steps/s from reference measurements, or None when none applies."""
-    rates = []
-    for host in hosts:
-        if host.role != "worker":
-            continue
-        rate = REFERENCE_STEPS_PER_SEC.get((cfg.job.hparam_set, host.gpu or ""))
-        if rate is None:
-            return None
-        rates.append(rate * 128 / cfg.job.batch_size)
-    if not rates:
-        return None
-    if protocol == Protocol.bsp.value:
-        return min(rates) * BSP_EFFICIENCY
-    return min(sum(rates), PS_CAPACITY_STEPS_PER_SEC * cfg.cluster.parameter_servers)
+def checkpoint_count(cfg: ExperimentConfig, total_steps: int) -> int:
+    """Checkpoint pauses of a run: one per ``checkpoint_frequency``/``eval_frequency`` boundary
+    (the smaller), else the final one."""
+    every = [f for f in (cfg.job.checkpoint_frequency, cfg.job.eval_frequency) if f > 0]
+    return total_steps // min(every) if every else 1
+
+
+def estimate_train_time_s(cfg: ExperimentConfig, hosts: list[HostPlan], phases: list[PhasePlan],
+                          models: SimModels) -> float:
+    """Training seconds at the speed model's point estimate: every worker throughout, no
+    revocation, the checkpoint pauses; NoModelError when the model cannot predict a worker."""
+    return models.train_time_s(
+        cfg.job.hparam_set, cfg.job.batch_size, [h.gpu for h in hosts if h.role == "worker"],
+        cfg.cluster.parameter_servers, [(p.protocol, p.end_step - p.start_step) for p in phases],
+        checkpoint_count(cfg, phases[-1].end_step))
+
+
+def lone_worker_cannot_survive(cfg: ExperimentConfig, hosts: list[HostPlan]) -> bool:
+    """One transient worker that something revokes, and a policy (shrink) that replaces none:
+    the run ends at its first revocation."""
+    workers = [h for h in hosts if h.role == "worker"]
+    if (len(workers) != 1 or not workers[0].transient
+            or cfg.cluster.recovery.on_revocation != OnRevocation.shrink):
+        return False
+    if cfg.revocation.model != RevocationModel.none or cfg.provider.name == "sim":
+        return True
+    from provisioning.registry import backend
+
+    return backend(cfg.provider.name).provider.transient_market is not None
 
 
 def make_plan(cfg: ExperimentConfig) -> RunPlan:
@@ -176,18 +191,15 @@ def make_plan(cfg: ExperimentConfig) -> RunPlan:
     workers = sum(1 for h in hosts if h.role == "worker")
     phases = plan_phases(cfg, workers)
     hourly = sum(h.hourly_usd for h in hosts)
-    est_time: float | None = 0.0
-    speeds = []
-    for phase in phases:
-        speed = estimate_speed(cfg, hosts, phase.protocol)
-        speeds.append(speed)
-        if speed is None or est_time is None:
-            est_time = None
-        else:
-            est_time += (phase.end_step - phase.start_step) / speed
-    speed_all = speeds[0] if len(speeds) == 1 else None
-    if est_time is not None and len(speeds) > 1:
-        speed_all = phases[-1].end_step / est_time
+    models = SimModels.load()
+    est_time: float | None
+    try:
+        est_time = estimate_train_time_s(cfg, hosts, phases, models)
+    except NoModelError:
+        est_time = None
+    speed_all = None if not est_time else phases[-1].end_step / est_time
+    speed_error = {h.gpu or "cpu": models.step_time_error(cfg.job.hparam_set, h.gpu)
+                   for h in hosts if h.role == "worker" and est_time is not None}
     horizon = est_time if est_time is not None else None
     planned = [e.to_record() for e in RevocationSchedule.from_config(cfg.revocation, hosts).pending
                if horizon is None or e.at_s is None or e.at_s <= horizon]
@@ -197,6 +209,9 @@ def make_plan(cfg: ExperimentConfig) -> RunPlan:
                      "from the last checkpoint")
     if cfg.cluster.chief_transient and not cfg.cluster.chief_on_ps:
         risks.append("the chief is transient: a revocation restarts the coordinator")
+    if lone_worker_cannot_survive(cfg, hosts):
+        risks.append("a lone transient worker with cluster.recovery.on_revocation=shrink: its "
+                     "first revocation ends the run (replace survives it)")
     return RunPlan(
         experiment=cfg.name,
         provider=cfg.provider.name,
@@ -212,6 +227,7 @@ def make_plan(cfg: ExperimentConfig) -> RunPlan:
         revocation_model=str(cfg.revocation.model),
         planned_revocations=planned,
         risks=risks,
+        speed_error=speed_error,
     )
 
 

@@ -1,30 +1,41 @@
-"""``python -m orchestrator.validate [FILES]``: compose and validate experiment YAMLs.
+"""``python -m orchestrator.validate [FILES]`` (or ``transient-validate``): compose and validate
+experiment YAMLs as a dry run would, for a user's CI.
 
-Usage::
+Usage, from the root of the repository that holds the experiments::
 
-    python -m orchestrator.validate                 # every YAML under experiments/
+    python -m orchestrator.validate                 # every experiments/*.yaml of this repository
     python -m orchestrator.validate my_exp.yaml     # given files (composed as +experiment=...)
+
+Exit codes: 0 every experiment is valid; 1 at least one is not (each bad file is listed with
+its one-line error); 2 nothing was validated: no experiment found (the message says where it
+looked), a named file does not exist, or bad arguments. A check that finds nothing fails, so a
+CI job that runs in the wrong folder cannot pass.
 """
 
 from __future__ import annotations
 
 import argparse
-import shutil
 import sys
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
+from orchestrator import user_repo
 from orchestrator.config.errors import ConfigError
 from orchestrator.config.schema import ExperimentConfig
 from orchestrator.config.validation import validate
-from orchestrator.paths import CONF_DIR, EXPERIMENTS_DIR
+from orchestrator.paths import CONF_PACKAGE
+
+#: Exit codes (module docstring).
+EXIT_VALID, EXIT_INVALID, EXIT_NOTHING = 0, 1, 2
 
 
-def compose_experiment(name: str, overrides: Sequence[str] = (),
-                       extra_search_dir: Path | None = None) -> ExperimentConfig:
-    """Compose ``+experiment=name`` with the defaults, then schema-check and validate it."""
-    from hydra import compose, initialize_config_dir
+def compose_experiment(name: str, overrides: Sequence[str] = ()) -> ExperimentConfig:
+    """Compose ``+experiment=name`` with the defaults, then schema-check and validate it.
+
+    The experiment and any group option are found as the command line finds them: the user's
+    repository first (:mod:`orchestrator.user_repo`), then the packaged config.
+    """
+    from hydra import compose, initialize_config_module
     from omegaconf.errors import OmegaConfBaseException
 
     from orchestrator.config.errors import from_omegaconf
@@ -37,13 +48,12 @@ def compose_experiment(name: str, overrides: Sequence[str] = (),
     from orchestrator.config.schema import register_configs, to_experiment
 
     register_configs()
+    user_repo.register_plugins()
     check_group_overrides(overrides)
     args = [f"+experiment={name}", *overrides]
-    if extra_search_dir is not None:
-        args.append(f"hydra.searchpath=[file://{extra_search_dir}]")
     try:
         try:
-            with initialize_config_dir(version_base="1.3", config_dir=str(CONF_DIR)):
+            with initialize_config_module(version_base="1.3", config_module=CONF_PACKAGE):
                 composed = compose("config", overrides=args)
             cfg = to_experiment(composed)
         except OmegaConfBaseException as ex:
@@ -56,8 +66,7 @@ def compose_experiment(name: str, overrides: Sequence[str] = (),
                 raise
             raise err from None
     except ConfigError as err:
-        raise explain(exact_item_error(err, args[:len(args) - (extra_search_dir is not None)],
-                                       extra_search_dir)) from None
+        raise user_repo.explain_missing(explain(exact_item_error(err, args))) from None
     validate(cfg)
     return cfg
 
@@ -65,24 +74,25 @@ def compose_experiment(name: str, overrides: Sequence[str] = (),
 def validate_files(paths: Sequence[Path]) -> dict[Path, str | None]:
     """Validate each experiment file as a dry run would (compose, validate, plan).
 
-    Returns file -> error line (None when valid); every file is checked, whatever the others do.
+    A file in the repository's experiment folders is composed by its name, as the command line
+    would find it; any other file is pinned to its name for the check. Returns file -> error
+    line (None when valid); every file is checked, whatever the others do.
     """
     from orchestrator.config.hydra_errors import check_yaml_file
     from orchestrator.plan import make_plan
 
+    root = user_repo.find_root()
+    repo_dirs = {d.resolve() for d in user_repo.experiment_dirs(root)} if root else set()
     results: dict[Path, str | None] = {}
     for path in paths:
         path = path.resolve()
         try:
             check_yaml_file(path)
-            if path.parent == EXPERIMENTS_DIR.resolve():
+            if path.parent in repo_dirs:
                 cfg = compose_experiment(path.stem)
-            else:  # a file elsewhere: expose it as the experiment group of a temporary root
-                with tempfile.TemporaryDirectory() as tmp:
-                    group = Path(tmp) / "experiment"
-                    group.mkdir()
-                    shutil.copy(path, group / path.name)
-                    cfg = compose_experiment(path.stem, extra_search_dir=Path(tmp))
+            else:
+                with user_repo.pinned({path.stem: path}):
+                    cfg = compose_experiment(path.stem)
             make_plan(cfg)
             results[path] = None
         except ConfigError as err:
@@ -93,26 +103,53 @@ def validate_files(paths: Sequence[Path]) -> dict[Path, str | None]:
     return results
 
 
+def _repository_experiments() -> tuple[list[Path], str | None]:
+    """The experiments of the repository this runs in, or none and where it looked."""
+    root = user_repo.find_root()
+    if root is None:
+        return [], (f"no experiments to validate: no {user_repo.EXPERIMENTS}/ folder in "
+                    f"{Path.cwd()} or its parents; run this from your repository's root, "
+                    f"set ${user_repo.ROOT_ENV}, or name the files")
+    files = user_repo.experiment_files(root)
+    if not files:
+        looked = ", ".join(f"{d}/*.yaml" for d in user_repo.experiment_dirs(root)) \
+            or f"{root / user_repo.EXPERIMENTS}/ (no such folder)"
+        return [], f"no experiments to validate: looked in {looked}"
+    return files, None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m orchestrator.validate",
-        description="Compose and validate experiment YAMLs with the defaults; "
-        "exit 1 listing each bad file with its error.",
+        description="Compose and validate experiment YAMLs with the defaults (the repository's "
+        "own config groups first), as a dry run would. Exit codes: 0 all valid, 1 some invalid "
+        "(each listed with its error), 2 nothing validated (no experiment found, no such file).",
     )
     parser.add_argument("paths", nargs="*", type=Path,
-                        help="experiment files (default: every experiments/*.yaml)")
+                        help="experiment files (default: every experiments/*.yaml of the "
+                        "repository this runs in)")
     args = parser.parse_args(argv)
-    paths = args.paths or sorted(EXPERIMENTS_DIR.glob("*.yaml"))
+    paths = list(args.paths)
+    if not paths:
+        paths, nothing = _repository_experiments()
+        if nothing:
+            print(nothing, file=sys.stderr)
+            return EXIT_NOTHING
     missing = [p for p in paths if not p.is_file()]
     if missing:
         print(f"no such file: {', '.join(map(str, missing))}", file=sys.stderr)
-        return 2
+        return EXIT_NOTHING
     results = validate_files(paths)
     bad = {p: e for p, e in results.items() if e}
     for path, err in results.items():
         print(f"{'FAIL' if err else 'ok  '} {path.name}" + (f": {err}" if err else ""))
     print(f"{len(results) - len(bad)} valid, {len(bad)} invalid")
-    return 1 if bad else 0
+    return EXIT_INVALID if bad else EXIT_VALID
+
+
+def run() -> None:
+    """Console entry point ``transient-validate``."""
+    sys.exit(main())
 
 
 if __name__ == "__main__":

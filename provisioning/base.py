@@ -515,6 +515,15 @@ class Provider(abc.ABC):
     def poll(self, cluster: Cluster) -> dict[HostId, HostState]:
         """Current state of every host; hosts that are gone report REVOKED."""
 
+    def state_lag_s(self) -> float:
+        """How long poll() may still report RUNNING for a host the cloud has already taken
+        after its processes were seen to die (a cached or eventually consistent listing). The
+        supervisor waits this long for the provider's word before it calls an unexplained
+        process exit a crash, so a preemption is never counted as one. Default 0: poll()
+        knows as soon as any process exit can be seen (local: the state is set before the
+        kill; ssh: a lost connection marks the machine before its roles' exits show)."""
+        return 0.0
+
     @abc.abstractmethod
     def replace(self, cluster: Cluster, lost: Sequence[HostId],
                 keep_endpoints: bool = True) -> Cluster:

@@ -51,7 +51,7 @@ from provisioning.base import (
     RemoteProcess,
     ResourceJournal,
 )
-from provisioning.checkout import PROJECT_ROOT
+from provisioning.checkout import PROJECT_ROOT, is_checkout
 from provisioning.journal import (
     JournalEntry,
     ResourceKind,
@@ -262,7 +262,9 @@ class LocalHostRunner(HostRunner):
         return [self._python, "-m", "trainer"]
 
     def trainer_env(self) -> dict[str, str]:
-        return {"PYTHONPATH": str(PROJECT_ROOT)}
+        # a checkout's packages may not be installed; an installed tool's already are, and its
+        # site-packages on PYTHONPATH would go before the standard library
+        return {"PYTHONPATH": str(PROJECT_ROOT)} if is_checkout() else {}
 
     def _launch(
         self,

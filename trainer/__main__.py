@@ -3,8 +3,8 @@
     python -m trainer --role {ps,worker,chief,evaluator} --index I --spec PATH
 
 Environment set here, before TensorFlow is imported (it reads them once at import):
-quiet C++ logging, and gRPC keepalive so that a vanished worker (a revoked VM that sends
-no RST) is detected in about 10 s instead of hanging `coordinator.join()` forever.
+quiet C++ logging, and gRPC keepalive within TF's servers' ping policy (a call that never
+returns, to a peer that vanished without an RST, fails after about 6 min, not never).
 
 Exit codes: 0 done (chief, evaluator) or stopped; 1 failure (a `failure` event says why);
 3 the chief lost a parameter server (`failure` with `error_kind: ps_unavailable`,
@@ -23,15 +23,10 @@ import traceback
 from types import FrameType
 
 from trainer import layout
+from trainer.keepalive import grpc_client_options
 
-# Pings only while a call is in flight (permit_without_calls=0): a hung or vanished worker
-# always holds a closure's call, so it is still declared lost ~10 s after it stops answering.
-# TF's gRPC servers take no channel arguments, so they keep gRPC's server defaults (a ping
-# on a connection without calls counts as abuse; three draw `GOAWAY too_many_pings`, and
-# each GOAWAY doubles the client's keepalive time: detection drifted to ~80 s). Pinging
-# idle connections was what broke that agreement.
-GRPC_KEEPALIVE = ("grpc.keepalive_time_ms=5000,grpc.keepalive_timeout_ms=5000,"
-                  "grpc.keepalive_permit_without_calls=0,grpc.http2.max_pings_without_data=0")
+# gRPC keepalive that TF's servers accept (trainer/keepalive.py explains the numbers).
+GRPC_KEEPALIVE = grpc_client_options()
 ROLES = layout.ROLES
 EXIT_SIGTERM = layout.EXIT_SIGTERM
 # The evaluator is a side-car: on a shared host its TensorFlow import and evaluations must

@@ -1,4 +1,8 @@
-"""The ps and worker roles: a gRPC `tf.distribute.Server` that serves until stopped."""
+"""The ps and worker roles: a gRPC `tf.distribute.Server` that serves until stopped.
+
+Its gRPC server keeps gRPC's default ping policy (TF passes it no channel arguments): the
+clients' keepalive is set to agree with it (trainer/keepalive.py).
+"""
 
 from __future__ import annotations
 

@@ -45,28 +45,62 @@ _LIST_ITEM_PATHS = {
 }
 
 
-def pasteable(path: str) -> str:
+def pasteable(path: str | int) -> str:
     """The dotted form a user can paste back as an override: ``a[0].b`` -> ``a.0.b``."""
-    return re.sub(r"\[(\w+)\]", r".\1", path).strip(".")
+    return re.sub(r"\[(\w+)\]", r".\1", str(path)).strip(".")
 
 
-def from_omegaconf(ex: OmegaConfBaseException) -> ConfigError:
+def full_key(ex: OmegaConfBaseException) -> str:
+    """The key OmegaConf's error names, as text (a list index comes as an int, 0 included)."""
+    key = getattr(ex, "full_key", None)
+    return "" if key is None else str(key)
+
+
+def anchored(key: str, within: str) -> str:
+    """The full dotted path of ``key``, a key OmegaConf reported relative to the node it was
+    assigning when it failed, inside the override whose key is ``within``.
+
+    OmegaConf names the key relative to the container being built: ``0`` for the first item of
+    ``sync.phase_hparams=[0.1]``, ``h100`` for ``+pricing.gpus.h100.x=3`` (the node it could not
+    create). The override's key holds the rest: where ``key`` is a run of its segments, the path
+    ends there; otherwise ``key`` lies below it.
+    """
+    key, within = pasteable(key), pasteable(within)
+    if not within:
+        return key
+    if not key:
+        return within
+    parts, sub = within.split("."), key.split(".")
+    if key.startswith(within + ".") or key == within:
+        return key
+    for end in range(len(parts), 0, -1):
+        if parts[max(0, end - len(sub)):end] == sub:
+            return ".".join(parts[:end])
+    return f"{within}.{key}"
+
+
+def from_omegaconf(ex: OmegaConfBaseException, within: str = "") -> ConfigError:
     """Translate an OmegaConf error (raised while merging into the schema) to a ConfigError.
 
     An error inside a list item carries only the item's key (OmegaConf checks the item before
-    it is attached to the list); :func:`item_path_from_data` then finds the index.
+    it is attached to the list); :func:`item_path_from_data` then finds the index. ``within``:
+    the key of the override being merged, which the error's key is relative to
+    (:func:`anchored`).
     """
-    path = pasteable(getattr(ex, "full_key", None) or "")
+    object_type = getattr(getattr(ex, "object_type", None), "__name__", None)
+    # a key inside a list item is relative to the item: describe() names the list
+    path = pasteable(full_key(ex)) if object_type in _LIST_ITEM_PATHS \
+        else anchored(full_key(ex), within)
     msg = _first_line(getattr(ex, "msg", None) or str(ex))
     if isinstance(ex, MissingMandatoryValue):
         return ConfigError(path, "required value is missing", "set it in the YAML or on the CLI")
-    object_type = getattr(getattr(ex, "object_type", None), "__name__", None)
     return describe(path, msg, key_error=isinstance(ex, ConfigKeyError), object_type=object_type)
 
 
 def describe(path: str, msg: str, key_error: bool = False,
-             object_type: str | None = None) -> ConfigError:
-    """The ConfigError for an OmegaConf message about the field at ``path``.
+             object_type: str | None = None, source: str | None = None) -> ConfigError:
+    """The ConfigError for an OmegaConf message about the field at ``path`` (in the YAML file
+    ``source``, when it came from one).
 
     A key inside a list item is reported with the list's path and ``*`` for the index until the
     caller (which has the data) replaces it with the index at fault (:func:`resolve_item`).
@@ -74,14 +108,34 @@ def describe(path: str, msg: str, key_error: bool = False,
     path = pasteable(path)
     if "." not in path and object_type in _LIST_ITEM_PATHS:
         path = f"{_LIST_ITEM_PATHS[object_type]}.{path}"
+    m = re.search(r"Merge error: (\w+) is not a subclass of (\w+)\. value: (.*)", msg)
+    if m:  # a whole section given as a scalar (`sync: bsp`): OmegaConf names no key
+        path = path or _field_of_type(object_type, m.group(2)) or ""
+        if m.group(1) == "str" and _is_group(path):
+            where = f" in {source}" if source else ""
+            return ConfigError(path, f"set to '{m.group(3)}' as a plain key{where}, but {path} "
+                               "is a config group: its option is chosen in a defaults list",
+                               f"write 'defaults: [override /{path}: {m.group(3)}]' in the "
+                               f"file, or {path}={m.group(3)} on the command line")
+        return ConfigError(path, f"expected a mapping ({m.group(2)}), got {_a(m.group(1))}",
+                           "write it as {key: value}")
     m = re.search(r"Invalid type assigned: (\w+) is not a subclass of (\w+)", msg)
+    if m and m.group(1) == "dict" and "." in path and not _field_is_list(path.rsplit(".", 1)[0]):
+        # `+pricing.gpus.h100.x=3`: OmegaConf cannot build a new entry of a mapping of
+        # structured values one key at a time (it creates the entry empty first)
+        parent, name = path.rsplit(".", 1)
+        return ConfigError(path, f"no such entry in {parent}, and a new {m.group(2)} cannot be "
+                           "added from the command line",
+                           f"add it whole in an experiment file: {parent}: {{{name}: "
+                           f"{{{_keys(path)}}}}}")
     if m and m.group(1) == "dict":  # hydra made an empty item for an index past the end
         index = path.rsplit(".", 1)[-1]
-        return ConfigError(path, f"no such item: the list has fewer than {int(index) + 1} items"
-                           if index.isdigit() else "no such item",
+        fewer = "the list is empty" if index == "0" else \
+            f"the list has fewer than {int(index) + 1 if index.isdigit() else 0} items"
+        return ConfigError(path, f"no such item: {fewer}" if index.isdigit() else "no such item",
                            f"replace the whole list: '{path.rsplit('.', 1)[0]}=[{{...}}, ...]'")
     if m:
-        return ConfigError(path, f"expected a mapping ({m.group(2)}), got a {m.group(1)}")
+        return ConfigError(path, f"expected a mapping ({m.group(2)}), got {_a(m.group(1))}")
     m = re.search(r"Key '([^']+)' (?:not in|is not in struct)", msg)
     if key_error or m:
         key = m.group(1) if m else path.rsplit(".", 1)[-1]
@@ -106,9 +160,33 @@ def describe(path: str, msg: str, key_error: bool = False,
                                f"write {value}.0")
         return ConfigError(path, f"'{value}' is not a valid {hint}",
                            _type_hint({"float": "Float", "int": "Integer"}.get(hint, hint)))
+    m = re.search(r"Cannot assign (\w+) to (Dict|List)\[", msg) or \
+        re.search(r"'(ListConfig|DictConfig)' is incompatible with type hint '(?:typing\.)?(Dict|List)", msg)
+    if m:  # an item of a list of mappings (or lists) given as something else
+        got = {"ListConfig": "list", "DictConfig": "mapping"}.get(m.group(1), m.group(1))
+        if m.group(2) == "Dict":
+            return ConfigError(path, f"expected a mapping, got {_a(got)}",
+                               "write it as {key: value}")
+        return ConfigError(path, f"expected a list, got {_a(got)}", "write it as [a, b, ...]")
+    m = re.search(r"'(ListConfig|DictConfig)' is incompatible with type hint '<class '(\w+)'>'",
+                  msg)
+    if m:  # a list or mapping where one value belongs (an item of a mapping of numbers)
+        got = {"ListConfig": "list", "DictConfig": "mapping"}[m.group(1)]
+        kind = {"float": "Float", "int": "Integer", "bool": "Boolean"}.get(m.group(2), m.group(2))
+        return ConfigError(path, f"expected {_type_hint(kind)}, got {_a(got)}",
+                           "write one value here")
     m = re.search(r"Invalid value assigned: (\w+) is not a ListConfig", msg)
     if m:
-        return ConfigError(path, f"expected a list, got a {m.group(1)}", "write it as [a, b, ...]")
+        return ConfigError(path, f"expected a list, got {_a(m.group(1))}",
+                           "write it as [a, b, ...]")
+    m = re.search(r"Cannot convert '(\w+)' to string", msg)
+    if m:  # a list or mapping given for a text field
+        got = {"dict": "mapping"}.get(m.group(1), m.group(1))
+        return ConfigError(path, f"expected one value, got {_a(got)}", "write one value here")
+    m = re.search(r"is not a valid input for <enum '(\w+)'>", msg)
+    if m:  # a list or mapping given for a field with a fixed set of values
+        values = _enum_values(m.group(1))
+        return ConfigError(path, "expected one value", f"one of: {values}" if values else None)
     if re.search(r"Cannot merge (Dict|List)Config with (Dict|List)Config", msg):
         if _field_is_list(path):
             return ConfigError(path, "expected a list, got a mapping", "write it as [a, b, ...]")
@@ -120,12 +198,88 @@ def describe(path: str, msg: str, key_error: bool = False,
     return ConfigError(path, msg)
 
 
+def _a(word: str) -> str:
+    """``an int``, ``a float``: the type name with its article."""
+    return ("an " if word[:1].lower() in "aeiou" else "a ") + word
+
+
 def _type_hint(kind: str) -> str:
     return {
         "Integer": "a whole number",
         "Float": "a number",
         "Boolean": "true or false",
     }.get(kind, kind.lower())
+
+
+def _schema_fields() -> list[tuple[str, object]]:
+    """(dotted path, type hint) of every field of the schema; list and mapping items as ``*``."""
+    from dataclasses import fields, is_dataclass
+    from typing import get_args, get_type_hints
+
+    from orchestrator.config.schema import ExperimentConfig
+
+    out: list[tuple[str, object]] = []
+
+    def walk(node: type, prefix: str) -> None:
+        hints = get_type_hints(node)
+        for f in fields(node):
+            hint = hints[f.name]
+            out.append((prefix + f.name, hint))
+            inner: object = hint
+            suffix = ""
+            while inner is not None and not (isinstance(inner, type) and is_dataclass(inner)):
+                args = [a for a in get_args(inner) if a is not type(None)]
+                if getattr(inner, "__origin__", None) in (list, dict):
+                    suffix += ".*"
+                inner = args[-1] if args else None
+            if isinstance(inner, type) and is_dataclass(inner):
+                walk(inner, f"{prefix}{f.name}{suffix}.")
+
+    walk(ExperimentConfig, "")
+    return out
+
+
+def _field_of_type(object_type: str | None, class_name: str) -> str | None:
+    """The field holding a ``class_name`` inside the dataclass named ``object_type`` (OmegaConf
+    names the two when it cannot merge a scalar into a section, but not the key)."""
+    known = _schema_fields()
+    names = {path: getattr(hint, "__name__", None) for path, hint in known}
+    names[""] = "ExperimentConfig"
+    fits = [path for path, hint in known if getattr(hint, "__name__", None) == class_name]
+    if not fits:  # a subclass the field's type stands for (provider: each backend's schema)
+        from provisioning.registry import all_backends
+
+        named = [b.config for b in all_backends() if b.config.__name__ == class_name]
+        fits = [path for path, hint in known if named and isinstance(hint, type)
+                and issubclass(named[0], hint)]
+    # OmegaConf names the root as the object for a nested section too (cluster.recovery: 3)
+    inside = [p for p in fits if names.get(p.rsplit(".", 1)[0] if "." in p else "") == object_type]
+    return (inside or fits or [None])[0]
+
+
+def _enum_values(name: str) -> str | None:
+    """The values of the schema's enum named ``name``, comma-separated."""
+    import enum
+
+    for _, hint in _schema_fields():
+        inner = [hint, *getattr(hint, "__args__", ())]
+        for kind in inner:
+            if isinstance(kind, type) and issubclass(kind, enum.Enum) and kind.__name__ == name:
+                return ", ".join(str(v.value) for v in kind)
+    return None
+
+
+def _is_group(path: str) -> bool:
+    """Whether ``path`` is a config group (a folder of options under conf/)."""
+    from orchestrator.paths import CONF_DIR
+
+    return bool(path) and "." not in path and (CONF_DIR / path).is_dir()
+
+
+def _keys(path: str) -> str:
+    """``key: ...`` for each field of the dataclass at ``path`` (a new mapping entry)."""
+    hint = (_valid_keys_hint(path + ".x") or "").removeprefix("valid keys: ")
+    return ", ".join(f"{k}: ..." for k in hint.split(", ") if k) or "..."
 
 
 def _field_is_list(path: str) -> bool:
@@ -153,21 +307,26 @@ def _field_is_list(path: str) -> bool:
 def _valid_keys_hint(path: str) -> str | None:
     """List the schema's keys at the parent of ``path`` so a typo shows its fix."""
     from dataclasses import fields, is_dataclass
-    from typing import get_args, get_type_hints
+    from typing import get_args, get_origin, get_type_hints
 
     from orchestrator.config.schema import ExperimentConfig
 
     node: object = ExperimentConfig
+    item_keys = 0  # path parts that are list indices or mapping keys, not fields
     for part in path.split(".")[:-1]:
+        if item_keys:
+            item_keys -= 1
+            continue  # an item: node is already the item's dataclass
         if part.isdigit() or part == "*":
-            continue  # a list item: node is already the item's dataclass
+            continue
         if not (isinstance(node, type) and is_dataclass(node)):
             return None
         hint = get_type_hints(node).get(part)
-        # unwrap list[X] and X | None down to the dataclass, if any
+        # unwrap list[X], dict[str, X] and X | None down to the dataclass, if any
         while hint is not None and not (isinstance(hint, type) and is_dataclass(hint)):
+            item_keys += get_origin(hint) in (list, dict)
             inner = [a for a in get_args(hint) if a is not type(None)]
-            hint = inner[0] if inner else None
+            hint = inner[-1] if inner else None
         node = hint
     if isinstance(node, type) and is_dataclass(node):
         return "valid keys: " + ", ".join(f.name for f in fields(node))

@@ -30,17 +30,23 @@ def config_error_from_hydra(ex: BaseException) -> ConfigError | None:
                            "see python -m orchestrator --help")
     if isinstance(ex, ConfigCompositionException):
         cause = ex.__cause__
+        msg = str(ex)
         if isinstance(cause, OmegaConfBaseException):
-            return from_omegaconf(cause)
+            # OmegaConf names the key relative to the node the override was building
+            override = re.match(r"Error merging override (\S+)", msg)
+            within = override.group(1).split("=")[0].lstrip("+~").split("@")[0] \
+                if override else ""
+            return from_omegaconf(cause, within)
         if isinstance(cause, MissingConfigException):
             return _missing_option(cause)
-        msg = str(ex)
-        full_key = re.search(r"full_key: (\S+)", msg)
+        full_key = re.search(r"full_key: ?(\S*)", msg)
         if full_key:  # an OmegaConf error inside a YAML file, flattened into Hydra's message
             inner = re.search(r"raised while composing config:\n(.*)", msg)
             object_type = re.search(r"object_type=(\w+)", msg)
+            source = re.match(r"In '([^']+)'", msg)
             return describe(full_key.group(1), inner.group(1) if inner else _first(msg),
-                            object_type=object_type.group(1) if object_type else None)
+                            object_type=object_type.group(1) if object_type else None,
+                            source=f"{source.group(1)}.yaml" if source else None)
         m = re.search(r"Could not override '([^']+)'", msg)
         if m:
             key = m.group(1)

@@ -202,6 +202,7 @@ def to_experiment(cfg: DictConfig | dict[str, Any]) -> ExperimentConfig:
     schema = OmegaConf.structured(ExperimentConfig)
     provider = data.get("provider")
     if isinstance(provider, dict) and provider.get("name") in provider_names():
+        check_provider_name(provider)
         # the backend's own schema (a ProviderConfig subclass) checks its options
         schema.provider = OmegaConf.structured(backend(provider["name"]).config)
     elif isinstance(provider, dict):  # an unknown backend: validation names provider.name
@@ -216,6 +217,24 @@ def to_experiment(cfg: DictConfig | dict[str, Any]) -> ExperimentConfig:
     return obj
 
 
+def check_provider_name(provider: dict[str, Any]) -> None:
+    """``provider.name=gce`` where ``provider=gce`` was meant: the name picks the schema, but
+    the settings came from the group's option, another backend's; saying their first key is
+    unknown would blame a key the user never wrote. Raises ConfigError naming provider.name."""
+    from orchestrator.config.errors import ConfigError
+
+    name = provider["name"]
+    known = {f.name for f in fields(backend(name).config)}
+    if set(provider) <= known:
+        return
+    owners = [b for b in provider_names() if b != name
+              and set(provider) <= {f.name for f in fields(backend(b).config)}]
+    if owners:
+        raise ConfigError("provider.name", f"'{name}' names another backend than the "
+                          f"provider's settings, which are provider={owners[0]}'s",
+                          f"choose the backend with provider={name}, not provider.name={name}")
+
+
 def check_list_items(schema: type, data: Any, path: str = "") -> None:
     """Merge every item of a list of dataclasses on its own, so an error names its index.
 
@@ -225,7 +244,7 @@ def check_list_items(schema: type, data: Any, path: str = "") -> None:
     """
     from omegaconf.errors import OmegaConfBaseException
 
-    from orchestrator.config.errors import ConfigError, from_omegaconf, pasteable
+    from orchestrator.config.errors import ConfigError, from_omegaconf, full_key, pasteable
 
     if not isinstance(data, dict):
         return
@@ -240,6 +259,8 @@ def check_list_items(schema: type, data: Any, path: str = "") -> None:
             check_list_items(hint, value, here + ".")
         elif inner and is_dataclass(inner[0]) and get_origin(hint) is not list:
             check_list_items(inner[0], value, here + ".")  # X | None
+        elif get_origin(hint) in (list, dict) and not is_dataclass(inner[-1]):
+            check_plain_items(hint, value, here)
         elif get_origin(hint) is list and inner and is_dataclass(inner[0]):
             if not isinstance(value, list):
                 continue  # the whole-config merge reports the wrong type
@@ -252,7 +273,31 @@ def check_list_items(schema: type, data: Any, path: str = "") -> None:
                     OmegaConf.merge(OmegaConf.structured(inner[0]), item)
                 except OmegaConfBaseException as ex:
                     err = from_omegaconf(ex)
-                    key_in_item = pasteable(getattr(ex, "full_key", None) or "")
+                    key_in_item = pasteable(full_key(ex))
                     raise ConfigError(f"{item_path}.{key_in_item}".rstrip("."), err.problem,
                                       err.allowed) from None
                 check_list_items(inner[0], item, item_path + ".")
+
+
+_SCALARS = {int: "a whole number", float: "a number", str: "a string", bool: "true or false"}
+
+
+def check_plain_items(hint: Any, value: Any, path: str) -> None:
+    """The items of a list or mapping of plain values (``list[float]``, ``dict[str, float]``,
+    ``list[dict[str, float]]``) are of that shape: OmegaConf lets a list through as an item of
+    a ``list[float]`` (``sync.fractions=[[0.5], 0.5]``), which later code would trip over.
+    Raises :class:`ConfigError` naming the item."""
+    from orchestrator.config.errors import ConfigError
+
+    origin, args = get_origin(hint), get_args(hint)
+    if origin not in (list, dict) or not args:
+        if hint in _SCALARS and isinstance(value, list | dict):
+            raise ConfigError(path, f"expected {_SCALARS[hint]}, got a "
+                              f"{'list' if isinstance(value, list) else 'mapping'}",
+                              "write one value here")
+        return
+    if not isinstance(value, list | dict):
+        return  # the merge into the schema reports the wrong type of the whole
+    items = enumerate(value) if isinstance(value, list) else value.items()
+    for key, item in items:
+        check_plain_items(args[-1], item, f"{path}.{key}")

@@ -106,6 +106,10 @@ class Fleet:
         """One provider call for the whole cluster."""
         return self.provider.poll(self.cluster)
 
+    def state_lag_s(self) -> float:
+        """How late the provider's poll may learn that a host was taken (`Provider.state_lag_s`)."""
+        return self.provider.state_lag_s()
+
     def replace(self, host_ids: Sequence[HostId], keep_endpoints: bool = True) -> list[Host]:
         """Swap these hosts (and any sharing their machines) for fresh ones in the same slots;
         return the new hosts. Raises what `provider.replace` raises (the cluster is then

@@ -23,7 +23,11 @@ class RunProgress:
 
     def __init__(self, title: str, total_steps: int, enabled: bool = True,
                  console: Console | None = None) -> None:
-        self.console = console or Console()
+        if console is None:
+            from orchestrator.display import make_console
+
+            console = make_console()
+        self.console = console
         self.enabled = enabled and self.console.is_terminal
         self.title = title
         self.total = total_steps

@@ -6,11 +6,19 @@ One loop, one thread. Each turn handles at most one trainer event, then a tick:
 1. the provider is polled for the whole cluster, once per POLL_INTERVAL_S (one API call,
    whatever the cluster's size): hosts that left RUNNING become losses, deduplicated against
    process exits, with the cause the provider reports (REVOKED = revoked, else crashed);
+   process exits whose cause the provider has not yet given are decided (see below);
 2. revocations whose time or step has come → ``fleet.revoke`` (with the configured notice);
 3. recovery decisions whose time has come → replace workers / restart from a checkpoint, and a
    restart attempt that did not resume training before its deadline fails (another attempt);
 4. straggler injection episodes starting or ending → events;
 5. the sync policy → the control file, when it wants another protocol.
+
+The cause of a loss comes from the cloud (the provider's poll) or from the injected revocation
+schedule, whichever says so first, never from the order in which the signals arrive: a process
+that dies unexpectedly on a host the provider still calls RUNNING is *held* until the provider
+has had time to answer (`Provider.state_lag_s`, plus one poll); it is a revocation if the
+provider then reports the host REVOKED (or our schedule revoked it), a crash otherwise. So
+``revocations`` in the summary counts the preemptions that happened, on every backend.
 
 The recovery policies decide; the supervisor acts through the :class:`Fleet`, the one owner of
 the current cluster. Every trainer event is recorded with the orchestrator's receipt time
@@ -128,6 +136,9 @@ class Supervisor:
         self.awaiting_restart: RecoveryDecision | None = None
         self.restart_deadline = 0.0  # monotonic
         self.lost: set[HostId] = set()  # hosts already turned into losses (dedup)
+        self.revoked_here: set[HostId] = set()  # hosts our revocation schedule took
+        # unexpected exits whose cause the provider has not given yet: host -> (exit, deadline)
+        self.held: dict[HostId, tuple[TrainerEvent, float]] = {}
         self.states: dict[HostId, HostState] = {}  # the provider's answer at the last poll
         self.next_poll = 0.0  # monotonic
         self.noticed_ids: set[str] = set()  # hosts we sent a preemption notice ourselves
@@ -161,7 +172,7 @@ class Supervisor:
             if time.monotonic() >= next_tick or event is None:
                 self.tick()
                 next_tick = time.monotonic() + TICK_S
-            if self.pending or self.awaiting_restart:
+            if self.pending or self.awaiting_restart or self.held:
                 continue
             s = self.state
             if s.chief_done and (s.evaluator_done or not self.cfg.cluster.evaluator):
@@ -240,7 +251,9 @@ class Supervisor:
         elif kind == EVENT_PROCESS_EXIT:
             self.on_exit(event)
 
-    def on_exit(self, event: TrainerEvent) -> None:
+    def on_exit(self, event: TrainerEvent, held: bool = False) -> None:
+        """A role's process exited. Unexpected: its host's loss is decided now, or held for
+        the provider's word on the cause (:meth:`hold`); ``held`` True: the hold is over."""
         f, s = event.fields, self.state
         code = f.get("exit_code")
         if f.get("expected", True):
@@ -260,6 +273,8 @@ class Supervisor:
         if any(d.action == Action.restart for d in self.pending) or host.id in self.lost:
             return  # the restart under way re-deploys every role / already a known loss
         self.refresh_states()
+        if not held and self.hold(host, event):
+            return
         if event.role == "chief" and code == PS_LOSS_EXIT_CODE:
             hosts = [h for h in self.cluster.hosts_for(Role.PS) if not self.running(h)] or [host]
         else:
@@ -269,6 +284,32 @@ class Supervisor:
         self.decide(hosts)
 
     # --- hosts and losses --------------------------------------------------------------------
+    def hold(self, host: Host, event: TrainerEvent) -> bool:
+        """Whether the exit of a role on ``host`` waits for the provider: the host still
+        RUNNING by its last answer, not revoked by our schedule, and a provider whose answer
+        may lag (a GCE listing is up to `poll_interval_s` old when a preempted VM's processes
+        are seen dead over SSH). The first signal must not decide the cause."""
+        if host.id in self.held:
+            return True
+        lag = self.fleet.state_lag_s()
+        if lag <= 0 or not self.running(host) or host.id in self.revoked_here:
+            return False
+        self.held[host.id] = (event, time.monotonic() + lag + self.poll_interval_s)
+        return True
+
+    def release_held(self) -> None:
+        """Decide the held exits the provider has answered for (the host left RUNNING: a
+        poll made it a loss with the provider's cause, or will now) or whose wait is over
+        (still RUNNING: a crash)."""
+        for host_id, (event, deadline) in list(self.held.items()):
+            host = next((h for h in self.cluster.hosts if h.id == host_id), None)
+            if host is not None and host_id not in self.lost and self.running(host) \
+                    and time.monotonic() < deadline:
+                continue
+            del self.held[host_id]
+            if host is not None and host_id not in self.lost:
+                self.on_exit(event, held=True)
+
     def refresh_states(self) -> dict[HostId, HostState]:
         """Ask the provider about the whole cluster (one call) and remember the answer."""
         self.states = self.fleet.poll()
@@ -280,9 +321,10 @@ class Supervisor:
 
     def loss_of(self, host: Host) -> HostLoss:
         state = self.states.get(host.id, HostState.RUNNING)
-        cause = LossCause.revoked if state == HostState.REVOKED else LossCause.crashed
+        revoked = state == HostState.REVOKED or host.id in self.revoked_here
+        cause = LossCause.revoked if revoked else LossCause.crashed
         return HostLoss(host.id, host.spec.name, host.role, self.now_s(), cause,
-                        host_gone=state != HostState.RUNNING)
+                        host_gone=state != HostState.RUNNING or revoked)
 
     def progress_now(self, losses: list[HostLoss]) -> TrainingProgress:
         lost = {loss.host_id for loss in losses} | self.lost
@@ -307,6 +349,7 @@ class Supervisor:
         elif decision.action == Action.restart:
             self.progress.status("restarting from checkpoint")
             self.fleet.stop_roles()
+            self.held.clear()  # the restart re-deploys every role and replaces gone hosts
             self.state.chief_done = self.state.evaluator_done = False
             self.pending.append(decision)
         elif decision.action == Action.replace:
@@ -344,6 +387,8 @@ class Supervisor:
         now = self.now_s()
         if time.monotonic() >= self.next_poll:
             self.poll_losses()
+        if self.held:
+            self.release_held()
         if self.awaiting_restart is not None and time.monotonic() > self.restart_deadline:
             self.fail_attempt(f"training did not resume within {self.restart_timeout_s:g} s "
                               f"of the restart", [])
@@ -363,6 +408,8 @@ class Supervisor:
         alive = [h.spec.name for h in self.cluster.hosts if self.running(h)]
         for event in self.revocations.due(now, self.state.global_step, alive):
             host = next(h for h in self.cluster.hosts if h.spec.name == event.host_name)
+            # the schedule is the cause of whatever this takes down (the machine's other roles)
+            self.revoked_here.update(self.cluster.same_machine([host.id]))
             if event.notice_s > 0:
                 self.rec.event("revocation_notice", host=host.spec.name, host_id=host.id,
                                role=str(host.role), notice_s=event.notice_s)
@@ -389,13 +436,15 @@ class Supervisor:
         started again there (replacing it would take its machine's other roles down)."""
         self.refresh_states()
         ids = [i for i in decision.replace_host_ids if i in {h.id for h in self.cluster.hosts}]
-        in_place = [self.cluster.host(i) for i in ids if self.running(self.cluster.host(i))]
+        in_place = [self.cluster.host(i) for i in ids if self.running(self.cluster.host(i))
+                    and i not in self.revoked_here]  # a revoked host is never reused
         try:
             new_hosts = self.fleet.replace([i for i in ids if i not in
                                             {h.id for h in in_place}])
             for host in [*in_place, *new_hosts]:
                 self.fleet.start_role(host)
                 self.lost.discard(host.id)
+                self.revoked_here.discard(host.id)  # running again: a later loss is new
         except (ProvisionError, OSError) as ex:
             self.record(self.planner.replacement_failed(decision, f"{type(ex).__name__}: {ex}"))
             self.record(self.planner.end(decision, self.now_s(), ok=False))
@@ -417,6 +466,7 @@ class Supervisor:
             return
         self.restart_deadline = time.monotonic() + self.restart_timeout_s
         self.lost = set()  # a fresh deployment: every host is watched again
+        self.revoked_here = set()
         self.refresh_states()
         for host in new_hosts:
             self.revocations.on_replacement(host.spec.name, now)

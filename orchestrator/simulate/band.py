@@ -33,22 +33,45 @@ def percentiles(values: Sequence[float], points: Sequence[int] = BAND) -> dict[s
     return out
 
 
+def percentiles_or_never(values: Sequence[float | None], points: Sequence[int] = BAND
+                         ) -> dict[str, float | None]:
+    """Percentiles over every run where a run that never finished (None) counts as slower
+    than any that did: a percentile that falls among them is None ("never")."""
+    data = sorted(v for v in values if v is not None)
+    out: dict[str, float | None] = {}
+    for p in points:
+        pos = (len(values) - 1) * p / 100
+        lo, hi = int(pos), min(int(pos) + 1, len(values) - 1)
+        if lo >= len(data) or (hi >= len(data) and pos > lo):
+            out[f"p{p}"] = None
+        else:
+            out[f"p{p}"] = round(data[lo] + (data[hi] - data[lo]) * (pos - lo), 4)
+    return out
+
+
 def summarize_runs(summaries: list[dict[str, Any]], deadline_s: float | None = None
                    ) -> dict[str, Any]:
-    """Distribution of simulated runs: bands of wall time and cost (over the runs that
-    completed: a failed run gives no result), revocations (over all); P(completed) and, with a
-    deadline, P(completed within it)."""
+    """Distribution of simulated runs.
+
+    Over every run: ``time_to_result_s`` (a failed run never gives one: percentiles that fall
+    among failed runs are None), ``cost_usd`` (what a run costs, failed or not), revocations,
+    P(completed) and, with a deadline, P(completed within it). Over the completed runs only,
+    and saying so (``band_share`` = the share of runs they cover): ``wall_time_s`` and
+    ``train_time_s``, which a completed real run is compared with (``prediction_error``)."""
     done = [s for s in summaries if s["status"] == "completed"]
     basis = done or summaries
     out: dict[str, Any] = {
         "runs": len(summaries),
         "p_complete": round(len(done) / len(summaries), 4),
+        "time_to_result_s": percentiles_or_never(
+            [s["wall_time_s"] if s["status"] == "completed" else None for s in summaries]),
         "wall_time_s": percentiles([s["wall_time_s"] for s in basis]),
         "train_time_s": percentiles([s["train_time_s"] for s in basis]),
-        "cost_usd": percentiles([s["cost_usd"] for s in basis]),
+        "band_share": round(len(basis) / len(summaries), 4),
+        "cost_usd": percentiles([s["cost_usd"] for s in summaries]),
         "revocations": percentiles([s["revocations"] for s in summaries]),
         "mean_wall_time_s": round(statistics.fmean(s["wall_time_s"] for s in basis), 3),
-        "mean_cost_usd": round(statistics.fmean(s["cost_usd"] for s in basis), 6),
+        "mean_cost_usd": round(statistics.fmean(s["cost_usd"] for s in summaries), 6),
         "mean_revocations": round(statistics.fmean(s["revocations"] for s in summaries), 4),
         "final_accuracy": next((s["final_accuracy"] for s in done), None),
     }
@@ -59,10 +82,25 @@ def summarize_runs(summaries: list[dict[str, Any]], deadline_s: float | None = N
 
 
 def simulate_many(cfg: ExperimentConfig, plan: RunPlan, repeats: int,
-                  models: SimModels | None = None) -> list[dict[str, Any]]:
-    """Summaries of ``repeats`` simulations with seeds ``sim.seed, sim.seed+1, …``."""
+                  models: SimModels | None = None, first: int = 0) -> list[dict[str, Any]]:
+    """Summaries of ``repeats`` simulations with seeds ``sim.seed+first, sim.seed+first+1, …``."""
     models = models or SimModels.load()
-    return [simulate(cfg, plan, cfg.sim.seed + i, models).summary for i in range(repeats)]
+    return [simulate(cfg, plan, cfg.sim.seed + first + i, models).summary
+            for i in range(repeats)]
+
+
+def estimate(cfg: ExperimentConfig, plan: RunPlan, models: SimModels) -> dict[str, Any]:
+    """The speed model's point estimate of the plan with ``models`` (calibrated or not): the
+    same figures as the plan's ``est_*`` and, per worker GPU, how far its step time may be off;
+    the dry run prints it above the band so both come from one model."""
+    from orchestrator.plan import estimate_train_time_s
+
+    train = estimate_train_time_s(cfg, plan.hosts, plan.phases, models)
+    gpus = sorted({h.gpu for h in plan.hosts if h.role == "worker"}, key=str)
+    errors = {g or "cpu": models.step_time_error(cfg.job.hparam_set, g) for g in gpus}
+    return {"steps_per_sec": round(plan.total_steps / train, 4), "train_time_s": round(train, 3),
+            "cost_usd": round(plan.hourly_usd * train / 3600.0, 6), "speed_error": errors,
+            "extrapolated": sorted(g for g, e in errors.items() if e["basis"] == "extrapolated")}
 
 
 def predict_band(cfg: ExperimentConfig, plan: RunPlan) -> dict[str, Any] | None:
@@ -77,10 +115,11 @@ def predict_band(cfg: ExperimentConfig, plan: RunPlan) -> dict[str, Any] | None:
 
     if cfg.provider.name == "sim" and not cfg.dry_run:
         return None
-    models = SimModels.load()
+    models = calibrate.with_gpu_calibrations(SimModels.load(), cfg)
     cal = None
     try:
         band = summarize_runs(simulate_many(cfg, plan, max(1, cfg.sim.repeats), models))
+        band["estimate"] = estimate(cfg, plan, models)
     except NoModelError as ex:
         if not calibrate.applies(cfg):
             return {"unavailable": str(ex)}
@@ -92,8 +131,9 @@ def predict_band(cfg: ExperimentConfig, plan: RunPlan) -> dict[str, Any] | None:
             return {"unavailable": f"{ex}; not calibrated on this machine yet: a run measures "
                                    "the step time here first"}
         try:
-            band = summarize_runs(simulate_many(cfg, plan, max(1, cfg.sim.repeats),
-                                                calibrate.calibrated_models(models, cfg, cal)))
+            local = calibrate.calibrated_models(models, cfg, cal)
+            band = summarize_runs(simulate_many(cfg, plan, max(1, cfg.sim.repeats), local))
+            band["estimate"] = estimate(cfg, plan, local)
         except NoModelError as still:  # e.g. a GPU cluster whose model the papers never ran
             return {"unavailable": f"{ex}; calibrated for CPU workers only: {still}"}
         band["calibration"] = cal

@@ -41,9 +41,11 @@ class SimConfig:
     run it (:func:`orchestrator.simulate.engine.cloud_market`)."""
 
     seed: int = 0  # seeds every draw of a simulated run (start-up, lifetimes, delays)
-    repeats: int = 20  # simulations per configuration for bands (dry run, planner)
+    repeats: int = 20  # simulations per configuration for the dry run's band (planner: its own)
     lifetimes: LifetimeData = LifetimeData.cmdare  # measured lifetimes to revoke by
     lifetime_region: str | None = None  # null = each host's region; "all" = pooled regions
+    speed_error: bool = True  # each run draws the speed model's held-out error per GPU type;
+    #   false = the point estimate (the comparison with the papers' means uses it)
 
 
 @dataclass
@@ -60,7 +62,11 @@ class PlannerConfig:
     bsp_fractions: list[float] = field(default_factory=list)  # [] = the experiment's sync; else
     #   one Sync-Switch schedule per value (0 = ASP, 1 = BSP), job.train_steps = BSP budget
     top: int = 15  # rows printed
-    min_p_deadline: float = 0.0  # drop configurations less likely than this to meet the deadline
+    min_p_deadline: float = 0.9  # with a deadline: drop configurations less likely to meet it
+    repeats: int = 200  # simulations per configuration at first (sim.repeats: the dry run's)
+    max_repeats: int = 1600  # ... doubled up to this while P(deadline) is not known to:
+    p_precision: float = 0.025  # half-width of its 95 % interval (docs/simulation.md: the
+    #   printed P is within ±5 points of the share over 1,000 fresh runs)
 
 
 @dataclass

@@ -4,7 +4,9 @@ What happens, in order (every duration from :class:`orchestrator.simulate.models
 
 1. every host is requested at t = 0 and starts after a VM start-up drawn per host (on-demand or
    transient); TensorFlow starts (cold) on the slowest; ``train_start`` follows.
-2. training advances in segments at the cluster's current rate (ASP or BSP, see ``models``);
+2. training advances in segments at the cluster's current rate (ASP or BSP, see ``models``),
+   each worker's step time the speed model's times a factor drawn once per run and GPU type
+   from the model's held-out error (``sim.speed_error``; ``SimModels.speed_factor``);
    a segment ends at the next checkpoint, phase end, step-triggered event, or as soon as the
    state changes (a revocation, a replacement joining, a straggler, a policy switch).
 3. revocations come from :class:`orchestrator.transient.revocation.RevocationSchedule`: the
@@ -37,7 +39,7 @@ from orchestrator import results
 from orchestrator.config.schema import ExperimentConfig, Protocol
 from orchestrator.config.transient import GCE_NOTICE_S, RevocationModel
 from orchestrator.plan import HostPlan, RunPlan
-from orchestrator.simulate.models import SimModels
+from orchestrator.simulate.models import CPU, SimModels
 from orchestrator.transient.recovery import (
     Action,
     HostLoss,
@@ -152,9 +154,16 @@ class Simulation:
         self.events: list[dict[str, Any]] = []
         self.metrics: list[dict[str, Any]] = []
         self.hparam = cfg.job.hparam_set
-        # the worker step times fail early (NoModelError) when the speed model has no answer
+        # the worker step times fail early (NoModelError) when the speed model has no answer;
+        # each run draws how far the model is off per GPU type (its held-out error), so a band
+        # covers what the speed model does not know, not only the revocations
+        gpus = sorted({h.gpu or CPU for h in plan.hosts if h.role == "worker"})
+        self.speed_factor = {g: self.models.speed_factor(self.hparam, None if g == CPU else g,
+                                                         seed)
+                             if cfg.sim.speed_error else 1.0 for g in gpus}
         self.base_step_s = {h.name: self.models.step_time_s(self.hparam, h.gpu,
                                                             cfg.job.batch_size)
+                            * self.speed_factor[h.gpu or CPU]
                             for h in plan.hosts if h.role == "worker"}
         self.ckpt_s = self.models.checkpoint_s(self.hparam)
         self.provider = SimProvider()
@@ -632,6 +641,7 @@ class Simulation:
             "stragglers": self.stragglers_detected,
             "stragglers_injected": self.stragglers_injected,
             "sim_seed": self.seed,
+            "sim_speed_factor": {g: round(f, 4) for g, f in self.speed_factor.items()},
             "accuracy_source": acc_source,
         }
         return SimResult(summary, self.events, self.metrics)

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 PARAMS_FILE = Path(__file__).with_name("sim_models.json")
-PARAMS_SCHEMA_VERSION = 1
+PARAMS_SCHEMA_VERSION = 2  # 2: step_time_error (the speed model's held-out error)
 
 #: The job's ``hparam_set`` → the CM-DARE architecture measured for it.
 MEASURED_ARCHITECTURES = {"resnet_cifar_15": "Res15", "resnet_cifar_32": "Res32"}
@@ -81,6 +81,39 @@ def step_times() -> tuple[dict[str, dict[str, float]], dict[str, int], dict[str,
             seen = ((table["model"] == arch) & (table["gpu"] == GPU_NAMES[g])).any()
             how[f"{hparam}/{g}"] = "measured" if seen else "speed model"
     return out, params, how
+
+
+def step_time_errors(how: dict[str, str]) -> dict[str, Any]:
+    """The speed model's own error per (hparam_set, catalog GPU), from its held-out error on the
+    papers' data (:func:`analysis.speed_model.speed_error_model`): ``sigma_log`` (the spread of
+    log step time a simulated run draws from), ``basis`` (``measured``; ``speed model``: an
+    architecture no paper measured, on a fitted GPU; ``extrapolated``: a GPU the model was not
+    fitted on, scaled by peak TFLOPS) and ``tflops_outside`` (how far, in log units, that GPU
+    lies outside the fitted TFLOPS range; 0 inside)."""
+    import math
+
+    from analysis.features import GPU_SPECS
+    from analysis.speed_model import speed_error_model, tflops_distance
+
+    model = speed_error_model()
+    lo, hi = model["tflops_range"]
+    per_gpu: dict[str, dict[str, Any]] = {}
+    for key, source in sorted(how.items()):
+        hparam, gpu = key.split("/")
+        name = GPU_NAMES[gpu]
+        outside = tflops_distance(GPU_SPECS[name]["tflops"], lo, hi)
+        if source == "measured":
+            sigma, basis = model["measured"], "measured"
+        elif name in model["fitted_gpus"]:
+            sigma, basis = model["architecture"], "speed model"
+        else:
+            sigma = math.hypot(model["inside"], model["per_log_tflops"] * outside)
+            if hparam not in MEASURED_ARCHITECTURES:  # neither the model nor the GPU measured
+                sigma = math.hypot(sigma, model["architecture"])
+            basis = "extrapolated"
+        per_gpu.setdefault(hparam, {})[gpu] = {"sigma_log": round(sigma, 6), "basis": basis,
+                                               "tflops_outside": round(outside, 6)}
+    return {"by_job": per_gpu, "model": model}
 
 
 def scaling() -> dict[str, Any]:
@@ -213,6 +246,7 @@ def build_params() -> dict[str, Any]:
         "batch_size": 128,
         "step_time_s": steps,
         "step_time_source": how,
+        "step_time_error": step_time_errors(how),
         "parameters": params,
         "scaling": scaling(),
         "checkpoint": checkpoint(),

@@ -20,6 +20,7 @@ import functools
 import json
 import math
 import random
+import statistics
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,21 @@ from orchestrator.simulate.fit import PARAMS_FILE, PARAMS_SCHEMA_VERSION
 #: Key of a CPU worker in the step-time table: only a calibration of this machine adds it
 #: (:mod:`orchestrator.simulate.calibrate`); the papers measured GPUs only.
 CPU = "cpu"
+
+
+#: GPU types whose speed draws are quasi-random, each with its own prime base (Halton).
+_SPEED_KEYS = ("k80", "p100", "v100", "t4", "a100", "l4", CPU, "h100", "h200")
+_PRIMES = (2, 3, 5, 7, 11, 13, 17, 19, 23)
+
+
+def _radical_inverse(n: int, base: int) -> float:
+    """The van der Corput point of ``n`` in ``base``: its digits mirrored after the point."""
+    out, scale = 0.0, 1.0 / base
+    while n:
+        n, digit = divmod(n, base)
+        out += digit * scale
+        scale /= base
+    return out
 
 
 class NoModelError(ValueError):
@@ -68,6 +84,57 @@ class SimModels:
             raise NoModelError(f"no speed model for GPU '{gpu}' "
                                f"(known: {', '.join(sorted(table))}; CPU workers are not modelled)")
         return table[key] * batch_size / self.params["batch_size"]
+
+    def step_time_error(self, hparam_set: str, gpu: str | None) -> dict[str, Any]:
+        """How far the step time of ``gpu`` may be off: ``sigma_log`` (log-normal spread a
+        simulated run draws from), ``basis`` (measured | speed model | extrapolated |
+        calibrated) and ``tflops_outside`` (see :func:`orchestrator.simulate.fit.
+        step_time_errors`). A calibration on that hardware replaces the entry."""
+        entry = self.params["step_time_error"]["by_job"].get(hparam_set, {}).get(gpu or CPU)
+        if entry is None:  # a calibrated CPU without its own entry: a measurement
+            return {"sigma_log": self.params["step_time_error"]["model"]["measured"],
+                    "basis": "calibrated", "tflops_outside": 0.0}
+        return entry
+
+    def extrapolated(self, hparam_set: str, gpu: str | None) -> bool:
+        """True when the step time of ``gpu`` is the speed model scaled to a GPU it was not
+        fitted on (and no calibration on that GPU replaced it)."""
+        return self.step_time_error(hparam_set, gpu)["basis"] == "extrapolated"
+
+    def speed_factor(self, hparam_set: str, gpu: str | None, seed: int) -> float:
+        """Run ``seed``'s draw of (true step time) / (predicted step time): log-normal with the
+        model's held-out error, median 1 (the prediction).
+
+        Quasi-random: the quantile of run ``seed`` is the Halton point of ``seed + 1`` (one
+        prime base per GPU type, so a mixed cluster's errors are not tied), shifted by a fixed
+        offset per GPU type. Any run of consecutive seeds then covers the distribution evenly:
+        with a 3 % chance that an L4 is 4.5× slower than predicted, 200 runs hold 6 such
+        draws, not "between 0 and 13" as independent draws would, so a P(deadline) that hinges
+        on the speed model's tail is right from a few hundred runs (docs/simulation.md)."""
+        sigma = self.step_time_error(hparam_set, gpu)["sigma_log"]
+        key = gpu or CPU
+        base = _PRIMES[_SPEED_KEYS.index(key)] if key in _SPEED_KEYS else None
+        shift = random.Random(f"speed-shift/{key}").random()
+        u = (_radical_inverse(seed + 1, base) + shift) % 1.0 if base else (
+            random.Random(f"speed/{key}/{seed}").random())
+        u = min(max(u, 1e-12), 1 - 1e-12)
+        return math.exp(sigma * statistics.NormalDist().inv_cdf(u))
+
+    def train_time_s(self, hparam_set: str, batch_size: int, worker_gpus: list[str | None],
+                     parameter_servers: int, phases: list[tuple[str, int]],
+                     checkpoints: int) -> float:
+        """Seconds of training at the speed model's point estimate (all workers throughout,
+        no revocation, no start-up): ``phases`` = [(protocol, global steps)], ``checkpoints``
+        pauses of one checkpoint each. The plan's estimate and the scheduler's prediction; the
+        simulation plays the same rates with revocations and the model's error."""
+        times = [(self.step_time_s(hparam_set, g, batch_size), g) for g in worker_gpus]
+        total = 0.0
+        for protocol, steps in phases:
+            if protocol == "asp":
+                total += steps / self.asp_rate(times, hparam_set, parameter_servers)
+            else:
+                total += steps * self.bsp_step_s([t for t, _ in times])
+        return total + checkpoints * self.checkpoint_s(hparam_set)
 
     def efficiency(self, gpu: str | None) -> float:
         eff = self.params["scaling"]["efficiency"]

@@ -5,29 +5,38 @@
 argument is a Hydra override of the experiment, e.g. ``pricing=papers_2019``).
 
 For every candidate (GPU types the catalog offers and the speed model knows × worker counts ×
-transient or on-demand × zones × sync schedules) the run is simulated ``sim.repeats`` times;
-the table ranks the candidates that meet the budget (mean cost) and the deadline
-(``P(finish before the deadline) ≥ planner.min_p_deadline``) by the objective, with the
-10th–90th percentile of time and cost, P(deadline) and the expected revocations. The
-time-vs-cost plot with those bands (Pareto-optimal candidates labelled) and the table as CSV
-go to ``outputs/plan/<name>/<time>/``.
+transient or on-demand × zones × sync schedules) the run is simulated ``planner.repeats`` times
+(more, up to ``planner.max_repeats``, until P(deadline) is known to ``planner.p_precision``),
+each run drawing its revocations *and* how far the speed model is off on that GPU (its held-out
+error: a GPU no paper measured is an extrapolation, marked †). With a deadline, configurations
+less likely than ``planner.min_p_deadline`` (0.9) to meet it are dropped (the header says so);
+the rest are ranked by the objective. A lone transient worker whose policy cannot survive its
+first revocation (shrink) is planned with ``replace`` and shown so. Bands cover every run: a
+run that fails never gives a result ("never"), and the share that completes is its own column.
+The time-vs-cost plot (Pareto-optimal candidates labelled) and the table as CSV go to
+``outputs/plan/<name>/<time>/``.
 """
 
 from __future__ import annotations
 
 import copy
 import csv
+import math
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from orchestrator.config.errors import CONFIG_ERROR_EXIT_CODE, ConfigError
 from orchestrator.config.schema import ExperimentConfig, Protocol, SyncPhase
+from orchestrator.config.transient import OnRevocation
 from orchestrator.simulate.band import simulate_many, summarize_runs
-from orchestrator.simulate.config import Objective
+from orchestrator.simulate.config import Objective, PlannerConfig
 from orchestrator.simulate.models import NoModelError, SimModels
+
+if TYPE_CHECKING:
+    from orchestrator.plan import RunPlan
 
 #: ``key=value`` shorthands accepted on the command line for ``planner.key=value``.
 SHORTHANDS = ("deadline_h", "budget_usd", "objective")
@@ -86,7 +95,10 @@ def candidates(cfg: ExperimentConfig, models: SimModels) -> list[Candidate]:
 
 
 def configure(cfg: ExperimentConfig, c: Candidate) -> ExperimentConfig:
-    """The experiment on candidate ``c``'s cluster (a copy)."""
+    """The experiment on candidate ``c``'s cluster (a copy). A lone transient worker under
+    ``shrink`` would end the run at its first revocation: it is planned with ``replace``."""
+    from orchestrator.plan import lone_worker_cannot_survive, plan_hosts
+
     out = copy.deepcopy(cfg)
     out.provider.name = "sim"
     out.cluster.workers = c.workers
@@ -98,15 +110,41 @@ def configure(cfg: ExperimentConfig, c: Candidate) -> ExperimentConfig:
         out.sync.switch_order, out.sync.fractions, out.sync.phase_hparams = "", [], []
         phases = [(Protocol.bsp, c.bsp_fraction), (Protocol.asp, 1 - c.bsp_fraction)]
         out.sync.phases = [SyncPhase(p, round(f, 6), {}) for p, f in phases if f > 0]
+    if lone_worker_cannot_survive(out, plan_hosts(out)):
+        out.cluster.recovery.on_revocation = OnRevocation.replace
     return out
 
 
+def wilson_halfwidth(p: float, n: int, z: float = 1.96) -> float:
+    """Half-width of the Wilson score interval of a proportion ``p`` seen in ``n`` runs (never
+    0, even at p = 0 or 1: 100 runs out of 100 do not make a certainty)."""
+    denom = 1 + z * z / n
+    return z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+
+
+def simulate_candidate(run_cfg: ExperimentConfig, plan: RunPlan, models: SimModels,
+                       deadline_s: float | None, p: PlannerConfig) -> list[dict[str, Any]]:
+    """``planner.repeats`` runs, then more (doubling, up to ``planner.max_repeats``) while the
+    95 % interval of P(deadline) or P(complete) is wider than ``±planner.p_precision``."""
+    runs = simulate_many(run_cfg, plan, max(1, p.repeats), models)
+    while len(runs) < p.max_repeats:
+        dist = summarize_runs(runs, deadline_s)
+        share = dist["p_deadline"] if deadline_s is not None else dist["p_complete"]
+        if wilson_halfwidth(share, len(runs)) <= p.p_precision:
+            break
+        more = min(len(runs), p.max_repeats - len(runs))
+        runs += simulate_many(run_cfg, plan, more, models, first=len(runs))
+    return runs
+
+
 def evaluate(cfg: ExperimentConfig, models: SimModels | None = None) -> list[dict[str, Any]]:
-    """Simulate every candidate; one row per candidate (invalid ones are left out)."""
+    """Simulate every candidate; one row per candidate (invalid ones are left out). GPU
+    calibrations of this job in the cache replace the speed model's figure for their GPU."""
     from orchestrator.config.validation import validate
     from orchestrator.plan import make_plan
+    from orchestrator.simulate.calibrate import with_gpu_calibrations
 
-    models = models or SimModels.load()
+    models = models or with_gpu_calibrations(SimModels.load(), cfg)
     deadline_s = None if cfg.planner.deadline_h is None else cfg.planner.deadline_h * 3600
     rows = []
     for c in candidates(cfg, models):
@@ -114,18 +152,25 @@ def evaluate(cfg: ExperimentConfig, models: SimModels | None = None) -> list[dic
         try:
             validate(run_cfg)
             plan = make_plan(run_cfg)
-            dist = summarize_runs(simulate_many(run_cfg, plan, max(1, cfg.sim.repeats), models),
-                                  deadline_s)
+            runs = simulate_candidate(run_cfg, plan, models, deadline_s, cfg.planner)
+            error = models.step_time_error(cfg.job.hparam_set, c.gpu)
         except (ConfigError, NoModelError):
             continue
+        policy = str(run_cfg.cluster.recovery.on_revocation)
         rows.append({"candidate": c, "gpu": c.gpu, "workers": c.workers,
                      "transient": c.transient, "zone": c.zone, "sync": c.sync_label,
-                     "hourly_usd": plan.hourly_usd, **dist})
+                     "recovery": policy,
+                     "recovery_changed": policy != str(cfg.cluster.recovery.on_revocation),
+                     "hourly_usd": plan.hourly_usd, "speed_basis": error["basis"],
+                     "speed_sigma_log": error["sigma_log"],
+                     "extrapolated": models.extrapolated(cfg.job.hparam_set, c.gpu),
+                     **summarize_runs(runs, deadline_s)})
     return rows
 
 
 def rank(rows: list[dict[str, Any]], cfg: ExperimentConfig) -> list[dict[str, Any]]:
-    """Rows meeting the budget and deadline, best first by ``planner.objective``."""
+    """Rows meeting the budget and, with a deadline, likely enough to meet it
+    (``planner.min_p_deadline``), best first by ``planner.objective``."""
     p = cfg.planner
     ok = [r for r in rows if r["p_complete"] > 0
           and (p.budget_usd is None or r["mean_cost_usd"] <= p.budget_usd)
@@ -138,40 +183,75 @@ def rank(rows: list[dict[str, Any]], cfg: ExperimentConfig) -> list[dict[str, An
     return sorted(ok, key=keys[Objective(p.objective)])
 
 
-def _hours(seconds: float) -> str:
-    return f"{seconds / 3600:.2f}"
+def _hours(seconds: float | None) -> str:
+    return "never" if seconds is None else f"{seconds / 3600:.2f}"
 
 
-def print_table(ranked: list[dict[str, Any]], cfg: ExperimentConfig, total: int) -> None:
-    from rich.console import Console
-    from rich.table import Table
+def _spread(sigma_log: float) -> str:
+    """A log-normal spread as its 1σ factor: "×/÷1.49" = between 1.49× slower and faster."""
+    return f"×/÷{math.exp(sigma_log):.2f}"
 
+
+def header(cfg: ExperimentConfig, shown: int, total: int) -> str:
+    """What the table answers: the limits (the minimum P(deadline) included), the ranking and
+    how many runs stand behind each row."""
     p = cfg.planner
-    console = Console()
-    if not console.is_terminal:
-        console.width = max(console.width, 150)
     limits = []
     if p.deadline_h is not None:
-        limits.append(f"deadline {p.deadline_h:g} h (P ≥ {p.min_p_deadline:.0%})")
+        limits.append(f"deadline {p.deadline_h:g} h with P ≥ {p.min_p_deadline:.0%}")
     if p.budget_usd is not None:
-        limits.append(f"budget ${p.budget_usd:g}")
-    table = Table(title=f"Plan: {cfg.name}, {len(ranked)} of {total} configurations meet "
-                  f"{', '.join(limits) or 'no limit'}; ranked by {p.objective} "
-                  f"({cfg.sim.repeats} simulations each, prices {cfg.pricing.name})",
-                  title_justify="left")
-    for col in ("#", "cluster", "zone", "sync", "time h (p10–p90)", "cost $ (mean)",
-                "cost $ (p10–p90)", "P(deadline)", "revocations", "accuracy"):
-        table.add_column(col, justify="left" if col in ("cluster", "zone", "sync") else "right")
-    for i, r in enumerate(ranked[:p.top], 1):
+        limits.append(f"budget ${p.budget_usd:g} (mean cost)")
+    runs = (f"{p.repeats}–{p.max_repeats} simulated runs each" if p.max_repeats > p.repeats
+            else f"{p.repeats} simulated runs each")
+    return (f"Plan: {cfg.name}, {shown} of {total} configurations meet "
+            f"{', '.join(limits) or 'no limit'}; ranked by {p.objective} ({runs}, revocations "
+            f"and the speed model's error drawn per run; prices {cfg.pricing.name})")
+
+
+def print_table(ranked: list[dict[str, Any]], cfg: ExperimentConfig, total: int,
+                console: Any = None) -> None:
+    """The ranked table (``planner.top`` rows) and its notes: the marks and what bands cover."""
+    from rich.table import Table
+
+    from orchestrator.display import make_console
+
+    p = cfg.planner
+    console = console or make_console()
+    if not console.is_terminal and console.width < 170:
+        console.width = max(console.width, 170)
+    table = Table(title=header(cfg, len(ranked), total), title_justify="left")
+    for col in ("#", "cluster", "zone", "sync", "on revocation", "P(deadline)", "completes",
+                "time h (p10–p90)", "cost $ (mean)", "cost $ (p10–p90)", "revocations",
+                "accuracy"):
+        table.add_column(col, justify="left" if col in ("cluster", "zone", "sync",
+                                                        "on revocation") else "right")
+    shown = ranked[:p.top]
+    for i, r in enumerate(shown, 1):
         c = r["candidate"]
-        w, cost = r["wall_time_s"], r["cost_usd"]
-        table.add_row(str(i), c.label, c.zone, c.sync_label,
-                      f"{_hours(w['p10'])}–{_hours(w['p90'])}", f"{r['mean_cost_usd']:.2f}",
-                      f"{cost['p10']:.2f}–{cost['p90']:.2f}",
+        w, cost = r["time_to_result_s"], r["cost_usd"]
+        table.add_row(str(i), c.label + (" †" if r["extrapolated"] else ""), c.zone,
+                      c.sync_label, r["recovery"] + (" *" if r["recovery_changed"] else ""),
                       "-" if "p_deadline" not in r else f"{r['p_deadline']:.0%}",
+                      f"{r['p_complete']:.0%}", f"{_hours(w['p10'])}–{_hours(w['p90'])}",
+                      f"{r['mean_cost_usd']:.2f}", f"{cost['p10']:.2f}–{cost['p90']:.2f}",
                       f"{r['mean_revocations']:.2f}",
                       "-" if r["final_accuracy"] is None else f"{r['final_accuracy']:.4f}")
     console.print(table)
+    notes = ["time: to the result over every run (\"never\": the share that fails, see "
+             "completes); cost: what a run costs, completed or failed"]
+    extrapolated = sorted({(r["gpu"], r["speed_sigma_log"]) for r in shown if r["extrapolated"]})
+    if extrapolated:
+        spread = ", ".join(f"{g} {_spread(s)}" for g, s in extrapolated)
+        notes.append(f"† step time extrapolated to a GPU no paper measured (the speed model's "
+                     f"held-out error, 1σ: {spread}); a calibration on that GPU replaces it: "
+                     f"python -m orchestrator.simulate.calibrate +experiment={cfg.name} "
+                     "[--gpu G --step-s S]")
+    if any(r["recovery_changed"] for r in shown):
+        notes.append(f"* planned with replace: on_revocation="
+                     f"{cfg.cluster.recovery.on_revocation} would end a lone transient "
+                     "worker's run at its first revocation")
+    for note in notes:
+        console.print(note, highlight=False)
 
 
 def pareto_plot(rows: list[dict[str, Any]], cfg: ExperimentConfig, path: Path) -> Path:
@@ -184,35 +264,42 @@ def pareto_plot(rows: list[dict[str, Any]], cfg: ExperimentConfig, path: Path) -
 
     from analysis.cost import pareto_mask
 
-    t = [r["wall_time_s"]["p50"] / 3600 for r in rows]
+    rows = [r for r in rows if r["time_to_result_s"]["p50"] is not None]  # most runs fail
+    never = 2 * max([r["time_to_result_s"]["p90"] or 0.0 for r in rows] + [1.0])  # bar end
+    t = [r["time_to_result_s"]["p50"] / 3600 for r in rows]
     c = [r["cost_usd"]["p50"] for r in rows]
     best = pareto_mask(t, c)
     fig, ax = plt.subplots(figsize=(9, 6))
     for r, ti, ci, on in zip(rows, t, c, best, strict=True):
-        w, cost = r["wall_time_s"], r["cost_usd"]
+        w, cost = r["time_to_result_s"], r["cost_usd"]
         color = "tab:orange" if r["transient"] else "tab:blue"
-        ax.errorbar(ti, ci, xerr=[[max(0.0, ti - w["p10"] / 3600)],
-                                  [max(0.0, w["p90"] / 3600 - ti)]],
-                    yerr=[[max(0.0, ci - cost["p10"])], [max(0.0, cost["p90"] - ci)]], fmt="o",
-                    color=color,
+        p90 = (w["p90"] if w["p90"] is not None else never) / 3600
+        ax.errorbar(ti, ci, xerr=[[max(0.0, ti - w["p10"] / 3600)], [max(0.0, p90 - ti)]],
+                    yerr=[[max(0.0, ci - cost["p10"])], [max(0.0, cost["p90"] - ci)]],
+                    fmt="o", color=color, mfc="white" if r["extrapolated"] else color,
                     alpha=0.9 if on else 0.25, ms=6 if on else 3, capsize=2, lw=0.8)
         if on:
-            ax.annotate(f"{r['candidate'].label}\n{r['candidate'].zone}", (ti, ci), fontsize=7,
-                        xytext=(4, 4), textcoords="offset points")
+            mark = " †" if r["extrapolated"] else ""
+            ax.annotate(f"{r['candidate'].label}{mark}\n{r['candidate'].zone}", (ti, ci),
+                        fontsize=7, xytext=(4, 4), textcoords="offset points")
     if cfg.planner.deadline_h is not None:
         ax.axvline(cfg.planner.deadline_h, color="red", ls="--", lw=1, label="deadline")
     if cfg.planner.budget_usd is not None:
         ax.axhline(cfg.planner.budget_usd, color="purple", ls=":", lw=1, label="budget")
     ax.plot([], [], "o", color="tab:orange", label="transient")
     ax.plot([], [], "o", color="tab:blue", label="on-demand")
+    if any(r["extrapolated"] for r in rows):
+        ax.plot([], [], "o", color="grey", mfc="white",
+                label="† step time extrapolated (GPU not measured)")
     ax.set_xscale("log")
     ax.set_yscale("log")
     for axis in (ax.xaxis, ax.yaxis):
         axis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
         axis.set_minor_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
-    ax.set_xlabel("time to result, hours (median; bars: 10th–90th percentile)")
+    ax.set_xlabel("time to result, hours (median; bars: 10th–90th percentile of every run, "
+                  "a failed run never finishing)")
     ax.set_ylabel("cost, USD (median; bars: 10th–90th percentile)")
-    ax.set_title(f"{cfg.name}: simulated time vs cost ({cfg.sim.repeats} runs per cluster, "
+    ax.set_title(f"{cfg.name}: simulated time vs cost (≥ {cfg.planner.repeats} runs per cluster, "
                  f"prices {cfg.pricing.name}); labelled: Pareto-optimal", fontsize=9)
     ax.legend(fontsize=8)
     ax.grid(True, which="both", alpha=0.3)
@@ -223,13 +310,19 @@ def pareto_plot(rows: list[dict[str, Any]], cfg: ExperimentConfig, path: Path) -
 
 
 def write_csv(rows: list[dict[str, Any]], path: Path) -> None:
-    cols = ["gpu", "workers", "transient", "zone", "sync", "hourly_usd", "mean_wall_time_s",
-            "mean_cost_usd", "mean_revocations", "p_complete", "p_deadline", "final_accuracy"]
+    """The ranked table; time bands over every run (empty = never), ``wall_*`` over the
+    completed runs only (``band_share`` of them)."""
+    cols = ["gpu", "workers", "transient", "zone", "sync", "recovery", "hourly_usd", "runs",
+            "p_complete", "p_deadline", "mean_wall_time_s", "mean_cost_usd", "mean_revocations",
+            "final_accuracy", "speed_basis", "speed_sigma_log", "extrapolated", "band_share"]
     with open(path, "w", newline="") as f:
         writer = csv.writer(f)
-        writer.writerow([*cols, "wall_p10", "wall_p90", "cost_p10", "cost_p90"])
+        writer.writerow([*cols, "time_p10", "time_p50", "time_p90", "wall_completed_p10",
+                         "wall_completed_p90", "cost_p10", "cost_p90"])
         for r in rows:
+            t = r["time_to_result_s"]
             writer.writerow([r.get(k, "") for k in cols] + [
+                "" if t[k] is None else t[k] for k in ("p10", "p50", "p90")] + [
                 r["wall_time_s"]["p10"], r["wall_time_s"]["p90"], r["cost_usd"]["p10"],
                 r["cost_usd"]["p90"]])
 
@@ -241,6 +334,23 @@ def parse_args(argv: list[str]) -> list[str]:
         key = arg.split("=", 1)[0]
         out.append(f"planner.{arg}" if key in SHORTHANDS else arg)
     return out
+
+
+def nearest_misses(rows: list[dict[str, Any]], cfg: ExperimentConfig, n: int = 3) -> str:
+    """When nothing meets the limits: the candidates closest to them, so the user sees what a
+    looser deadline or budget would buy."""
+    deadline = cfg.planner.deadline_h is not None
+
+    def key(r: dict[str, Any]) -> tuple[float, float]:
+        return (-r.get("p_deadline", 0.0), r["mean_cost_usd"]) if deadline else (
+            r["mean_cost_usd"], -r["p_complete"])
+
+    best = sorted(rows, key=key)[:n]
+    parts = [f"{r['candidate'].label}{' †' if r['extrapolated'] else ''} in "
+             f"{r['candidate'].zone}: P(deadline) {r.get('p_deadline', 0):.0%}, mean "
+             f"${r['mean_cost_usd']:.2f}, time {_hours(r['time_to_result_s']['p50'])} h (median)"
+             for r in best]
+    return "nothing meets the limits; closest: " + "; ".join(parts)
 
 
 def plan_experiment(overrides: list[str], out_dir: Path | None = None
@@ -256,6 +366,8 @@ def plan_experiment(overrides: list[str], out_dir: Path | None = None
     out = out_dir or Path("outputs") / "plan" / cfg.name / time.strftime("%Y-%m-%d_%H-%M-%S")
     out.mkdir(parents=True, exist_ok=True)
     print_table(ranked, cfg, len(rows))
+    if not ranked and rows:
+        print(nearest_misses(rows, cfg))
     write_csv(ranked, out / "plan.csv")
     if rows:
         pareto_plot(rows, cfg, out / "pareto.png")

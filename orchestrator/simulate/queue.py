@@ -28,8 +28,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from orchestrator.config.schema import ExperimentConfig, Protocol
-from orchestrator.plan import RunPlan
+from orchestrator.config.schema import ExperimentConfig
+from orchestrator.plan import RunPlan, estimate_train_time_s
 from orchestrator.simulate.config import QueuePolicy
 from orchestrator.simulate.models import SimModels
 
@@ -179,23 +179,12 @@ def admit(ordered: Sequence[T], free_gpus: float, gpus: Callable[[T], int],
 
 def predict_time_s(cfg: ExperimentConfig, plan: RunPlan, models: SimModels) -> float:
     """Time of the planned run from the speed model alone (all workers throughout, no
-    revocation, mean start-up): what a scheduler can know before the run."""
-    step_times = [(models.step_time_s(cfg.job.hparam_set, h.gpu, cfg.job.batch_size), h.gpu)
-                  for h in plan.hosts if h.role == "worker"]
-    total = 0.0
-    for phase in plan.phases:
-        steps = phase.end_step - phase.start_step
-        if phase.protocol == Protocol.asp.value:
-            total += steps / models.asp_rate(step_times, cfg.job.hparam_set,
-                                             plan.parameter_servers)
-        else:
-            total += steps * models.bsp_step_s([t for t, _ in step_times])
-    every = [f for f in (cfg.job.checkpoint_frequency, cfg.job.eval_frequency) if f > 0]
-    checkpoints = plan.total_steps // min(every) if every else 1
+    revocation, mean start-up): what a scheduler can know before the run; the plan's own
+    estimate (:func:`orchestrator.plan.estimate_train_time_s`) plus the mean start-up."""
+    total = estimate_train_time_s(cfg, plan.hosts, plan.phases, models)
     startup = models.params["startup"]
     vm = startup["vm"]["transient" if any(h.transient for h in plan.hosts) else "on_demand"]
-    return (total + checkpoints * models.checkpoint_s(cfg.job.hparam_set) + vm["mean_s"]
-            + startup["tf_start"]["cold"]["mean_s"])
+    return total + vm["mean_s"] + startup["tf_start"]["cold"]["mean_s"]
 
 
 def compare(runs: Sequence[QueuedRun], quota_gpus: int, las_threshold_gpu_h: float,

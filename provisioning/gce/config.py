@@ -13,6 +13,7 @@ import os
 from dataclasses import dataclass, field
 
 from provisioning.base import ProviderConfig
+from provisioning.ssh.config import DEFAULT_INDEX_URL, runtime_install_problems
 
 #: The label every VM of this tool carries (`tool=<TOOL_LABEL>`); `orchestrator.gc` (`orphans.py`)
 #: finds orphans by it. Label values: lowercase letters, digits, `_` and `-`, at most 63 characters.
@@ -39,7 +40,8 @@ class GceConfig(ProviderConfig):
     zones: list[str] = field(default_factory=list)  # fallback order after each host's plan zone
     cross_region: bool = False  # let VMs of one cluster fall back into different regions
     image_project: str = "deeplearning-platform-release"  # where image_family lives
-    image_family: str = "common-cu128-ubuntu-2204-nvidia-570"  # CUDA + driver, no framework
+    # CUDA + driver, no framework; Ubuntu 24.04, whose Python 3.12 the hosts' runtime installs on
+    image_family: str = "common-cu128-ubuntu-2404-nvidia-570"
     image: str | None = None  # a custom image URL (projects/P/global/images/NAME); wins if set
     boot_disk_gb: int = 100  # boot disk size (the DLVM images need ≥ 50 GB)
     network: str = "global/networks/default"  # VPC network
@@ -57,7 +59,8 @@ class GceConfig(ProviderConfig):
     os_login_user: str | None = None  # OS Login projects: whose profile gets the key (e-mail)
     ssh_key: str | None = None  # private key (no passphrase); None = the tool's own (keys.py)
     python: str | None = None  # interpreter on the VMs that has the trainer's dependencies
-    wheelhouse: str | None = None  # local wheels for VMs without `python` (gpu/cpu extra)
+    index_url: str | None = DEFAULT_INDEX_URL  # VMs without `python` install from it themselves
+    wheelhouse: str | None = None  # local dir: wheels for VMs without an index (wins if set)
     termination_action: TerminationAction = TerminationAction.DELETE
     max_run_duration_s: int | None = None  # every VM ends after this (cloud-enforced); None = never
     lease_s: float = 900.0  # a VM the orchestrator has not renewed for this long ends itself; 0 = off
@@ -90,8 +93,22 @@ class GceConfig(ProviderConfig):
         return os.path.expanduser(self.ssh_key) if self.ssh_key else str(tool_key_path())
 
     def check(self) -> list[tuple[str, str]]:
-        """(field, problem) for every mistake found before any VM exists (fields as typed)."""
-        problems: list[tuple[str, str]] = []
+        """(field, problem) known before any VM exists (fields as typed): the hosts' runtime
+        install keys, an image family whose Python (its name tells) no wheel of the runtime
+        fits, a baked image (`python -m orchestrator.image bake`) made for another dependency
+        set, the login key, internal-IP-only VMs, the timeouts and the lease."""
+        from provisioning.host_runtime import image_family_problem, stale_image_problem
+
+        problems = runtime_install_problems(self.index_url, self.wheelhouse, "cpu",
+                                            self.python is None)
+        if self.python is None and self.image is None:
+            problem = image_family_problem(self.image_family)
+            if problem:
+                problems.append(("provider.image_family", problem))
+        if self.python is None and self.image is not None:
+            problem = stale_image_problem(self.image)
+            if problem:
+                problems.append(("provider.image", problem))
         if self.ssh_key:
             from provisioning.gce.keys import key_problem
 

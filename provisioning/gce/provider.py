@@ -644,7 +644,7 @@ class GceProvider(Provider):
             detail = value.split(":", 1)[1].strip() if ":" in value else value
             raise BadRequestError(f"{what} sees no GPU: nvidia-smi: {detail} (the NVIDIA "
                                   "driver is missing or not loaded; use an image family that "
-                                  "carries it, e.g. common-cu128-ubuntu-2204-nvidia-570)")
+                                  "carries it, e.g. common-cu128-ubuntu-2404-nvidia-570)")
 
     def known_hosts_path(self, run_id: str) -> Path:
         return self._workdirs.get(run_id, Path.cwd()) / KNOWN_HOSTS_FILE
@@ -727,6 +727,11 @@ class GceProvider(Provider):
                 self.revocations[host.id] = vm.revoked_reason or "gone"
             states[host.id] = state
         return states
+
+    def state_lag_s(self) -> float:
+        """poll() answers from one listing per `poll_interval_s`: a preempted VM's processes
+        can be seen dead (over SSH) up to that long before the listing says STOPPING."""
+        return self.config.poll_interval_s
 
     def _revocation_reason(self, vm: _Vm) -> str:
         """'preempted' when GCE recorded a preemption of the VM, else 'gone' (one call, once)."""

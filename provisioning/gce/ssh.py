@@ -6,9 +6,10 @@ VM's guest attributes; RejectPolicy stays on, and only a VM that published no ke
 first use (recorded by the SSH backend). The connection is opened on the first `runner()` call
 for a host on the VM, so watching and releasing VMs never needs SSH.
 
-Setup is the SSH backend's: this project's wheel into a cached environment on the VM, with the
-`gpu` extra on VMs with a GPU (TensorFlow with CUDA) and `cpu` elsewhere, or only the wheel when
-`provider.python` names an interpreter that already has the dependencies.
+Setup is the SSH backend's (`provisioning/ssh/setup.py`): this project's wheel into a cached
+environment on the VM, with the `gpu` extra on VMs with a GPU (TensorFlow with CUDA) and `cpu`
+elsewhere, installed by the VM from `provider.index_url` (or from `provider.wheelhouse`), or only
+the wheel when `provider.python` names an interpreter that already has the dependencies.
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ class VmSsh:
         ssh_config = SshProviderConfig(
             hosts=[inventory], known_hosts=str(self.known_hosts),
             trust_on_first_use=not self.pinned, first_port=cfg.trainer_port,
-            wheelhouse=cfg.wheelhouse, extra=trainer_extra(self.has_gpu),
+            wheelhouse=cfg.wheelhouse, index_url=cfg.index_url, extra=trainer_extra(self.has_gpu),
             ready_timeout_s=cfg.ready_timeout_s)
         provider = SshProvider(ssh_config, journal=self.journal)
         if booting:  # a fresh VM is RUNNING before it takes logins: wait for it

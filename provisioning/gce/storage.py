@@ -12,7 +12,8 @@ object's exception (it raises nothing by default, and skips some objects with on
 every result is checked, and a failure surfaces as `StorageError` naming each failed object.
 Files above 8 MiB go as chunked resumable uploads and ranged chunked downloads.
 
-Also a command for the hosts: `python -m provisioning.gce.storage (upload|download|mirror) SRC DST`.
+Also a command: `python -m provisioning.gce.storage (upload|download|mirror) SRC DST`, where this
+tool is installed (the hosts' wheel carries only `trainer`: hosts need no Google client).
 """
 
 from __future__ import annotations

@@ -8,11 +8,15 @@ before anything is provisioned, so a wrong key path is a one-line config error).
 from __future__ import annotations
 
 import getpass
+import ipaddress
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from provisioning.base import STOP_GRACE_S, ProviderConfig
+
+#: Where hosts install the trainer's dependencies from, by default: the public package index.
+DEFAULT_INDEX_URL = "https://pypi.org/simple"
 
 
 @dataclass
@@ -25,7 +29,7 @@ class SshHostConfig:
     user: str | None = None  # login user; None = the orchestrator's user
     key_path: str = "~/.ssh/id_ed25519"  # private key file on the orchestrator (never sent)
     root: str = ".transient"  # host directory for environments and runs (relative: to $HOME)
-    python: str | None = None  # interpreter whose env has the trainer's deps; None = wheelhouse
+    python: str | None = None  # interpreter whose env has the trainer's deps; None = install them
     labels: dict[str, str] = field(default_factory=dict)  # e.g. {gpu: T4}: roles wanting a GPU type
     spare: bool = False  # only used to replace lost machines, never placed at start
 
@@ -51,8 +55,9 @@ class SshProviderConfig(ProviderConfig):
     heartbeat_timeout_s: float = 6.0  # unanswered this long = machine lost
     max_parallel_handshakes: int = 8  # below sshd's MaxStartups (10)
     first_port: int = 23400  # roles on a machine listen on first_port, first_port + 1, ...
-    wheelhouse: str | None = None  # local dir of wheels for hosts without `python`
-    extra: str = "cpu"  # optional-dependency group installed from the wheelhouse (cpu, gpu)
+    index_url: str | None = DEFAULT_INDEX_URL  # hosts without `python` install from it, on the host
+    wheelhouse: str | None = None  # local dir of wheels for hosts without an index (wins if set)
+    extra: str = "cpu"  # TensorFlow build hosts without `python` install (cpu, gpu)
     stop_grace_s: float = STOP_GRACE_S  # SIGTERM-to-SIGKILL grace when roles are stopped
 
     def check(self) -> list[tuple[str, str]]:
@@ -62,6 +67,7 @@ class SshProviderConfig(ProviderConfig):
             problems.append(("provider.hosts", "the inventory is empty; list at least one "
                              "machine (name, address, key_path)"))
         names: set[str] = set()
+        addresses: dict[str, int] = {}  # one machine per address: see same_address
         for i, host in enumerate(self.hosts):
             where = f"provider.hosts.{i}"
             if not host.name:
@@ -71,6 +77,15 @@ class SshProviderConfig(ProviderConfig):
             names.add(host.name)
             if not host.address:
                 problems.append((f"{where}.address", "must be set"))
+            elif same_address(host.address) in addresses:
+                first = addresses[same_address(host.address)]
+                problems.append((f"{where}.address", (
+                    f"{host.address!r} is also provider.hosts.{first}.address: roles on both "
+                    f"would serve gRPC on the same address and ports (from "
+                    f"provider.first_port={self.first_port}); give each inventory machine its "
+                    "own address")))
+            else:
+                addresses[same_address(host.address)] = i
             if not 0 < host.port < 65536:
                 problems.append((f"{where}.port", f"{host.port} is not a TCP port"))
             key = host.key_file()
@@ -94,9 +109,37 @@ class SshProviderConfig(ProviderConfig):
             problems.append(("provider.max_parallel_handshakes", "must be >= 1"))
         if not 1024 <= self.first_port < 65000:
             problems.append(("provider.first_port", "must be in 1024..64999"))
-        if self.wheelhouse is None and any(h.python is None for h in self.hosts):
-            first = next(i for i, h in enumerate(self.hosts) if h.python is None)
-            problems.append((f"provider.hosts.{first}.python",
-                             "not set, and provider.wheelhouse is not set either: a host needs "
-                             "an interpreter with the trainer's dependencies, or a wheelhouse"))
+        problems += runtime_install_problems(self.index_url, self.wheelhouse, self.extra,
+                                             any(h.python is None for h in self.hosts))
         return problems
+
+
+def runtime_install_problems(index_url: str | None, wheelhouse: str | None, extra: str,
+                             needed: bool) -> list[tuple[str, str]]:
+    """The keys of the hosts' runtime install (`provider.index_url`, `wheelhouse`, `extra`),
+    shared by provider=ssh and provider=gce; `needed`: some host has no `python` of its own."""
+    problems: list[tuple[str, str]] = []
+    if index_url is not None and not index_url.startswith(("http://", "https://")):
+        problems.append(("provider.index_url", f"{index_url!r} is not an http(s) URL of a "
+                         "package index (e.g. https://pypi.org/simple)"))
+    if extra not in ("cpu", "gpu"):
+        problems.append(("provider.extra", f"{extra!r}: must be cpu or gpu"))
+    if needed and not index_url and wheelhouse is None:
+        problems.append(("provider.index_url", "null, and provider.wheelhouse is not set "
+                         "either: a host without `python` installs the trainer's dependencies "
+                         "from a package index or from a wheelhouse"))
+    return problems
+
+
+def same_address(address: str) -> str:
+    """``address`` as one machine's key: case and an IP's spelling do not matter, and every
+    loopback name is this machine. Two inventory entries with the same key would be given the
+    same gRPC ports (each machine counts its ports from `first_port`), so roles clash."""
+    text = address.strip().lower().strip("[]")
+    if text == "localhost":
+        return "loopback"
+    try:
+        ip = ipaddress.ip_address(text)
+    except ValueError:
+        return text.rstrip(".")  # a host name (a trailing dot is the same name)
+    return "loopback" if ip.is_loopback else str(ip)

@@ -248,12 +248,13 @@ class SshConnection:
             client.set_missing_host_key_policy(_PinningPolicy(self.known_hosts, self._on_pin))
         else:
             client.set_missing_host_key_policy(paramiko.RejectPolicy())
+        started = time.monotonic()
         try:
             sock = _keepalive_socket(t, self.timeouts.connect_s)
-        except OSError as error:
+        except OSError as error:  # the time it took: a refusal or no route is quick
             raise SshUnreachableError(
                 f"ssh host {self._where()} unreachable: {_one_line(error) or 'timed out'} "
-                f"(after {self.timeouts.connect_s:g} s)") from None
+                f"(after {time.monotonic() - started:.1f} s)") from None
         try:
             client.connect(
                 t.address, port=t.port, username=t.user, key_filename=t.key_path, sock=sock,

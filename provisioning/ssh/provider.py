@@ -84,22 +84,23 @@ PINNED_KEYS_FILE = "ssh_pinned_host_keys.jsonl"
 RETRY_LOST_CONNECT_S = 3.0
 KILL_CONFIRM_S = 5.0  # after KILL, how long a leftover group may take to be gone (reaped)
 
-_wheel_caches: dict[tuple[str, str | None, str], WheelCache] = {}
+_wheel_caches: dict[tuple[str, str | None, str, str | None], WheelCache] = {}
 _wheel_caches_lock = threading.Lock()
 
 
-def _wheel_cache(wheelhouse: str | None, extra: str) -> WheelCache:
+def _wheel_cache(wheelhouse: str | None, extra: str, index_url: str | None) -> WheelCache:
     """One wheel per state of the sources: built at most once per run, and kept in the user's
     cache (`$XDG_CACHE_HOME/transient-orchestrator/wheels/<source stamp>/`) for later runs."""
     stamp = source_stamp()
-    key = (stamp, wheelhouse, extra)
+    key = (stamp, wheelhouse, extra, index_url)
     with _wheel_caches_lock:
         if key not in _wheel_caches:
             cache_root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
             work_dir = cache_root / "transient-orchestrator" / "wheels" / stamp[:24]
             work_dir.mkdir(parents=True, exist_ok=True)
             _wheel_caches[key] = WheelCache(
-                work_dir, None if wheelhouse is None else Path(wheelhouse).expanduser(), extra)
+                work_dir, None if wheelhouse is None else Path(wheelhouse).expanduser(), extra,
+                index_url)
         return _wheel_caches[key]
 
 
@@ -402,7 +403,8 @@ class SshProvider(Provider):
             with machine.lock:
                 if machine.setup_future is None and machine.alive():
                     assert machine.connection is not None
-                    cache = cache or _wheel_cache(self.config.wheelhouse, self.config.extra)
+                    cache = cache or _wheel_cache(self.config.wheelhouse, self.config.extra,
+                                                  self.config.index_url)
                     machine.setup_future = self._setup_pool.submit(
                         ensure_environment, machine.connection, machine.root,
                         machine.inventory.python, cache, self.config.extra)

@@ -1,25 +1,31 @@
 """Setting an SSH machine up to run `python -m trainer`: this project's wheel in a cached env.
 
-The orchestrator builds this project's wheel for the hosts once per state of the sources (`pip
-wheel --no-deps`, from a copy of the sources so the checkout stays clean, without the papers'
-reference data that only the orchestrator reads), copies it to each machine over SFTP under its
-content digest (zip timestamps excluded, so the same code gives the same name), and runs one
-remote command, `host_setup.py`, with the machine's interpreter: it names the environment by
-that digest, the Python version and the interpreter, and builds it under a host-side `flock`,
-marked ready last, so a second run — or a run racing this one — finds it ready and installs
-nothing. One command, because each starts the login shell, and lab servers' rc files (conda or
-pyenv init) cost a fifth of a second or more of CPU each.
+The orchestrator builds the hosts' wheel once per state of the sources (`pip wheel --no-deps`,
+from a copy of `trainer/` with a pyproject written for the hosts: name `transient-orchestrator-
+host`, the hosts' dependency set and Python range from `provisioning.host_runtime`, so the
+checkout stays clean and nothing of the orchestrator's goes along), copies it to each machine
+over SFTP under its content digest (zip timestamps excluded, so the same code gives the same
+name), and runs one remote command, `host_setup.py`, with the machine's `python3`: it checks the
+Python and platform, names the environment by that digest, the Python version and the
+interpreter, and builds it under a host-side `flock`, marked ready last, so a second run — or a
+run racing this one — finds it ready and installs nothing. One command, because each starts the
+login shell, and lab servers' rc files (conda or pyenv init) cost a fifth of a second or more of
+CPU each.
 
-Two ways to get the trainer's dependencies onto a machine:
-- the machine declares an interpreter whose environment already has them (`hosts[].python`,
-  the usual lab server): only our wheel is unpacked (no pip, no bytecode compilation) into
-  `<env>/site`, which the trainer gets on its `PYTHONPATH`;
-- otherwise a venv (without pip) is created with the machine's `python3`, and pip, run from
-  its own wheel in the wheelhouse, installs the dependencies from a wheelhouse the orchestrator
-  prepared (`provider.wheelhouse`, filled by `pip wheel` on the orchestrator when it lacks our
-  wheel's dependencies) and copied over; the machine needs no package index (air-gapped lab
-  machines). That venv is named by the dependency set, so new code reuses it and only unpacks
-  our wheel into `<env>/site`, as in the first case.
+Three ways to get the trainer's dependencies onto a machine (`setup_mode`):
+- `site`: the machine declares an interpreter whose environment already has them
+  (`hosts[].python`, the usual lab server; `provider.python` on GCE): only our wheel is unpacked
+  (no pip, no bytecode compilation) into `<env>/site`, which the trainer gets on PYTHONPATH;
+- `index` (the default, `provider.index_url`, the public PyPI unless set): the host builds a venv
+  of the hosts' dependency set itself, with a supported `python3[.X]` of its own and pip fetched
+  from that index, which it installs from, so only our wheel (~100 KB) crosses the user's link;
+- `wheelhouse` (`provider.wheelhouse`, for air-gapped machines): the same venv, filled with no
+  index from wheels the orchestrator downloads FOR THAT HOST's Python and platform (`pip download
+  --python-version --platform --only-binary=:all:`, only the hosts' dependency set and pip) into
+  `<wheelhouse>/<key>` and copies once per host (`<root>/wheelhouse/<key>`, marked complete last).
+The venv is named by the dependency set, so new code reuses it and only unpacks our wheel into
+`<env>/site`, as in the first case. A host with no supported interpreter or another platform is
+refused with one line naming it, its Python and platform and what to change, before any install.
 """
 
 from __future__ import annotations
@@ -41,17 +47,19 @@ from pathlib import Path
 
 from provisioning.base import BadRequestError, ProvisionError
 from provisioning.checkout import PROJECT_ROOT
+from provisioning.host_runtime import HostRuntime, platform_tags
+from provisioning.host_runtime import load as load_runtime
 from provisioning.ssh.connection import SshConnection
 from provisioning.ssh.runner import sftp_put
 
-#: What the hosts' wheel is built from: the two packages that run there (`python -m trainer`;
-#: gce VMs also `python -m provisioning.gce.storage`; neither imports `orchestrator` or
-#: `analysis`, which only the orchestrator's machine runs), and what the build reads. Leaving
-#: the orchestrator, the analysis and the papers' measurements out (1,000 files, 7.5 MB) made
-#: the wheel 334 KB -> ~150 KB and its unpacking, most of a cached host's setup, half as long.
-_SOURCE_ITEMS = ("pyproject.toml", "README.md", "LICENSE", "trainer", "provisioning")
-#: Files the build needs although the hosts do not: pyproject's `license-files`.
-_BUILD_ONLY = (Path("analysis") / "reference_data" / "LICENSE-Apache-2.0.txt",)
+#: What the hosts' wheel is built from: the package that runs there (`python -m trainer`, which
+#: imports nothing of `orchestrator`, `provisioning` or `analysis`: those run on the orchestrator's
+#: machine only), its licence and a pyproject written for the hosts (`_host_pyproject`). Leaving
+#: the rest out made the wheel 334 KB -> ~100 KB and its unpacking, most of a cached host's setup,
+#: less than half as long.
+_SOURCE_ITEMS = ("LICENSE", "trainer")
+#: The hosts' distribution, beside the orchestrator's `transient-orchestrator`.
+HOST_DIST = "transient-orchestrator-host"
 #: One host's setup; a cold venv with TensorFlow from the wheelhouse (450 MB copied, pip, bytecode)
 #: took 14 min on the 2-core test machine under a load of 25-40 (measured once).
 INSTALL_TIMEOUT_S = 1800.0
@@ -68,13 +76,16 @@ class Wheel:
 
 
 def project_root() -> Path:
-    """The source checkout this package was imported from (where pyproject.toml is)."""
-    root = PROJECT_ROOT
-    if not (root / "pyproject.toml").exists():
-        raise BadRequestError(
-            f"provider: setting up ssh hosts builds this project's wheel from its source "
-            f"checkout, but {root} has no pyproject.toml")
-    return root
+    """The source tree the hosts' wheel is built from: the checkout this package was imported
+    from, or for an installed tool the same items rebuilt from its installed files."""
+    from provisioning.checkout import installed_source_tree, is_checkout
+
+    if is_checkout(PROJECT_ROOT):
+        return PROJECT_ROOT
+    try:
+        return installed_source_tree()
+    except RuntimeError as ex:
+        raise BadRequestError(f"provider: setting up ssh hosts: {ex}") from None
 
 
 def source_stamp(root: Path | None = None) -> str:
@@ -82,7 +93,7 @@ def source_stamp(root: Path | None = None) -> str:
     process rebuilds the wheel only when the code changed."""
     root = root or project_root()
     h = hashlib.sha256()
-    for item in _SOURCE_ITEMS:
+    for item in (*_SOURCE_ITEMS, "pyproject.toml"):
         path = root / item
         files = sorted(path.rglob("*.py")) if path.is_dir() else [path]
         for file in files:
@@ -101,10 +112,40 @@ def wheel_digest(path: Path) -> str:
     return h.hexdigest()
 
 
-def build_wheel(out_dir: Path, root: Path | None = None) -> Wheel:
-    """Build this project's wheel for the hosts (no dependencies; only the packages that run
-    there, `_SOURCE_ITEMS`) into `out_dir` from a copy of the sources."""
+def _host_pyproject(runtime: HostRuntime) -> str:
+    """The hosts' wheel's pyproject: its dependencies and Python are the hosts' (a pip that
+    installs it checks them), not the orchestrator's."""
+    def toml_list(items: tuple[str, ...] | list[str]) -> str:
+        return json.dumps(list(items))
+
+    extras = "\n".join(f"{name} = {toml_list(lines)}" for name, lines in runtime.extras.items())
+    return f"""[build-system]
+requires = ["setuptools>=77.0.3"]
+build-backend = "setuptools.build_meta"
+
+[project]
+name = "{HOST_DIST}"
+version = "{runtime.version}"
+description = "What transient-orchestrator runs on its hosts: python -m trainer"
+requires-python = "{runtime.requires_python}"
+license = "Apache-2.0"
+license-files = ["LICENSE"]
+dependencies = {toml_list(runtime.base)}
+
+[project.optional-dependencies]
+{extras}
+
+[tool.setuptools]
+packages = {{ find = {{ include = ["trainer*"] }} }}
+"""
+
+
+def build_wheel(out_dir: Path, root: Path | None = None,
+                runtime: HostRuntime | None = None) -> Wheel:
+    """Build the hosts' wheel (no dependencies; only the package that runs there,
+    `_SOURCE_ITEMS`, with the hosts' metadata) into `out_dir` from a copy of the sources."""
     root = root or project_root()
+    runtime = runtime or load_runtime(root)
     out_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="transient-wheel-") as tmp:
         src = Path(tmp) / "src"
@@ -116,33 +157,57 @@ def build_wheel(out_dir: Path, root: Path | None = None) -> Wheel:
                 shutil.copytree(path, src / item, ignore=ignore)
             elif path.exists():
                 shutil.copy2(path, src / item)
-        for item in _BUILD_ONLY:
-            if (root / item).exists():
-                (src / item).parent.mkdir(parents=True, exist_ok=True)
-                shutil.copy2(root / item, src / item)
+        (src / "pyproject.toml").write_text(_host_pyproject(runtime))
         result = subprocess.run(
             [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
              "--wheel-dir", str(out_dir), str(src)],
             capture_output=True, text=True)
     if result.returncode != 0:
         raise ProvisionError(f"building this project's wheel failed: {result.stderr[-800:]}")
-    wheels = sorted(out_dir.glob("transient_orchestrator-*.whl"), key=lambda p: p.stat().st_mtime)
+    wheels = sorted(out_dir.glob(f"{HOST_DIST.replace('-', '_')}-*.whl"),
+                    key=lambda p: p.stat().st_mtime)
     if not wheels:
         raise ProvisionError(f"building this project's wheel left no wheel in {out_dir}")
     return Wheel(wheels[-1], wheel_digest(wheels[-1]))
 
 
 class WheelCache:
-    """Builds the wheel (and prepares the wheelhouse) at most once per run, whoever asks first."""
+    """What every host of a run installs, prepared at most once per run whoever asks first: the
+    hosts' wheel, and with `wheelhouse` a folder of wheels per host Python and platform.
+
+    `extra` (cpu, gpu) picks TensorFlow's build; `index_url` is the package index the hosts
+    install from (None: only `wheelhouse` or hosts with `python`); `runtime` the dependency set
+    (`provisioning.host_runtime`, from pyproject.toml; tests pass a small one)."""
 
     def __init__(self, work_dir: Path, wheelhouse: Path | None = None,
-                 extra: str | None = None) -> None:
+                 extra: str | None = "cpu", index_url: str | None = None,
+                 runtime: HostRuntime | None = None) -> None:
         self.work_dir = work_dir
         self.wheelhouse = wheelhouse
-        self.extra = extra
+        self.extra = extra or "cpu"
+        self.index_url = index_url
+        self.runtime = runtime
         self._wheel: Wheel | None = None
-        self._wheelhouse_ready = False
+        self._houses: dict[str, Path] = {}
         self._lock = threading.Lock()
+
+    def host_runtime(self) -> HostRuntime:
+        if self.runtime is None:
+            self.runtime = load_runtime()
+        return self.runtime
+
+    @property
+    def mode(self) -> str:
+        """How hosts without `python` get the dependencies: `wheelhouse` (set: an air-gapped
+        lab) wins over `index`."""
+        if self.wheelhouse is not None:
+            return "wheelhouse"
+        if self.index_url:
+            return "index"
+        raise BadRequestError(
+            "provider.index_url: a host without `python` (an interpreter that already has the "
+            "trainer's dependencies) installs them from a package index or from "
+            "provider.wheelhouse, and neither is set")
 
     def wheel(self) -> Wheel:
         """The wheel in `work_dir` if an earlier run built it there, else built now (into a
@@ -153,13 +218,13 @@ class WheelCache:
             if self._wheel is None:
                 with open(self.work_dir / ".build.lock", "w") as lock:
                     fcntl.flock(lock, fcntl.LOCK_EX)
-                    built = sorted(self.work_dir.glob("transient_orchestrator-*.whl"))
+                    built = sorted(self.work_dir.glob(f"{HOST_DIST.replace('-', '_')}-*.whl"))
                     if built:
                         self._wheel = Wheel(built[-1], wheel_digest(built[-1]))
                     else:
                         staging = Path(tempfile.mkdtemp(prefix=".build-", dir=self.work_dir))
                         try:
-                            wheel = build_wheel(staging)
+                            wheel = build_wheel(staging, runtime=self.runtime)
                             target = self.work_dir / wheel.name
                             wheel.path.replace(target)
                             self._wheel = Wheel(target, wheel.digest)
@@ -167,44 +232,43 @@ class WheelCache:
                             shutil.rmtree(staging, ignore_errors=True)
             return self._wheel
 
-    def prepared_wheelhouse(self) -> Path:
-        """The wheelhouse with every wheel our wheel (with `extra`) needs, and pip's own wheel
-        (hosts run pip from it, so they need neither pip nor `ensurepip`). A wheelhouse that
-        already holds them all is used as it is, without a package index (checked by an
-        offline `pip wheel`); otherwise what is missing is downloaded (and built, for an
-        sdist) on the orchestrator, which has an index. The wheels are for the orchestrator's
-        Python and platform: hosts must run the same Python minor version."""
-        wheel = self.wheel()
-        if self.wheelhouse is None:
-            raise BadRequestError(
-                "provider.wheelhouse: a host without `python` (an interpreter that already has "
-                "the trainer's dependencies) needs a wheelhouse to install them from")
+    def wheelhouse_for(self, key: str, minor: int, glibc: tuple[int, int], machine: str) -> Path:
+        """`<wheelhouse>/<key>`: the hosts' dependency set and pip as wheels for CPython
+        3.`minor` on manylinux (glibc `glibc`, `machine`), whatever this machine's own Python
+        and platform. Wheels already in the folder (or put flat into `<wheelhouse>` by the
+        user, for an orchestrator that has no index either) are used without an index (an
+        offline `pip download` checks the set is complete); what is missing is downloaded.
+        Marked complete last, so a later run reuses it without asking pip."""
+        assert self.wheelhouse is not None
         with self._lock:
-            if not self._wheelhouse_ready:
-                self.wheelhouse.mkdir(parents=True, exist_ok=True)
-                marker = self.wheelhouse / f".complete-{wheel.digest[:16]}-{self.extra}"
-                if not marker.exists():
-                    target = f"{wheel.path}[{self.extra}]" if self.extra else str(wheel.path)
-                    # `pip wheel`, not `pip download --only-binary`: some dependencies ship
-                    # only an sdist (hydra's antlr4 runtime), built into a wheel here once.
-                    download = [sys.executable, "-m", "pip", "wheel", "--quiet",
-                                "--disable-pip-version-check", "--wheel-dir",
-                                str(self.wheelhouse), target, "pip"]
-                    offline = subprocess.run(
-                        [*download, "--no-index", "--find-links", str(self.wheelhouse)],
-                        capture_output=True, text=True)
+            if key in self._houses:
+                return self._houses[key]
+            folder = self.wheelhouse / key
+            folder.mkdir(parents=True, exist_ok=True)
+            with open(folder / ".lock", "w") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                if not (folder / _READY).exists():
+                    runtime = self.host_runtime()
+                    wanted = [*runtime.requirements(self.extra), "pip"]
+                    platforms = [a for tag in platform_tags(glibc, machine)
+                                 for a in ("--platform", tag)]
+                    download = [sys.executable, "-m", "pip", "download", "--quiet",
+                                "--disable-pip-version-check", "--only-binary=:all:",
+                                "--python-version", f"3.{minor}", "--implementation", "cp",
+                                *platforms, "--dest", str(folder), "--find-links",
+                                str(self.wheelhouse), "--find-links", str(folder), *wanted]
+                    offline = subprocess.run([*download, "--no-index"], capture_output=True,
+                                             text=True)
                     if offline.returncode != 0:
                         result = subprocess.run(download, capture_output=True, text=True)
                         if result.returncode != 0:
                             raise ProvisionError(
-                                f"preparing the wheelhouse {self.wheelhouse} failed: "
-                                f"{result.stderr[-800:]}")
-                    marker.touch()
-                self._wheelhouse_ready = True
-            # our own wheel is copied on its own, under its digest
-            for stale in self.wheelhouse.glob("transient_orchestrator-*.whl"):
-                stale.unlink()
-        return self.wheelhouse
+                                f"provider.wheelhouse: downloading the hosts' wheels for Python "
+                                f"3.{minor} on manylinux {machine} (glibc {glibc[0]}.{glibc[1]}) "
+                                f"into {folder} failed: {_last_line(result.stderr)}")
+                    (folder / _READY).touch()
+            self._houses[key] = folder
+            return folder
 
 
 @dataclass(frozen=True)
@@ -216,39 +280,77 @@ class Environment:
     env: dict[str, str]
     installed: bool  # False when it was already there (cached)
     deps_installed: bool = False  # a venv of dependencies was made (hosts without `python`)
+    mode: str = "site"  # site | index | wheelhouse (module docstring)
+    version: str = ""  # the environment's Python, X.Y
 
 
 #: The host-side installer, sent as one `python -c` (see its docstring for why).
 _HOST_SCRIPT = (Path(__file__).with_name("host_setup.py")).read_text()
+_READY = ".ready"  # host_setup.READY: a folder is complete (the script is not imported here)
 
 
 def ensure_environment(connection: SshConnection, root: str, python: str | None,
-                       cache: WheelCache, extra: str | None) -> Environment:
+                       cache: WheelCache, extra: str | None = None) -> Environment:
     """Create or reuse the environment for this run's wheel on the machine (idempotent).
 
-    The wheel (and the wheelhouse, for hosts without `python`) goes over the machine's SFTP
-    session, skipped when the host already has it (its path carries the wheel's digest); then
-    one remote command, `host_setup.py` run by the host's interpreter, probes the Python
-    version, reuses a ready environment or builds it under a lock."""
+    The wheel goes over the machine's SFTP session, skipped when the host already has it (its
+    path carries the wheel's digest); then one remote command, `host_setup.py` run by the
+    host's `python3` (or `python`), checks the host's Python and platform, reuses a ready
+    environment or builds it under a lock. In wheelhouse mode a host whose venv is not ready
+    yet answers with its Python and platform; the wheels for it are copied (once: marked
+    complete last) and the command runs again. Raises BadRequestError, one line, for a host
+    no wheel of the runtime fits."""
     wheel = cache.wheel()
+    mode = "site" if python is not None else cache.mode
+    extra = extra or cache.extra
     interpreter = python or "python3"
-    wheelhouse = None if python is not None else cache.prepared_wheelhouse()
     remote_wheel = posixpath.join(root, "wheels", wheel.digest[:16], wheel.name)
-    remote_house = posixpath.join(root, "wheelhouse")
     with connection.sftp() as sftp:
         _put_if_absent(sftp, wheel.path, remote_wheel)
-        if wheelhouse is not None:
-            for file in sorted(wheelhouse.glob("*.whl")):
-                _put_if_absent(sftp, file, posixpath.join(remote_house, file.name))
-    name, requires = wheel_metadata(wheel.path)
-    spec = {"envs": posixpath.join(root, "envs"), "digest": wheel.digest[:16],
-            # With a declared interpreter only our wheel is installed (no dependencies): the
-            # extra changes nothing, so GPU and CPU machines sharing a file system share one.
-            "flavour": hashlib.sha256(f"{interpreter}\0{extra if python is None else ''}"
-                                      .encode()).hexdigest()[:8],
-            "wheel": remote_wheel, "mode": "site" if python is not None else "venv",
-            "wheelhouse": remote_house, "extra": extra, "name": name,
-            "deps": hashlib.sha256("\n".join([str(extra), *requires]).encode()).hexdigest()[:16]}
+    spec: dict[str, object] = {
+        "envs": posixpath.join(root, "envs"), "digest": wheel.digest[:16],
+        # With a declared interpreter only our wheel is installed (no dependencies): the
+        # extra changes nothing, so GPU and CPU machines sharing a file system share one.
+        "flavour": hashlib.sha256(f"{interpreter}\0{extra if mode != 'site' else ''}"
+                                  .encode()).hexdigest()[:8],
+        "wheel": remote_wheel, "mode": mode}
+    if mode != "site":
+        runtime = cache.host_runtime()
+        spec.update(check=runtime.host_check(), deps=runtime.digest(extra),
+                    requirements=runtime.requirements(extra), index_url=cache.index_url,
+                    wheelhouse=posixpath.join(root, "wheelhouse"))
+    done = _run_host_script(connection, interpreter, spec)
+    if done["status"] == "need_wheelhouse":
+        key = str(done["key"])
+        local = cache.wheelhouse_for(key, int(done["minor"]), tuple(done["glibc"]),
+                                     str(done["machine"]))
+        remote = posixpath.join(root, "wheelhouse", key)
+        with connection.sftp() as sftp:
+            for file in sorted(local.glob("*.whl")):
+                _put_if_absent(sftp, file, posixpath.join(remote, file.name))
+            with sftp.open(posixpath.join(remote, _READY), "w"):
+                pass  # complete: every wheel is there
+        done = _run_host_script(connection, interpreter, spec)
+    if done["status"] == "unsupported":
+        runtime = cache.host_runtime()
+        raise BadRequestError(
+            f"ssh host {connection.target.label}: its python3 is {done['version']} on "
+            f"{done['platform']} (glibc {done['glibc']}), and the hosts' runtime (TensorFlow 2.21) "
+            f"installs on CPython {runtime.pythons()} on Linux {runtime.machine} with glibc >= "
+            f"{runtime.glibc[0]}.{runtime.glibc[1]}: install python3.{runtime.max_minor} (or "
+            f"another of those) there or use an image that has one, or set its `python` to an "
+            f"interpreter that already has TensorFlow 2.21")
+    if done["status"] != "ready":
+        raise ProvisionError(f"ssh host {connection.target.label}: setup answered "
+                             f"{done['status']!r}")
+    return Environment(str(done["env"]), [python or str(done["python"]), "-m", "trainer"],
+                       {"PYTHONPATH": posixpath.join(str(done["env"]), "site")},
+                       bool(done["installed"]), bool(done["deps_installed"]), mode,
+                       str(done["version"]))
+
+
+def _run_host_script(connection: SshConnection, interpreter: str,
+                     spec: dict[str, object]) -> dict[str, object]:
     q = shlex.quote
     # -S: the script needs the standard library only (host_setup.py says why it matters)
     result = connection.run(f"{q(interpreter)} -S -c {q(_HOST_SCRIPT)} {q(json.dumps(spec))}",
@@ -260,20 +362,7 @@ def ensure_environment(connection: SshConnection, root: str, python: str | None,
         raise ProvisionError(f"ssh host {connection.target.label}: setting up the trainer's "
                              f"environment failed (exit {result.exit_code}): "
                              f"{_last_line(result.stderr or result.stdout)}")
-    done = json.loads(result.stdout.strip().splitlines()[-1])
-    return Environment(done["env"], [python or done["python"], "-m", "trainer"],
-                       {"PYTHONPATH": posixpath.join(done["env"], "site")}, done["installed"],
-                       done["deps_installed"])
-
-
-def wheel_metadata(path: Path) -> tuple[str, list[str]]:
-    """The wheel's project name and its declared dependencies (`Requires-Dist`, sorted)."""
-    with zipfile.ZipFile(path) as z:
-        meta = next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))
-        lines = z.read(meta).decode().split("\n\n", 1)[0].splitlines()
-    name = next(ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("Name:"))
-    return name, sorted(ln.split(":", 1)[1].strip() for ln in lines
-                        if ln.startswith("Requires-Dist:"))
+    return json.loads(result.stdout.strip().splitlines()[-1])
 
 
 def _last_line(text: str) -> str:

@@ -124,3 +124,22 @@ def test_p100_residuals_follow_measurement_session() -> None:
     assert (p100[p100["session"].isin(["2019-07-30", "2019-08-02"])]["residual_pct"] > 2).all()
     assert _session_r2("P100") > 0.85
     assert _session_r2("K80") < 0.3
+
+
+def test_leave_one_gpu_out_error_grows_outside_the_fitted_tflops_range() -> None:
+    """The held-out error the simulation draws from (issue 25): each of K80, P100, V100 left out
+    in turn. P100 lies between the other two (an interpolation), K80 and V100 outside; both
+    extrapolations are worse and were optimistic (predicted faster than measured)."""
+    folds = speed_model.evaluate_leave_gpu_out()
+    assert folds["P100"]["distance"] == 0 and folds["K80"]["distance"] > 0
+    assert folds["V100"]["distance"] > 0 and folds["V100"]["n"] == 4
+    for gpu in ("K80", "V100"):
+        assert folds[gpu]["rms_log_error"] > folds["P100"]["rms_log_error"]
+        assert folds[gpu]["mean_log_error"] < 0
+    # the exported model (the refit test checks it equals speed_error_model())
+    from orchestrator.simulate.models import SimModels
+
+    model = SimModels.load().params["step_time_error"]["model"]
+    assert model["measured"] < model["architecture"] < model["inside"]
+    assert model["per_log_tflops"] > 0 and model["tflops_range"] == [4.113, 9.526]
+    assert model["folds"] == json.loads(json.dumps(folds))

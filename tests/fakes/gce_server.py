@@ -77,6 +77,10 @@ def region_of(zone: str) -> str:
     return zone.rsplit("-", 1)[0]
 
 
+#: The `zone` of global operations (images.insert).
+GLOBAL = "global"
+
+
 class FakeHttpError(Exception):
     def __init__(self, code: int, message: str, reason: str = "invalid",
                  status: str = "INVALID_ARGUMENT") -> None:
@@ -112,13 +116,19 @@ class FakeOperation:
         self.refresh(now)
         status = "DONE" if self.finished else ("RUNNING" if now > self.created else "PENDING")
         zone_url = f"{API}/projects/{self.project}/zones/{self.zone}"
+        scope_url, target = zone_url, f"{zone_url}/instances/{self.target}"
+        if self.zone == GLOBAL:  # images.insert: a global operation on an image
+            scope_url = f"{API}/projects/{self.project}/global"
+            target = f"{scope_url}/images/{self.target}"
         body: dict[str, Any] = {
             "kind": "compute#operation", "id": str(abs(hash(self.name)) % 10**12),
-            "name": self.name, "zone": zone_url, "operationType": self.operation_type,
-            "targetLink": f"{zone_url}/instances/{self.target}", "status": status,
+            "name": self.name, "operationType": self.operation_type,
+            "targetLink": target, "status": status,
             "progress": 100 if status == "DONE" else 0,
-            "selfLink": f"{zone_url}/operations/{self.name}",
+            "selfLink": f"{scope_url}/operations/{self.name}",
         }
+        if self.zone != GLOBAL:
+            body["zone"] = zone_url
         if status == "DONE" and self.error is not None:
             body["httpErrorStatusCode"] = self.error["code"]
             body["httpErrorMessage"] = self.error["status"]
@@ -292,6 +302,7 @@ class FakeGce:
         #: metadata servers, and so their watchers, keep working): the orchestrator's link is cut
         self.instances: dict[tuple[str, str], FakeInstance] = {}  # (zone, name)
         self.operations: dict[tuple[str, str], FakeOperation] = {}
+        self.images: dict[str, dict[str, Any]] = {}  # custom images by name (images.insert)
         self.request_ids: dict[str, FakeOperation] = {}
         self.calls: collections.Counter[str] = collections.Counter()
         self._ip_pool = list(ip_pool) if ip_pool else None
@@ -376,6 +387,48 @@ class FakeGce:
             inst.watchers.notify_all()
         if self._on_gone is not None:
             self._on_gone(inst.ip)
+
+    def stop_instance(self, zone: str, name: str) -> FakeOperation:
+        """instances.stop: STOPPING, TERMINATED after `stop_s`; the disk is kept (its host is
+        powered off through `on_gone`, like a preemption with the STOP action)."""
+        with self._lock:
+            inst = self._instance(zone, name)
+            now = time.time()
+            if inst.deleting_at is None and inst.stopped_at is None:
+                inst.stopped_at = now
+            op = self._new_operation(zone, name, "stop", now, self.stop_s)
+        if self._on_gone is not None:
+            self._on_gone(inst.ip)
+        return op
+
+    def insert_image(self, body: dict[str, Any]) -> FakeOperation:
+        """images.insert from a stopped VM's boot disk (`sourceDisk`: .../zones/Z/disks/NAME,
+        named like its instance): `image_from_instance` makes the image (a subclass with real
+        disks copies one); an image of that name already there is the cloud's 409."""
+        name = body.get("name", "")
+        match = re.search(r"zones/([^/]+)/disks/([^/]+)$", body.get("sourceDisk", ""))
+        if not name or match is None:
+            raise FakeHttpError(400, "images.insert needs a name and a sourceDisk "
+                                "(zones/ZONE/disks/DISK)")
+        with self._lock:
+            if name in self.images:
+                raise FakeHttpError(409, f"The resource 'projects/{self.project}/global/images/"
+                                    f"{name}' already exists", "alreadyExists", "ALREADY_EXISTS")
+        self.image_from_instance(match[1], match[2], name)
+        with self._lock:
+            self.images[name] = {**body, "status": "READY"}
+            now = time.time()
+            return self._new_operation(GLOBAL, name, "insert", now, self.insert_op_s)
+
+    def image_from_instance(self, zone: str, instance: str, image: str) -> str:
+        """The image from a stopped (TERMINATED) VM's disk; its URL. Here only the check that
+        the disk is not in use (IsolatedFakeGce copies the disk)."""
+        with self._lock:
+            inst = self._instance(zone, instance)
+            if inst.status(time.time(), self.stop_s) != "TERMINATED":
+                raise FakeHttpError(400, f"The disk of instance '{instance}' is in use: stop "
+                                    "the instance first", "resourceInUseByAnotherResource")
+        return f"projects/{self.project}/global/images/{image}"
 
     def api_calls(self) -> int:
         with self._lock:
@@ -678,6 +731,7 @@ def _random_host_keys(ip: str) -> list[tuple[str, str]]:
 # --- HTTP ----------------------------------------------------------------------------------
 
 _ZONE = r"/compute/v1/projects/(?P<project>[^/]+)/zones/(?P<zone>[^/]+)"
+_GLOBAL = r"/compute/v1/projects/(?P<project>[^/]+)/global"
 _ROUTES: list[tuple[str, re.Pattern[str], str]] = [
     ("GET", re.compile(r"/compute/v1/projects/(?P<project>[^/]+)$"), "projects.get"),
     ("POST", re.compile(r"/v1/users/(?P<user>[^/:]+):importSshPublicKey$"),
@@ -707,6 +761,11 @@ _ROUTES: list[tuple[str, re.Pattern[str], str]] = [
     ("PUT", re.compile(r"/_metadata/(?P<zone>[^/]+)/(?P<name>[^/]+)/computeMetadata/v1/"
                        r"instance/guest-attributes/(?P<ns>[^/]+)/(?P<key>[^/]+)$"),
      "metadata.putGuestAttribute"),
+    ("POST", re.compile(_ZONE + r"/instances/(?P<name>[^/]+)/stop$"), "instances.stop"),
+    ("POST", re.compile(_GLOBAL + r"/images$"), "images.insert"),
+    ("GET", re.compile(_GLOBAL + r"/images/(?P<name>[^/]+)$"), "images.get"),
+    ("GET", re.compile(_GLOBAL + r"/operations/(?P<op>[^/]+)$"), "globalOperations.get"),
+    ("POST", re.compile(_GLOBAL + r"/operations/(?P<op>[^/]+)/wait$"), "globalOperations.wait"),
 ]
 
 
@@ -920,6 +979,32 @@ class _Handler(BaseHTTPRequestHandler):
     def _test_preempt(self, a: dict[str, str], q: dict[str, str], _: Any) -> tuple[int, Any]:
         self.fake.preempt(a["zone"], a["name"])
         return 200, {}
+
+    def _instances_stop(self, a: dict[str, str], q: dict[str, str], _: Any) -> tuple[int, Any]:
+        op = self.fake.stop_instance(a["zone"], a["name"])
+        return 200, op.to_json(time.time())
+
+    def _images_insert(self, a: dict[str, str], q: dict[str, str],
+                       body: dict[str, Any]) -> tuple[int, Any]:
+        op = self.fake.insert_image(body)
+        return 200, op.to_json(time.time())
+
+    def _images_get(self, a: dict[str, str], q: dict[str, str], _: Any) -> tuple[int, Any]:
+        with self.fake._lock:
+            image = self.fake.images.get(a["name"])
+        if image is None:
+            raise FakeHttpError(404, f"The resource 'projects/{self.fake.project}/global/"
+                                f"images/{a['name']}' was not found", "notFound", "NOT_FOUND")
+        return 200, {"kind": "compute#image", "selfLink": f"{API}/projects/"
+                     f"{self.fake.project}/global/images/{a['name']}", **image}
+
+    def _globalOperations_get(self, a: dict[str, str], q: dict[str, str],
+                              _: Any) -> tuple[int, Any]:
+        return self._zoneOperations_get({**a, "zone": GLOBAL}, q, _)
+
+    def _globalOperations_wait(self, a: dict[str, str], q: dict[str, str],
+                               _: Any) -> tuple[int, Any]:
+        return self._zoneOperations_wait({**a, "zone": GLOBAL}, q, _)
 
     def _operation(self, a: dict[str, str]) -> FakeOperation:
         op = self.fake.operations.get((a["zone"], a["op"]))

@@ -323,6 +323,38 @@ BAD_OVERRIDES: list[tuple[str, list[str], str, str]] = [
     ("digits_local", ["job.train_steps="], "job.train_steps", "not a valid integer"),
     ("digits_local", ["job.train_steps=[1"], "job.train_steps", "no viable alternative"),
     ("digits_local", ["~job.nothing"], "job.nothing", "does not exist"),
+    # an OmegaConf key relative to the node an override was building, anchored in the override
+    ("digits_local", ["sync=switch", "sync.phase_hparams=[0.1, 0.2]"], "sync.phase_hparams.0",
+     "expected a mapping, got a float"),
+    ("digits_local", ["sync=switch", "sync.phase_hparams=[{}, 0.2]"], "sync.phase_hparams.1",
+     "expected a mapping, got a float"),
+    ("digits_local", ["sync=switch", "sync.phase_hparams.0=0.1"], "sync.phase_hparams.0",
+     "expected a mapping"),
+    ("digits_local", ["sync=switch", "sync.phase_hparams=[[0.1]]"], "sync.phase_hparams.0",
+     "expected a mapping, got a list"),
+    ("digits_local", ["sync=switch", "sync.phase_hparams=[{}, {momentum: [1]}]"],
+     "sync.phase_hparams.1", "expected a number, got a list"),
+    ("digits_local", ["+pricing.gpus.h100.on_demand_usd_per_h=3",
+                      "cluster.worker_groups.0.gpu=h100"], "pricing.gpus.h100",
+     "cannot be added from the command line"),
+    ("digits_local", ["+pricing.machine_types.n2-standard-8.on_demand_usd_per_h=1"],
+     "pricing.machine_types.n2-standard-8", "add it whole in an experiment file"),
+    # a list of plain values holding a list (OmegaConf lets it through)
+    ("digits_local", ["sync=switch", "sync.fractions=[[0.5], 0.5]"], "sync.fractions.0",
+     "expected a number, got a list"),
+    ("digits_local", ["job.lr_decay_steps=[1, [2]]"], "job.lr_decay_steps.1",
+     "expected a whole number, got a list"),
+    # a list where one value belongs, and an item added to an empty list
+    ("digits_local", ["cluster.worker_groups.0.gpu=[k80]"], "cluster.worker_groups.0.gpu",
+     "expected one value, got a list"),
+    ("digits_local", ["cluster.recovery.on_revocation=[replace]"],
+     "cluster.recovery.on_revocation", "one of: shrink, replace"),
+    ("digits_local", ["+sync.phases.0.protocol=bsp"], "sync.phases.0", "the list is empty"),
+    ("digits_local", ["tags=[[1]]"], "tags.0", "expected a string, got a list"),
+    # the backend chosen by value instead of by the config group
+    ("digits_local", ["provider.name=gce"], "provider.name", "with provider=gce"),
+    ("digits_local", ["provider.name=ssh"], "provider.name", "provider=local's"),
+    ("digits_local", ["provider=ssh", "provider.name=local"], "provider.name", "provider=ssh's"),
 ]
 
 
@@ -387,6 +419,14 @@ BAD_FILES: dict[str, tuple[str, str, str]] = {
     "unknown-top-key": (HEADER + "foo: 1\n", "foo", "unknown key 'foo'"),
     "wrong-type-workers": (HEADER + "cluster:\n  workers: four\n", "cluster.workers",
                            "not a valid integer"),
+    # a config group set as a plain key where the defaults list was meant
+    "group-as-plain-key": (HEADER + "sync: bsp\n", "sync", "override /sync: bsp"),
+    "group-as-plain-key-2": (HEADER + "job:\n  train_steps: 5\nstraggler: one_worker\n",
+                             "straggler", "defaults: [override /straggler: one_worker]"),
+    "provider-as-plain-key": (HEADER + "provider: gce\n", "provider",
+                              "override /provider: gce"),
+    "section-as-number": (HEADER + "cluster:\n  recovery: 3\n", "cluster.recovery",
+                          "expected a mapping"),
 }
 
 
@@ -430,6 +470,10 @@ CLI_CASES = [
     (["job.learning_rate=nan"], "job.learning_rate"),
     (["cluster=[3]"], "cluster"),
     (["straggler=one_worker", "cluster.workers=1"], "straggler.injections.0.workers.0"),
+    (["sync=switch", "sync.phase_hparams=[0.1, 0.2]"], "sync.phase_hparams.0"),
+    (["provider.name=gce"], "provider.name"),
+    (["+pricing.gpus.h100.on_demand_usd_per_h=3", "cluster.worker_groups.0.gpu=h100"],
+     "pricing.gpus.h100"),
 ]
 
 
@@ -464,3 +508,28 @@ def test_cli_validate_lists_every_bad_file(tmp_path: Path) -> None:
     fails = [ln for ln in proc.stdout.splitlines() if ln.startswith("FAIL ")]
     assert sorted(ln.split(":")[0][5:] for ln in fails) == sorted(f"{c}.yaml" for c in names)
     assert "ok   digits_local.yaml" in proc.stdout
+
+
+# --- the SSH inventory ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("first", "second"), [("10.9.0.1", "10.9.0.1"), ("Host-A", "host-a"),
+                                               ("127.0.0.1", "localhost")])
+def test_two_inventory_hosts_at_one_address_are_a_config_error(tmp_path: Path, first: str,
+                                                               second: str) -> None:
+    """Both machines' roles would get the same address:port (each machine counts its ports
+    from provider.first_port): named before anything connects, not a run spent on the clash."""
+    key, known = tmp_path / "key", tmp_path / "known_hosts"
+    key.write_text("")
+    known.write_text("")
+
+    def inventory(*addresses: str) -> list[str]:
+        hosts = ", ".join(f"{{name: m{i}, address: '{a}', key_path: '{key}', python: python3}}"
+                          for i, a in enumerate(addresses))
+        return ["provider=ssh", f"provider.hosts=[{hosts}]", f"provider.known_hosts={known}"]
+
+    with pytest.raises(ConfigError) as info:
+        compose_experiment("ssh_digits", inventory(first, "10.9.0.7", second))
+    assert_one_line(info.value.line(), "provider.hosts.2.address")
+    assert "also provider.hosts.0.address" in info.value.line()
+    compose_experiment("ssh_digits", inventory(first, "10.9.0.7", "10.9.0.8"))  # distinct: fine

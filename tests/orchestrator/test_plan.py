@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from orchestrator.plan import make_plan
+from orchestrator.simulate.models import SimModels
 from orchestrator.validate import compose_experiment
 
 
@@ -17,7 +18,15 @@ def test_icac19_plan_matches_the_papers_prices() -> None:
     # ICAC'19: 4 transient K80 at $0.2556/h + the on-demand PS at $0.1429/h
     assert plan.hourly_usd == pytest.approx(4 * 0.2556 + 0.1429)
     assert plan.phases[-1].end_step == 64000
-    assert plan.est_steps_per_sec == pytest.approx(4 * 4.589)
+    # the estimate is the speed model's (the one model the band and the planner use): CM-DARE's
+    # measured K80 step time, ASP efficiency, a checkpoint pause every 4,000 steps
+    models = SimModels.load()
+    step = models.step_time_s("resnet_cifar_32", "k80", 128)
+    rate = models.asp_rate([(step, "k80")] * 4, "resnet_cifar_32", 1)
+    train = 64000 / rate + 16 * models.checkpoint_s("resnet_cifar_32")
+    assert plan.est_train_time_s == pytest.approx(train)
+    assert plan.est_steps_per_sec == pytest.approx(64000 / train)
+    assert plan.speed_error["k80"]["basis"] == "measured" and plan.extrapolated_gpus == []
 
 
 def test_headline_plan_is_spot_t4_at_gce_list_prices() -> None:
@@ -27,6 +36,10 @@ def test_headline_plan_is_spot_t4_at_gce_list_prices() -> None:
     assert all(h.gpu == "t4" and h.zone == "us-west1-b" and h.transient for h in workers)
     # conf/pricing/gce.yaml: Spot n1-standard-4 + Spot T4 per worker, on-demand n1-standard-4 PS
     assert plan.hourly_usd == pytest.approx(4 * (0.04 + 0.11) + 0.19)
+    # no paper measured a T4: the estimate exists, marked as the speed model's extrapolation
+    assert plan.est_train_time_s is not None and plan.extrapolated_gpus == ["t4"]
+    measured = SimModels.load().step_time_error("resnet_cifar_32", "k80")["sigma_log"]
+    assert plan.speed_error["t4"]["sigma_log"] > measured
 
 
 def test_workers_shorthand_resizes_the_cluster() -> None:
@@ -74,3 +87,13 @@ def test_colocated_chief_and_evaluator_share_the_first_ps_machine_priced_once() 
     chief = next(h for h in apart.hosts if h.name == "chief-0")
     assert chief.colocate_with is None and chief.hourly_usd > 0
     assert apart.hourly_usd > plan.hourly_usd
+
+
+def test_a_lone_transient_worker_under_shrink_is_a_risk() -> None:
+    risky = make_plan(compose_experiment("cifar10_res32", ["cluster.workers=1"]))
+    assert any("lone transient worker" in r for r in risky.risks)
+    for safe in (["cluster.workers=1", "cluster.recovery.on_revocation=replace"],
+                 ["cluster.workers=2"], ["cluster.workers=1",
+                                         "cluster.worker_groups.0.transient=false"]):
+        assert not any("lone" in r for r in make_plan(compose_experiment("cifar10_res32",
+                                                                          safe)).risks)

@@ -42,7 +42,7 @@ def test_every_problem_is_one_line_and_nothing_is_created(fake: FakeGce, make_pr
     assert "quota NVIDIA_T4_GPUS in region us-central1: the plan needs 2, 0 free" in text
     assert "quota IN_USE_ADDRESSES in region us-central1: the plan needs 3, 1 free" in text
     assert any(line.startswith("provider.image_family: image family "
-                               "common-cu128-ubuntu-2204-nvidia-570 not found") for line in problems)
+                               "common-cu128-ubuntu-2404-nvidia-570 not found") for line in problems)
     assert any(line.startswith("provider.storage: bucket no-such-bucket does not exist")
                for line in problems)
     assert len(problems) == 6, text

@@ -24,12 +24,13 @@ from pathlib import Path
 import pytest
 
 from provisioning.base import BadRequestError, ClusterRequest, HostSpec, HostState
+from provisioning.host_runtime import HostRuntime
 from provisioning.journal import Journal, list_unreleased
 from provisioning.registry import get_provider
 from provisioning.ssh.config import SshHostConfig, SshProviderConfig
 from provisioning.ssh.connection import HostKeyError, SshUnreachableError
 from provisioning.ssh.provider import PINNED_KEYS_FILE
-from provisioning.ssh.setup import WheelCache, ensure_environment
+from provisioning.ssh.setup import HOST_DIST, WheelCache, ensure_environment
 from tests.testbed import SshTestBed
 from tests.testbed.fixtures import provider_options, ssh_testbed  # noqa: F401
 
@@ -231,12 +232,14 @@ def write_wheel(folder: Path, name: str, version: str, files: dict[str, str],
 
 @pytest.mark.slow
 def test_wheelhouse_host_gets_a_venv_filled_offline(ssh_testbed: SshTestBed, tmp_path) -> None:
-    """A host without `python` gets a venv of the dependencies (no pip, no ensurepip needed)
-    that pip, run from the wheelhouse's pip wheel, fills from the copied wheelhouse with no
-    package index (the namespace has no route out); our wheel is unpacked beside it, and new
-    code reuses the venv. The trainer's real dependency set (TensorFlow and the rest, 450 MB of
-    wheels, 2 GB installed) is too heavy for a test: a stand-in project wheel depending on one
-    small package stands for it; the code path is the real one, end to end."""
+    """A host without `python` and without an index gets a venv of the dependencies (no pip,
+    no ensurepip needed) that pip, run from the wheelhouse's pip wheel, fills with no package
+    index (the namespace has no route out) from wheels downloaded for the host's own Python
+    and platform (here offline, from the user's flat wheelhouse folder) and copied once; our
+    wheel is unpacked beside it, and new code reuses the venv. The trainer's real dependency
+    set (TensorFlow and the rest, 320 MB of wheels, 2 GB installed) is too heavy for this test:
+    a stand-in dependency set of one small package stands for it (the isolated-host tests
+    install the real one); the code path is the real one, end to end."""
     pips = sorted((Path(ensurepip.__file__).parent / "_bundled").glob("pip-*.whl"))
     if not pips:
         pytest.skip("WHEELHOUSE PATH NOT RUN: this Python's ensurepip bundles no pip wheel "
@@ -245,27 +248,29 @@ def test_wheelhouse_host_gets_a_venv_filled_offline(ssh_testbed: SshTestBed, tmp
     house.mkdir()
     write_wheel(house, "tinydep", "1.0", {"tinydep/__init__.py": "VALUE = 42\n"})
     shutil.copy(pips[-1], house)
+    tiny = HostRuntime("0.0.1", ("tinydep>=1",), {"cpu": ()}, 11, 13, "manylinux_2_17_x86_64")
 
     def stand_in(version: str) -> WheelCache:
         built = tmp_path / f"built-{version}"
         built.mkdir()
-        write_wheel(built, "transient-orchestrator", version, {
+        write_wheel(built, HOST_DIST, version, {
             "trainer/__init__.py": "",
             "trainer/__main__.py": "import tinydep, trainer\n"
                                    "print(tinydep.__file__, tinydep.VALUE, trainer.__file__)\n",
-        }, requires=("tinydep>=1",))
-        return WheelCache(built, house, extra=None)
+        })
+        return WheelCache(built, house, "cpu", runtime=tiny)
 
     first, second = stand_in("0.0.1"), stand_in("0.0.2")
-    assert first.prepared_wheelhouse() == house  # complete: checked offline, nothing fetched
     host = ssh_testbed.hosts[1]
     provider = get_provider("ssh", provider_options(ssh_testbed, [host]))
     cluster = provider.acquire(one_host_request(tmp_path))
     try:
         machine = provider.runner(cluster.hosts[0]).machine
         connection, root = machine.connection, machine.root
-        env = ensure_environment(connection, root, None, first, None)
-        assert env.installed and env.deps_installed
+        env = ensure_environment(connection, root, None, first)
+        assert env.installed and env.deps_installed and env.mode == "wheelhouse"
+        (key,) = [p.name for p in house.iterdir() if p.is_dir()]  # one folder: this host's
+        assert f"-cp3{env.version.split('.')[1]}-" in key
         python = env.command[0]
         assert python.startswith(posixpath.join(root, "envs", "venv-"))
         dep, value, trainer = connection.run(
@@ -273,9 +278,9 @@ def test_wheelhouse_host_gets_a_venv_filled_offline(ssh_testbed: SshTestBed, tmp
         ).stdout.split()
         assert value == "42" and dep.startswith(posixpath.dirname(posixpath.dirname(python)))
         assert trainer.startswith(posixpath.join(env.path, "site"))  # not left in the venv
-        again = ensure_environment(connection, root, None, first, None)
+        again = ensure_environment(connection, root, None, first)
         assert (again.path, again.installed, again.deps_installed) == (env.path, False, False)
-        newer = ensure_environment(connection, root, None, second, None)  # new code, same deps
+        newer = ensure_environment(connection, root, None, second)  # new code, same deps
         assert newer.path != env.path and newer.installed and not newer.deps_installed
         assert newer.command[0] == python  # the venv was reused, pip did not run
     finally:

@@ -16,7 +16,7 @@ from orchestrator.simulate.models import NoModelError, SimModels
 from orchestrator.simulate.validate import compose
 from provisioning.catalog import PREEMPTIBLE_CAP_H, Market
 
-BASE = ["+experiment=icac19_k80", "provider=sim"]
+BASE = ["+experiment=icac19_k80", "provider=sim", "sim.speed_error=false"]  # the point model
 MODELS = SimModels.load()
 
 

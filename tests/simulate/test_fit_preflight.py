@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -11,9 +13,25 @@ from orchestrator.simulate.fit import PARAMS_FILE, build_params
 from orchestrator.simulate.validate import compose
 
 
+def same(committed: Any, refit: Any, path: str = "") -> list[str]:
+    """Where the two differ; floats to 1e-5 relative: the Weibull fits of lifetimes that were
+    mostly not revoked (ICAC'19 V100: λ ≈ 720 h) end their optimisation a few 1e-6 apart from
+    one machine to another."""
+    if isinstance(committed, dict) and isinstance(refit, dict):
+        return [d for k in sorted(set(committed) | set(refit))
+                for d in same(committed.get(k), refit.get(k), f"{path}.{k}")]
+    if isinstance(committed, list) and isinstance(refit, list) and len(committed) == len(refit):
+        return [d for i, (a, b) in enumerate(zip(committed, refit, strict=True))
+                for d in same(a, b, f"{path}[{i}]")]
+    if isinstance(committed, float) and isinstance(refit, float):
+        return [] if math.isclose(committed, refit, rel_tol=1e-5) else [f"{path}: {committed} "
+                                                                        f"!= {refit}"]
+    return [] if committed == refit else [f"{path}: {committed!r} != {refit!r}"]
+
+
 @pytest.mark.slow  # fits every model of analysis/ (≈ 20–50 s on a busy 2-core machine)
 def test_committed_parameters_equal_a_refit() -> None:
-    assert json.loads(PARAMS_FILE.read_text()) == json.loads(json.dumps(build_params()))
+    assert same(json.loads(PARAMS_FILE.read_text()), json.loads(json.dumps(build_params()))) == []
 
 
 @pytest.mark.slow  # starts TensorFlow in a subprocess (≈ 20–45 s here)

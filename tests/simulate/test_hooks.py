@@ -29,7 +29,7 @@ def test_dry_run_shows_a_band_or_says_why_not(tmp_path: Path,
     console = Console(record=True, width=200)
     render_plan(plan, console)
     # transient_k80_8 runs K80s as local CPU processes: the band is the cloud cluster's
-    assert "simulated of the GPU cluster in the cloud (p10–p90 of 5)" in console.export_text()
+    assert "simulated of the GPU cluster in the cloud (p10–p90 of 5 runs" in console.export_text()
     assert band["stand_in"] is True
 
     cpu = compose(["dry_run=true"])  # digits on CPU workers: no paper measured them
@@ -55,7 +55,8 @@ def test_local_cpu_runs_are_predicted_from_this_machines_calibration(
     bands = {}
     for workers, sync in ((1, "asp"), (2, "asp"), (2, "bsp")):
         cfg = compose(["+experiment=digits_local", f"cluster.workers={workers}",
-                       f"sync={sync}", "dry_run=true", "sim.repeats=2"])
+                       f"sync={sync}", "dry_run=true", "sim.repeats=2",
+                       "sim.speed_error=false"])  # the point model: figures derived below
         calibrate.cache_file().parent.mkdir(parents=True, exist_ok=True)
         calibrate.cache_file().write_text(json.dumps({calibrate.cache_key(cfg): RECORD}))
         bands[workers, sync] = predict_band(cfg, make_plan(cfg))
@@ -74,7 +75,7 @@ def test_local_cpu_runs_are_predicted_from_this_machines_calibration(
     plan.prediction = predict_band(cfg, plan)
     console = Console(record=True, width=200)
     render_plan(plan, console)
-    assert "simulated calibrated on this machine (p10–p90 of 2)" in console.export_text()
+    assert "simulated calibrated on this machine (p10–p90 of 2 runs" in console.export_text()
 
 
 def test_prediction_error_is_computed_from_the_band_and_the_measurement() -> None:

@@ -24,7 +24,7 @@ def test_planner_finds_the_papers_cheapest_k80_cluster_within_an_hour(tmp_path: 
     ranked, out = plan_experiment(parse_args([
         "+experiment=icac19_k80", "pricing=papers_2019", "deadline_h=1",
         "planner.gpus=[k80]", "planner.min_p_deadline=0.9", "planner.zones=first",
-        "sim.repeats=8", "objective=cost"]), tmp_path)
+        "planner.repeats=20", "planner.max_repeats=40", "objective=cost"]), tmp_path)
     best = ranked[0]
     assert (best["gpu"], best["workers"], best["transient"]) == ("k80", 8, True)
     assert best["p_deadline"] >= 0.9

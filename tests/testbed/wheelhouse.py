@@ -22,13 +22,15 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from provisioning import host_runtime
 from tests.testbed import images
 
 # Both images' glibc is >= 2.36 (Debian 12). pip does not expand a manylinux tag to the older
 # ones a host also accepts, so every one is named (what `pip debug --verbose` lists on a host).
 GLIBC = "2.36"
-# What the hosts install until the project declares their own dependency group.
-HOST_REQUIREMENTS = ("tensorflow-cpu==2.21.*",)
+# What a bare host installs: the project's own declaration of the hosts' set (pyproject's
+# `host-cpu` extra, provisioning/host_runtime.py), and pip, which a host fetches from the index.
+HOST_REQUIREMENTS = (*host_runtime.load().requirements("cpu"), "pip")
 DOWNLOAD_TIMEOUT_S = 1800
 
 

@@ -1,0 +1,152 @@
+"""``python -m orchestrator.init [DIR]`` (or ``transient-init``): start a repository of your own.
+
+Writes a minimal user repository (:mod:`orchestrator.user_repo`) into DIR (default: the current
+folder), never overwriting a file that exists::
+
+    experiments/my_experiment.yaml  a small experiment that runs on this machine as it is
+    conf/provider/lab.yaml          an SSH inventory to fill in          (--provider ssh|both)
+    conf/provider/cloud.yaml        a Google Compute Engine provider     (--provider gce|both)
+    .gitignore                      outputs/ and multirun/ (the results) stay out of git
+    .github/workflows/validate-experiments.yml   CI: every experiment validated on each push
+
+The provider files are copies of the packaged ``provider=ssh`` / ``provider=gce`` files (the
+same keys and documented defaults as the installed version), under names of their own so they
+are found before the packaged ones. Exit code 0, also when every file already existed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from orchestrator.paths import CONF_DIR
+
+EXPERIMENT = """\
+# @package _global_
+# Your first experiment: a small CNN on scikit-learn's 8x8 digits (bundled, no download), one
+# parameter server and 2 workers as processes on this machine; about a minute on a laptop.
+#   transient-orchestrator +experiment=my_experiment dry_run=true   # the plan and its price
+#   transient-orchestrator +experiment=my_experiment                # train here
+#   transient-orchestrator +experiment=my_experiment provider=lab   # on your machines (conf/provider/lab.yaml)
+#   transient-validate                                              # every experiments/*.yaml, as CI does
+# Groups (cluster, job, sync, provider, pricing, revocation, straggler) come from your conf/
+# first, then from the installed tool's: transient-orchestrator --help lists them all.
+defaults:
+  - override /cluster: local_cpu
+  - override /job: digits_cnn
+  - override /sync: asp
+  - override /provider: local
+  - override /pricing: gce
+
+name: my_experiment              # names the output folder: outputs/my_experiment/<time>/
+description: "Small CNN on 8x8 digits, ASP, 2 workers as local processes"
+tags: [digits, asp]
+cluster:
+  workers: 2
+job:
+  train_steps: 600
+"""
+
+GITIGNORE = """\
+# results of transient-orchestrator runs (one folder per run; sweeps under multirun/)
+outputs/
+multirun/
+"""
+
+WORKFLOW = """\
+# Every experiment of this repository composed, validated and planned on each push: a bad field
+# fails the job with one line naming it; finding no experiment fails it too.
+name: validate-experiments
+on: [push, pull_request]
+jobs:
+  validate:
+    runs-on: ubuntu-latest
+    steps:
+      - uses: actions/checkout@v4
+      - uses: actions/setup-python@v5
+        with: {python-version: "3.11"}
+      - run: pip install transient-orchestrator   # validation needs no TensorFlow
+      - run: transient-validate
+"""
+
+_HEADERS = {
+    "ssh": ("# Your machines over SSH: replace the example inventory below with yours (addresses, "
+            "user,\n# key_path, python), then run with provider=lab. Copied from the installed "
+            "tool's\n# provider=ssh file by `transient-init`; every key is documented there.\n"),
+    "gce": ("# Google Compute Engine: set project (or $GOOGLE_CLOUD_PROJECT), zones and ssh_key, "
+            "then run\n# with provider=cloud. Copied from the installed tool's provider=gce file "
+            "by\n# `transient-init`; README \"Running on Google Cloud\" covers auth and quotas.\n"),
+}
+PROVIDER_FILES = {"ssh": "lab.yaml", "gce": "cloud.yaml"}
+
+
+def files_for(providers: Sequence[str]) -> dict[str, str]:
+    """Relative path -> content of every file ``init`` writes for the chosen providers."""
+    files = {"experiments/my_experiment.yaml": EXPERIMENT}
+    for backend in providers:
+        packaged = (CONF_DIR / "provider" / f"{backend}.yaml").read_text()
+        files[f"conf/provider/{PROVIDER_FILES[backend]}"] = _HEADERS[backend] + packaged
+    files[".gitignore"] = GITIGNORE
+    files[".github/workflows/validate-experiments.yml"] = WORKFLOW
+    return files
+
+
+def init(target: Path, providers: Sequence[str]) -> tuple[list[Path], list[Path]]:
+    """Write the starter files under ``target``; returns (written, kept because they existed).
+
+    A file is created only if nothing is at its path (``open(..., "x")``), so a concurrent
+    writer or an existing file is never overwritten.
+    """
+    written: list[Path] = []
+    kept: list[Path] = []
+    for rel, content in files_for(providers).items():
+        path = target / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            with open(path, "x", encoding="utf-8") as f:
+                f.write(content)
+        except FileExistsError:
+            kept.append(path)
+            continue
+        written.append(path)
+    return written, kept
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m orchestrator.init",
+        description="Write a minimal repository of your own experiments (an example "
+        "experiment, a provider file to fill in, .gitignore, a CI job); existing files are "
+        "kept as they are.")
+    parser.add_argument("dir", nargs="?", type=Path, default=Path("."),
+                        help="the repository's root (default: the current folder)")
+    parser.add_argument("--provider", choices=("ssh", "gce", "both"), default="both",
+                        help="which provider file to write (default: both)")
+    args = parser.parse_args(argv)
+    providers = ("ssh", "gce") if args.provider == "both" else (args.provider,)
+    target: Path = args.dir
+    written, kept = init(target, providers)
+    for path in written:
+        print(f"wrote {path}")
+    for path in kept:
+        print(f"kept  {path} (exists; not changed)")
+    if any(p.name == ".gitignore" for p in kept):
+        lines = (target / ".gitignore").read_text().split()
+        missing = [e for e in ("outputs/", "multirun/") if e not in lines]
+        if missing:
+            print(f"note: add {' and '.join(missing)} to .gitignore (run results)")
+    where = "" if target.resolve() == Path.cwd().resolve() else f"cd {target} && "
+    print(f"next: {where}transient-validate && "
+          "transient-orchestrator +experiment=my_experiment dry_run=true")
+    return 0
+
+
+def run() -> None:
+    """Console entry point ``transient-init``."""
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    sys.exit(main())

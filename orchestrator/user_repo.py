@@ -1,0 +1,175 @@
+"""The user's own repository: their experiments and config groups, found before the packaged ones.
+
+A user keeps experiments in *their* git repository, not in the tool's::
+
+    my-lab/
+      experiments/resnet_sweep.yaml   ->  +experiment=resnet_sweep
+      conf/provider/lab.yaml          ->  provider=lab   (any group: cluster/, job/, pricing/ ...)
+      outputs/ multirun/              ->  results (the folder the command runs from)
+
+The repository is the nearest folder, from the current one up to the git work tree's root,
+that has an ``experiments/`` or ``conf/`` folder (``$TRANSIENT_REPO`` names it explicitly).
+Hydra reads it through its own plugin mechanism: :mod:`hydra_plugins.transient_launcher.user_repo`
+puts a ``userrepo://<root>`` config source on the search path before the packaged config
+(``pkg://orchestrator.conf``), so a user's file wins over a packaged one of the same name. The
+tool's own checkout is not a user repository (its folders ARE the packaged config).
+
+This module imports nothing heavy: Hydra's plugin scan imports the plugin at every start.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+from orchestrator.config.errors import ConfigError
+from orchestrator.paths import CONF_DIR
+
+#: Names the user repository explicitly (no search from the current folder).
+ROOT_ENV = "TRANSIENT_REPO"
+EXPERIMENTS = "experiments"  # the user's experiments: <root>/experiments/NAME.yaml
+CONF = "conf"  # the user's config groups: <root>/conf/<group>/NAME.yaml
+SCHEME = "userrepo"  # Hydra search-path scheme of the user repository's config source
+PROVIDER = "transient-orchestrator user repository"  # its search-path provider name
+
+# Experiment files pinned by name for this process (`orchestrator.validate` of a file outside
+# any repository): they win over every other file of that name.
+_pinned: dict[str, Path] = {}
+
+
+def find_root(start: Path | None = None) -> Path | None:
+    """The user repository for a command run in ``start`` (default: the current folder).
+
+    ``$TRANSIENT_REPO`` if set; else the nearest of ``start`` and its parents that has an
+    ``experiments/`` or ``conf/`` folder, not looking above a git work tree's root (a folder
+    with ``.git``). None when there is none. This may be the tool's own checkout.
+    """
+    named = os.environ.get(ROOT_ENV)
+    if named:
+        return Path(named).expanduser().resolve()
+    folder = (start or Path.cwd()).resolve()
+    for candidate in (folder, *folder.parents):
+        if (candidate / EXPERIMENTS).is_dir() or (candidate / CONF).is_dir():
+            return candidate
+        if (candidate / ".git").exists():
+            return None
+    return None
+
+
+def is_tool_checkout(root: Path) -> bool:
+    """True when ``root`` is this tool's own source checkout (its conf/ is the packaged one)."""
+    with contextlib.suppress(OSError):
+        return (root / CONF).resolve() == CONF_DIR.resolve()
+    return False
+
+
+def user_root(start: Path | None = None) -> Path | None:
+    """The user repository to put on Hydra's search path: :func:`find_root` unless that is the
+    tool's own checkout (whose config already is the packaged one)."""
+    root = find_root(start)
+    if root is None or is_tool_checkout(root):
+        return None
+    return root
+
+
+def experiment_dirs(root: Path) -> list[Path]:
+    """Where a repository's experiments live: ``experiments/``, and ``conf/experiment/`` (the
+    group's own folder, as in the tool's checkout); the same folder counted once."""
+    dirs: list[Path] = []
+    for folder in (root / EXPERIMENTS, root / CONF / "experiment"):
+        if folder.is_dir() and all(folder.resolve() != d.resolve() for d in dirs):
+            dirs.append(folder)
+    return dirs
+
+
+def experiment_files(root: Path) -> list[Path]:
+    """Every ``*.yaml`` experiment of a repository, sorted by folder then name."""
+    return [f for d in experiment_dirs(root) for f in sorted(d.glob("*.yaml"))]
+
+
+def experiment_candidates(root: Path | None, name: str) -> list[Path]:
+    """The files that define experiment ``name`` (a path below the experiment group, without
+    ``.yaml``): a pinned file alone, else every repository folder's file of that name."""
+    if name in _pinned:
+        return [_pinned[name]]
+    if root is None:
+        return []
+    return [d / f"{name}.yaml" for d in experiment_dirs(root) if (d / f"{name}.yaml").is_file()]
+
+
+def ambiguity_error(name: str, files: list[Path]) -> ConfigError:
+    """Two user files define one experiment: the user must keep one."""
+    return ConfigError("experiment", f"'{name}' is ambiguous: defined by "
+                       + " and by ".join(str(f) for f in files), "keep one of them")
+
+
+@contextlib.contextmanager
+def pinned(files: Mapping[str, Path]) -> Iterator[None]:
+    """Within the block, ``+experiment=NAME`` reads the given file for each NAME."""
+    before = dict(_pinned)
+    _pinned.update({name: path.resolve() for name, path in files.items()})
+    try:
+        yield
+    finally:
+        _pinned.clear()
+        _pinned.update(before)
+
+
+def pinned_names() -> set[str]:
+    return set(_pinned)
+
+
+def where_looked(group: str, start: Path | None = None) -> str:
+    """Where ``group=NAME`` was looked for, in search order, for a "not found" message."""
+    root = user_root(start)
+    packaged = "the packaged examples" if group == "experiment" else "the packaged options"
+    if root is None:
+        found = find_root(start)
+        if found is not None:  # the tool's own checkout: its folders are the packaged config
+            folder = found / (EXPERIMENTS if group == "experiment" else f"{CONF}/{group}")
+            return f"looked in {folder}/"
+        here = Path.cwd() if start is None else start
+        return (f"looked in {packaged} only: no {EXPERIMENTS}/ or {CONF}/ folder in {here} or "
+                f"its parents (your repository's root; or set ${ROOT_ENV})")
+    places = ([str(d) + "/" for d in experiment_dirs(root)] or [f"{root / EXPERIMENTS}/"]) \
+        if group == "experiment" else [f"{root / CONF / group}/"]
+    return f"looked in {', '.join(places)} and {packaged}"
+
+
+def explain_missing(err: ConfigError, start: Path | None = None) -> ConfigError:
+    """Say where an unknown group option was looked for (and spot a ``.yml`` file Hydra skips)."""
+    if not err.problem.startswith("unknown option") or "." in err.path:
+        return err
+    group = err.path
+    name = err.problem.split("'")[1] if err.problem.count("'") >= 2 else ""
+    hint = where_looked(group, start)
+    root = user_root(start)
+    if root is not None and name:
+        folders = experiment_dirs(root) if group == "experiment" else [root / CONF / group]
+        for folder in folders:
+            if (folder / f"{name}.yml").is_file():
+                hint += f"; found {folder / name}.yml: rename it to {name}.yaml"
+    allowed = f"{hint}; {err.allowed}" if err.allowed else hint
+    return ConfigError(err.path, err.problem, allowed)
+
+
+def register_plugins() -> None:
+    """Register our Hydra plugins with Hydra directly.
+
+    Hydra finds plugins by scanning the ``hydra_plugins`` namespace package, which an editable
+    install (a path hook, not a folder on ``sys.path``) hides from it when the command runs
+    outside the checkout. Registering them here works for every kind of install; a plugin the
+    scan already found is not registered twice.
+    """
+    from hydra.core.plugins import Plugins
+
+    from hydra_plugins.transient_launcher import parallel, user_repo
+
+    plugins = Plugins.instance()  # scans first, so what it finds is not registered twice
+    known = {f"{c.__module__}.{c.__name__}" for c in plugins.discover()}
+    for clazz in (parallel.ParallelLauncher, user_repo.UserRepoSearchPathPlugin,
+                  user_repo.UserRepoConfigSource):
+        if f"{clazz.__module__}.{clazz.__name__}" not in known:
+            plugins.register(clazz)
