@@ -49,7 +49,8 @@ STEADY_FROM = 0.2  # a run's rate after warm-up: from the report at this fractio
 IMPORT_REPEATS = 3
 # What the chief imports before its first step (trainer/startup.py): the start-up's floor.
 IMPORT_COMMAND = "from trainer.startup import import_tensorflow; import_tensorflow()"
-EXTRA_SECTIONS = ("bench.dispatch", "bench.ssh", "bench.hosts", "bench.sim", "bench.gce")
+EXTRA_SECTIONS = ("bench.dispatch", "bench.ssh", "bench.hosts", "bench.sim", "bench.gce",
+                  "bench.gce_real")
 
 
 def run_orchestrator(tag: str, overrides: list[str]) -> tuple[float, Path]:

@@ -81,6 +81,27 @@ def read_process_start_ticks(pid: int) -> int | None:
     return int(fields[19])  # field 22 overall
 
 
+#: Where process start times are read (absent on macOS: liveness then comes from `os.kill`).
+PROC_ROOT = Path("/proc")
+
+
+def process_is_live(pid: int, start_ticks: int | None, proc_root: Path = PROC_ROOT) -> bool:
+    """Whether the process `pid` that started at `start_ticks` (0/None: unknown) still runs
+    here. Without /proc (macOS) the start time cannot be compared: `os.kill(pid, 0)` decides,
+    and a process that exists or cannot be asked counts as live (never delete a live run's
+    resources on a guess)."""
+    if proc_root.is_dir():
+        ticks = read_process_start_ticks(pid)
+        return ticks is not None and (not start_ticks or ticks == start_ticks)
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # EPERM: it exists, owned by someone else
+        return True
+    return True
+
+
 def list_group_members(pgid: int) -> list[int]:
     """Pids of the live (non-zombie) processes whose process group is `pgid`."""
     members = []

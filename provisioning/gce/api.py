@@ -1,7 +1,9 @@
 """Thin, bounded access to the Compute Engine API through `google.cloud.compute_v1` (REST).
 
 Every call is retried a bounded number of times with doubling backoff when it fails
-transiently, and every error is classified once (`provisioning.gce.errors`). Operations are
+transiently (the client library's own retries are off: by default it retries UNAVAILABLE for up
+to 600 s, which froze a poll for 10 minutes when the orchestrator's link was cut), and every
+error is classified once (`provisioning.gce.errors`). Operations are
 waited on with our own `ZoneOperationsClient` in a bounded loop: `wait` returns when the
 operation is DONE *or* after up to two minutes (sometimes earlier), and `ExtendedOperation.result()`
 polls through a client built without our `api_endpoint` (platform-notes §6), so neither is used.
@@ -20,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from provisioning.base import BadFieldError, ProvisionError
+from provisioning.base import BadFieldError, BadRequestError, ProvisionError
 from provisioning.gce.config import CREDENTIALS_ADC, CREDENTIALS_ANONYMOUS, GceConfig
 from provisioning.gce.errors import (
     TransientApiError,
@@ -109,6 +111,24 @@ class ListedVm:
     external_ip: str
 
 
+@dataclass(frozen=True)
+class ProjectInfo:
+    """What projects.get tells before anything is created."""
+
+    quotas: dict[str, tuple[float, float]]  # metric -> (limit, usage), project-wide
+    metadata: dict[str, str]  # commonInstanceMetadata (enable-oslogin, ...)
+
+
+def not_ready(error: BaseException) -> bool:
+    """GCE's "the resource is not ready" (a VM still stopping, an address still held)."""
+    text = str(error)
+    return "RESOURCE_NOT_READY" in text or "resourceNotReady" in text or "is not ready" in text
+
+
+def _quotas(quotas: Any) -> dict[str, tuple[float, float]]:
+    return {str(q.metric): (float(q.limit), float(q.usage)) for q in quotas}
+
+
 class ComputeApi:
     """The calls the backend makes, each bounded and classified."""
 
@@ -128,18 +148,29 @@ class ComputeApi:
             credentials=credentials, client_options=options, transport="rest")
         self.zone_operations = compute_v1.ZoneOperationsClient(
             credentials=credentials, client_options=options, transport="rest")
+        self._credentials, self._options = credentials, options
+        self._more: dict[str, Any] = {}  # clients used once per run (projects, regions, images)
+
+    def _client(self, kind: str) -> Any:
+        """`compute_v1.<kind>` built on first use with the same credentials and endpoint."""
+        if kind not in self._more:
+            self._more[kind] = getattr(self._compute, kind)(
+                credentials=self._credentials, client_options=self._options, transport="rest")
+        return self._more[kind]
 
     # --- retries ---------------------------------------------------------------------------
 
-    def call(self, zone: str, fn: Callable[[], T]) -> T:
-        """`fn()` with up to `cfg.retries` retries of transient errors; others raise classified."""
+    def call(self, zone: str, fn: Callable[[], T], retries: int | None = None) -> T:
+        """`fn()` with up to `retries` (default `cfg.retries`) retries of transient errors;
+        others raise classified."""
         backoff = self.cfg.retry_backoff_s
-        for attempt in range(self.cfg.retries + 1):
+        retries = self.cfg.retries if retries is None else retries
+        for attempt in range(retries + 1):
             try:
                 return fn()
             except Exception as error:
                 classified = classify_exception(zone, error)
-                if not isinstance(classified, TransientApiError) or attempt == self.cfg.retries:
+                if not isinstance(classified, TransientApiError) or attempt == retries:
                     raise classified from error
             self._sleep(backoff)
             backoff *= 2
@@ -154,7 +185,7 @@ class ComputeApi:
         request = self._compute.InsertInstanceRequest(
             project=self.project, zone=zone, instance_resource=resource, request_id=request_id)
         op = self.call(zone, lambda: self.instances.insert(request=request,
-                                                           timeout=REQUEST_TIMEOUT_S))
+                                                           timeout=REQUEST_TIMEOUT_S, retry=None))
         return op.name
 
     def delete(self, zone: str, name: str) -> str | None:
@@ -165,12 +196,30 @@ class ComputeApi:
             project=self.project, zone=zone, instance=name, request_id=str(uuid.uuid4()))
         try:
             op = self.call(zone, lambda: self.instances.delete(request=request,
-                                                               timeout=REQUEST_TIMEOUT_S))
+                                                               timeout=REQUEST_TIMEOUT_S, retry=None))
         except ProvisionError as error:
             if isinstance(error.__cause__, gexc.NotFound):
                 return None
             raise
         return op.name
+
+    def remove(self, zone: str, name: str, timeout_s: float) -> None:
+        """Delete a VM and wait until it is gone (already gone is fine). A VM that GCE is
+        itself stopping (a preemption) answers RESOURCE_NOT_READY for a while: retried with
+        backoff for up to `cfg.not_ready_retry_s` instead of failing (SkyPilot does the same)."""
+        deadline = time.monotonic() + self.cfg.not_ready_retry_s
+        delay = self.cfg.retry_backoff_s
+        while True:
+            try:
+                op = self.delete(zone, name)
+                if op is not None:
+                    self.wait(zone, op, timeout_s)
+                return
+            except ProvisionError as error:
+                if not not_ready(error) or time.monotonic() + delay > deadline:
+                    raise
+            self._sleep(delay)
+            delay = min(delay * 2, 15.0)
 
     def wait(self, zone: str, operation: str, timeout_s: float) -> None:
         """Block until the zone operation is DONE; raise its error classified. Bounded by
@@ -180,7 +229,7 @@ class ComputeApi:
         while True:
             op = self.call(zone, lambda: self.zone_operations.wait(
                 project=self.project, zone=zone, operation=operation,
-                timeout=REQUEST_TIMEOUT_S))
+                timeout=REQUEST_TIMEOUT_S, retry=None))
             if op.status == done:
                 break
             if time.monotonic() >= deadline:
@@ -189,7 +238,8 @@ class ComputeApi:
         if op.error.errors:
             raise classify(zone, op.http_error_status_code or None, items_from_operation(op))
 
-    def list_vms(self, label_filter: str) -> list[ListedVm]:
+    def list_vms(self, label_filter: str, retries: int | None = None,
+                 timeout_s: float = REQUEST_TIMEOUT_S) -> list[ListedVm]:
         """Every VM matching `label_filter` in every zone: ONE aggregatedList call (per page)."""
         request = self._compute.AggregatedListInstancesRequest(
             project=self.project, filter=label_filter)
@@ -197,7 +247,7 @@ class ComputeApi:
         def fetch() -> list[ListedVm]:
             found = []
             for scope, scoped in self.instances.aggregated_list(request=request,
-                                                                timeout=REQUEST_TIMEOUT_S):
+                                                                timeout=timeout_s, retry=None):
                 zone = scope.rsplit("/", 1)[-1]
                 for inst in scoped.instances:
                     nic = inst.network_interfaces[0] if inst.network_interfaces else None
@@ -208,23 +258,107 @@ class ComputeApi:
                                           internal, external))
             return found
 
-        return self.call("all zones", fetch)
+        return self.call("all zones", fetch, retries)
 
     def host_keys(self, zone: str, name: str) -> list[tuple[str, str]] | None:
         """The host keys the guest agent published (`hostkeys/` guest attributes), or None when
         not published (yet) or guest attributes are off."""
+        return self.guest_attributes(zone, name, "hostkeys")
+
+    def guest_attributes(self, zone: str, name: str, namespace: str
+                         ) -> list[tuple[str, str]] | None:
+        """(key, value) of the guest attributes under `namespace/`, or None when none are
+        published (yet) or guest attributes are off."""
         from google.api_core import exceptions as gexc
 
         request = self._compute.GetGuestAttributesInstanceRequest(
-            project=self.project, zone=zone, instance=name, query_path="hostkeys/")
+            project=self.project, zone=zone, instance=name, query_path=f"{namespace}/")
         try:
             attrs = self.call(zone, lambda: self.instances.get_guest_attributes(
-                request=request, timeout=REQUEST_TIMEOUT_S))
+                request=request, timeout=REQUEST_TIMEOUT_S, retry=None))
         except ProvisionError as error:
             if isinstance(error.__cause__, gexc.NotFound | gexc.BadRequest):
                 return None
             raise
         return [(item.key, item.value) for item in attrs.query_value.items] or None
+
+    def set_metadata_value(self, zone: str, name: str, key: str, value: str) -> None:
+        """Set one instance metadata item (instances.get for the fingerprint, then
+        setMetadata; a fingerprint race is retried once)."""
+        for attempt in range(2):
+            inst = self.call(zone, lambda: self.instances.get(
+                project=self.project, zone=zone, instance=name, timeout=REQUEST_TIMEOUT_S, retry=None))
+            items = [self._compute.Items(key=i.key, value=i.value)
+                     for i in inst.metadata.items if i.key != key]
+            items.append(self._compute.Items(key=key, value=value))
+            resource = self._compute.Metadata(fingerprint=inst.metadata.fingerprint, items=items)
+            try:
+                self.call(zone, lambda m=resource: self.instances.set_metadata(
+                    project=self.project, zone=zone, instance=name,
+                    metadata_resource=m, timeout=REQUEST_TIMEOUT_S, retry=None))
+                return
+            except BadRequestError:
+                if attempt:
+                    raise
+
+    # --- the project, before anything is created (preflight.py) -------------------------
+
+    def project_info(self) -> ProjectInfo:
+        """The project's global quotas and common instance metadata (one projects.get)."""
+        project = self.call("project", lambda: self._client("ProjectsClient").get(
+            project=self.project, timeout=REQUEST_TIMEOUT_S, retry=None))
+        metadata = {item.key: item.value for item in project.common_instance_metadata.items}
+        return ProjectInfo(_quotas(project.quotas), metadata)
+
+    def region_quotas(self, region: str) -> dict[str, tuple[float, float]]:
+        """metric -> (limit, usage) of one region (one regions.get)."""
+        found = self.call(region, lambda: self._client("RegionsClient").get(
+            project=self.project, region=region, timeout=REQUEST_TIMEOUT_S, retry=None))
+        return _quotas(found.quotas)
+
+    def image_from_family(self, image_project: str, family: str) -> str:
+        """The image a family resolves to now (BadRequestError when it does not exist)."""
+        from google.api_core import exceptions as gexc
+
+        try:
+            image = self.call("images", lambda: self._client("ImagesClient").get_from_family(
+                project=image_project, family=family, timeout=REQUEST_TIMEOUT_S, retry=None))
+        except ProvisionError as error:
+            if isinstance(error.__cause__, gexc.NotFound | gexc.Forbidden):
+                raise BadRequestError(f"image family {family} not found in project "
+                                      f"{image_project}") from None
+            raise
+        return str(image.name)
+
+    def os_login_user(self) -> str | None:
+        """Whose OS Login profile gets the key: `provider.os_login_user`, else the service
+        account of the credentials (user credentials do not carry their e-mail)."""
+        return self.cfg.os_login_user or getattr(self._credentials, "service_account_email",
+                                                 None)
+
+    def import_os_login_key(self, user: str, public_key: str) -> str:
+        """Add `public_key` to `user`'s OS Login profile (the OS Login API, through Google's
+        client); returns the POSIX user name to log in as."""
+        from google.api_core.client_options import ClientOptions
+        from google.cloud import oslogin_v1
+
+        if "oslogin" not in self._more:
+            # A fake Compute endpoint (tests) serves the OS Login API too.
+            options = (ClientOptions(api_endpoint=self.cfg.api_endpoint)
+                       if self.cfg.api_endpoint else None)
+            self._more["oslogin"] = oslogin_v1.OsLoginServiceClient(
+                credentials=self._credentials, client_options=options, transport="rest")
+        client = self._more["oslogin"]
+        key = oslogin_v1.common.SshPublicKey(key=public_key)
+        response = self.call("OS Login", lambda: client.import_ssh_public_key(
+            parent=f"users/{user}", ssh_public_key=key, project_id=self.project,
+            timeout=REQUEST_TIMEOUT_S, retry=None))
+        accounts = list(response.login_profile.posix_accounts)
+        primary = next((a for a in accounts if a.primary), accounts[0] if accounts else None)
+        if primary is None or not primary.username:
+            raise BadRequestError(f"OS Login gave {user} no POSIX account in project "
+                                  f"{self.project}")
+        return str(primary.username)
 
     def was_preempted(self, zone: str, name: str) -> bool:
         """True when a `compute.instances.preempted` operation targets this VM (the evidence
@@ -233,5 +367,5 @@ class ComputeApi:
             project=self.project, zone=zone,
             filter=f'operationType = "compute.instances.preempted" AND targetLink:"{name}"')
         ops = self.call(zone, lambda: list(self.zone_operations.list(
-            request=request, timeout=REQUEST_TIMEOUT_S)))
+            request=request, timeout=REQUEST_TIMEOUT_S, retry=None)))
         return any(op.target_link.rsplit("/", 1)[-1] == name for op in ops)

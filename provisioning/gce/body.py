@@ -21,7 +21,8 @@ ATTACHED_GPUS = {"t4": "nvidia-tesla-t4", "v100": "nvidia-tesla-v100",
 #: Machine-type family -> the catalog GPU built into it (never put in guestAccelerators).
 BUILT_IN_GPUS = {"a2": "a100", "g2": "l4", "a3": "h100", "g4": "rtx-pro-6000", "a4": "b200"}
 #: Spot VMs get 30 s between ACPI soft-off and power-off (gce-notes §A3); without
-#: preemptionNoticeDuration the metadata flip is the only warning.
+#: preemptionNoticeDuration the metadata flip is the only warning, and it comes WITH the soft-off:
+#: systemd is already stopping sshd and the session, so the notice is best-effort.
 SPOT_SHUTDOWN_WINDOW_S = 30
 METADATA_URL = "http://metadata.google.internal/computeMetadata/v1"
 _LABEL_BAD = re.compile(r"[^a-z0-9_-]")
@@ -124,26 +125,100 @@ done
 """
 
 
-def startup_script(watcher: str, remote_root: str) -> str:
-    """The VM's `startup-script`: install the watcher and run it detached from the script (as a
-    systemd unit where possible, so the startup-script service finishing does not kill it)."""
-    path = f"{remote_root}/preemption-watcher.sh"
+#: Instance metadata key holding the lease: the unix time after which the VM ends itself
+#: unless the orchestrator has pushed it further (`GceProvider` renews it).
+LEASE_KEY = "transient-lease-expires"
+COMPUTE_URL = "https://compute.googleapis.com/compute/v1"
+COMPUTE_SCOPE = "https://www.googleapis.com/auth/compute"
+
+
+def lease_watcher_script(poll_s: int = 30) -> str:
+    """Bash that ends the VM when the orchestrator stopped renewing its lease (the orchestrator
+    was killed, its machine slept, its network is gone): every `poll_s` it reads
+    `instance/attributes/transient-lease-expires` from the metadata server; once that time has
+    passed, it asks the Compute API to delete this VM with the VM's own service-account token,
+    and powers the VM off if that is not possible (a stopped VM bills its disk only).
+    `TRANSIENT_METADATA_URL` / `TRANSIENT_COMPUTE_URL` override the servers and
+    `TRANSIENT_POWEROFF` the power-off command (tests: never the test machine's)."""
     return f"""#!/bin/bash
-mkdir -p {shlex.quote(remote_root)} && chmod 1777 {shlex.quote(remote_root)}
-cat > {shlex.quote(path)} <<'TRANSIENT_WATCHER'
-{watcher}TRANSIENT_WATCHER
-chmod +x {shlex.quote(path)}
-if command -v systemd-run >/dev/null; then
-  systemd-run --unit=transient-preemption-watcher {shlex.quote(path)}
-else
-  setsid nohup {shlex.quote(path)} >/dev/null 2>&1 < /dev/null &
-fi
+# transient-ps: lease watcher (the VM ends itself when the orchestrator is gone)
+MD="${{TRANSIENT_METADATA_URL:-{METADATA_URL}}}"
+API="${{TRANSIENT_COMPUTE_URL:-{COMPUTE_URL}}}"
+H='Metadata-Flavor: Google'
+while true; do
+  expires=$(curl -sf -H "$H" "$MD/instance/attributes/{LEASE_KEY}")
+  if [ -n "$expires" ] && [ "$(date +%s)" -gt "${{expires%%.*}}" ]; then
+    token=$(curl -sf -H "$H" "$MD/instance/service-accounts/default/token" \\
+      | sed -n 's/.*"access_token" *: *"\\([^"]*\\)".*/\\1/p')
+    name=$(curl -sf -H "$H" "$MD/instance/name")
+    zone=$(curl -sf -H "$H" "$MD/instance/zone"); zone="${{zone##*/}}"
+    project=$(curl -sf -H "$H" "$MD/project/project-id")
+    if [ -n "$token" ] && curl -sf -X DELETE -H "Authorization: Bearer $token" \\
+        "$API/projects/$project/zones/$zone/instances/$name" >/dev/null; then
+      exit 0
+    fi
+    ${{TRANSIENT_POWEROFF:-shutdown -h now}}
+    exit 0
+  fi
+  sleep {poll_s}
+done
 """
 
 
+#: Guest-attribute namespace where a GPU VM's startup script says what nvidia-smi sees: key
+#: `gpus`, value the GPU count, or "0: <nvidia-smi's message>" (`GceProvider` reads it).
+GPU_NAMESPACE = "transient-gpu"
+
+
+def gpu_check_script(wait_s: int = 600) -> str:
+    """Bash for GPU VMs: wait (a driverless DLVM image installs the driver on first boot) for
+    `nvidia-smi -L` to list a GPU, at most `wait_s`, then publish the count or the last error
+    as guest attribute `transient-gpu/gpus`, so the orchestrator fails fast on a VM that would
+    otherwise train on its CPU."""
+    return f"""#!/bin/bash
+# transient-ps: GPU check (publishes what nvidia-smi sees as a guest attribute)
+MD="${{TRANSIENT_METADATA_URL:-{METADATA_URL}}}"
+end=$(( $(date +%s) + {wait_s} ))
+while true; do
+  out=$(nvidia-smi -L 2>&1)
+  count=$(printf '%s\\n' "$out" | grep -c '^GPU ')
+  if [ "$count" -gt 0 ] || [ "$(date +%s)" -ge "$end" ]; then break; fi
+  sleep 10
+done
+if [ "$count" -gt 0 ]; then value="$count"; else value="0: $(printf '%s' "$out" | tr '\\n' ' ' | cut -c1-300)"; fi
+curl -sf -X PUT --data "$value" -H 'Metadata-Flavor: Google' \
+  "$MD/instance/guest-attributes/{GPU_NAMESPACE}/gpus"
+"""
+
+
+def startup_script(watcher: str, remote_root: str, lease_watcher: str | None = None,
+                   gpu_check: str | None = None) -> str:
+    """The VM's `startup-script`: install the watchers and run them detached from the script
+    (as systemd units where possible, so the startup-script service finishing does not kill
+    them)."""
+    scripts = [("preemption-watcher", watcher)]
+    if lease_watcher is not None:
+        scripts.append(("lease-watcher", lease_watcher))
+    if gpu_check is not None:
+        scripts.append(("gpu-check", gpu_check))
+    lines = ["#!/bin/bash",
+             f"mkdir -p {shlex.quote(remote_root)} && chmod 1777 {shlex.quote(remote_root)}"]
+    for unit, text in scripts:
+        path = shlex.quote(f"{remote_root}/{unit}.sh")
+        lines += [f"cat > {path} <<'TRANSIENT_WATCHER'", text + "TRANSIENT_WATCHER",
+                  f"chmod +x {path}",
+                  "if command -v systemd-run >/dev/null; then",
+                  f"  systemd-run --unit=transient-{unit} {path}",
+                  "else",
+                  f"  setsid nohup {path} >/dev/null 2>&1 < /dev/null &",
+                  "fi"]
+    return "\n".join(lines) + "\n"
+
+
 def instance_body(cfg: GceConfig, project: str, vm: VmRequest, run_id: str,
-                  ssh_public_key: str) -> dict[str, object]:
-    """The REST `Instance` for `vm` (gce-notes §A1, §C)."""
+                  ssh_public_key: str, lease_expires: float | None = None) -> dict[str, object]:
+    """The REST `Instance` for `vm` (gce-notes §A1, §C). `lease_expires` (unix time): the
+    VM's first lease; None: no lease watcher."""
     zone = vm.zone
     accs = [{**a, "acceleratorType": f"projects/{project}/zones/{zone}/acceleratorTypes/"
              f"{a['acceleratorType']}"} for a in accelerators(vm.machine_type, vm.gpu)]
@@ -153,10 +228,11 @@ def instance_body(cfg: GceConfig, project: str, vm: VmRequest, run_id: str,
         scheduling = {"provisioningModel": "SPOT",
                       "instanceTerminationAction": str(cfg.termination_action),
                       "onHostMaintenance": "TERMINATE", "automaticRestart": False}
-        if cfg.max_run_duration_s:
-            scheduling["maxRunDuration"] = {"seconds": str(cfg.max_run_duration_s)}
     elif gpu_vm:  # GPU VMs cannot live-migrate
         scheduling = {"onHostMaintenance": "TERMINATE", "automaticRestart": True}
+    if cfg.max_run_duration_s:  # every VM, the PS included: a life the cloud enforces
+        scheduling["maxRunDuration"] = {"seconds": str(cfg.max_run_duration_s)}
+        scheduling.setdefault("instanceTerminationAction", "DELETE")
     source_image = cfg.image or (f"projects/{cfg.image_project}/global/images/family/"
                                  f"{cfg.image_family}")
     nic: dict[str, object] = {"network": cfg.network}
@@ -171,8 +247,13 @@ def instance_body(cfg: GceConfig, project: str, vm: VmRequest, run_id: str,
     metadata = [
         {"key": "ssh-keys", "value": f"{cfg.ssh_user}:{ssh_public_key.strip()}"},
         {"key": "enable-guest-attributes", "value": "TRUE"},
-        {"key": "startup-script", "value": startup_script(watcher, cfg.remote_root)},
+        {"key": "startup-script", "value": startup_script(
+            watcher, cfg.remote_root,
+            lease_watcher_script() if lease_expires is not None else None,
+            gpu_check_script(int(cfg.gpu_timeout_s)) if gpu_vm and cfg.gpu_check else None)},
     ]
+    if lease_expires is not None:
+        metadata.append({"key": LEASE_KEY, "value": str(int(lease_expires))})
     if gpu_vm:
         metadata.append({"key": "install-nvidia-driver", "value": "True"})
     body: dict[str, object] = {
@@ -186,9 +267,13 @@ def instance_body(cfg: GceConfig, project: str, vm: VmRequest, run_id: str,
             "diskType": f"zones/{zone}/diskTypes/pd-balanced"}}],
         "networkInterfaces": [nic],
         "metadata": {"items": metadata},
-        "serviceAccounts": [{"email": cfg.service_account or "default",
-                             "scopes": list(cfg.scopes)}],
     }
+    if cfg.service_account:
+        body["serviceAccounts"] = [{"email": cfg.service_account, "scopes": list(cfg.scopes)}]
+    elif lease_expires is not None:
+        # Least privilege: the VM's token only lets its lease watcher delete the VM itself
+        # (nothing on a VM calls another Google API); no lease, no account at all.
+        body["serviceAccounts"] = [{"email": "default", "scopes": [COMPUTE_SCOPE]}]
     if accs:
         body["guestAccelerators"] = accs
     if scheduling:

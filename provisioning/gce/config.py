@@ -9,6 +9,7 @@ Google Cloud" explains them.
 from __future__ import annotations
 
 import enum
+import os
 from dataclasses import dataclass, field
 
 from provisioning.base import ProviderConfig
@@ -37,6 +38,7 @@ class GceConfig(ProviderConfig):
     name: str = "gce"
     project: str | None = None  # GCP project id; None = $GOOGLE_CLOUD_PROJECT at run time
     zones: list[str] = field(default_factory=list)  # fallback order after each host's plan zone
+    cross_region: bool = False  # let VMs of one cluster fall back into different regions
     image_project: str = "deeplearning-platform-release"  # where image_family lives
     # CUDA + driver, no framework; Ubuntu 24.04, whose Python 3.12 the hosts' runtime installs on
     image_family: str = "common-cu128-ubuntu-2404-nvidia-570"
@@ -46,17 +48,22 @@ class GceConfig(ProviderConfig):
     subnetwork: str | None = None  # regions/R/subnetworks/S for custom-mode VPCs
     tags: list[str] = field(default_factory=lambda: ["transient-ps"])  # firewall target tags
     external_ip: bool = True  # an ephemeral public IP (the orchestrator SSHes to it)
-    service_account: str | None = None  # e-mail; None = the project's default compute account
-    scopes: list[str] = field(default_factory=lambda: list(DEFAULT_SCOPES))
+    inside_vpc: bool = False  # the orchestrator runs in the VMs' VPC (reaches internal IPs)
+    service_account: str | None = None  # VMs' e-mail; None = the default one, compute scope only,
+    #: for the lease watcher (no lease: no account)
+    scopes: list[str] = field(default_factory=lambda: list(DEFAULT_SCOPES))  # ours; the VMs' too
+    #: with service_account
     credentials: str = CREDENTIALS_ADC  # adc | anonymous | path to a service-account key file
     api_endpoint: str | None = None  # Compute API root; None = compute.googleapis.com
     ssh_user: str = "transient"  # login user created by the guest agent from ssh-keys
-    ssh_key: str = "~/.ssh/id_ed25519"  # private key; its .pub goes into the VM's ssh-keys
+    os_login_user: str | None = None  # OS Login projects: whose profile gets the key (e-mail)
+    ssh_key: str | None = None  # private key (no passphrase); None = the tool's own (keys.py)
     python: str | None = None  # interpreter on the VMs that has the trainer's dependencies
     index_url: str | None = DEFAULT_INDEX_URL  # VMs without `python` install from it themselves
     wheelhouse: str | None = None  # local dir: wheels for VMs without an index (wins if set)
     termination_action: TerminationAction = TerminationAction.DELETE
-    max_run_duration_s: int | None = None  # Spot VMs are deleted/stopped after this; None = never
+    max_run_duration_s: int | None = None  # every VM ends after this (cloud-enforced); None = never
+    lease_s: float = 900.0  # a VM the orchestrator has not renewed for this long ends itself; 0 = off
     labels: dict[str, str] = field(default_factory=dict)  # added to every VM
     storage: str | None = None  # gs://BUCKET/PREFIX: checkpoints and results of each run there
     remote_root: str = "/var/tmp/transient"  # run dirs on the VMs: <root>/<run_id>/hosts/<id>
@@ -67,14 +74,29 @@ class GceConfig(ProviderConfig):
     vm_ready_timeout_s: float = 600.0  # insert until RUNNING, per VM
     host_key_timeout_s: float = 90.0  # wait for the guest agent to publish host keys
     host_key_poll_s: float = 6.0  # guest attributes allow about 10 queries/min per VM
+    boot_timeout_s: float = 300.0  # RUNNING until the first SSH login (refusals retried)
+    login_grace_s: float = 120.0  # a refused key is retried this long after sshd answers
+    unreachable_grace_s: float = 300.0  # SSH lost while GCE says RUNNING: revoked after this
+    gpu_check: bool = True  # a GPU VM whose nvidia-smi lists no GPU fails the acquire
+    gpu_timeout_s: float = 600.0  # how long a GPU VM may take to show its GPU (driver install)
     retries: int = 4  # retries of a transient API error (rate limit, 5xx) per request
     retry_backoff_s: float = 2.0  # first backoff; doubles per retry
+    not_ready_retry_s: float = 120.0  # delete of a stopping VM / a held internal IP: retried
+    boot_preemptions: int = 3  # a Spot VM preempted while booting is re-created this often
     max_parallel: int = 32  # concurrent API calls while creating or deleting
+    preflight_checks: bool = True  # quotas, image, bucket, OS Login read before any VM
+
+    def ssh_key_path(self) -> str:
+        """The private key the VMs are logged into with: `ssh_key`, or the tool's own."""
+        from provisioning.gce.keys import tool_key_path
+
+        return os.path.expanduser(self.ssh_key) if self.ssh_key else str(tool_key_path())
 
     def check(self) -> list[tuple[str, str]]:
-        """(field, problem) known before any VM exists: the hosts' runtime install keys, an
-        image family whose Python (its name tells) no wheel of the runtime fits, and a baked
-        image (`python -m orchestrator.image bake`) made for another dependency set."""
+        """(field, problem) known before any VM exists (fields as typed): the hosts' runtime
+        install keys, an image family whose Python (its name tells) no wheel of the runtime
+        fits, a baked image (`python -m orchestrator.image bake`) made for another dependency
+        set, the login key, internal-IP-only VMs, the timeouts and the lease."""
         from provisioning.host_runtime import image_family_problem, stale_image_problem
 
         problems = runtime_install_problems(self.index_url, self.wheelhouse, "cpu",
@@ -87,6 +109,24 @@ class GceConfig(ProviderConfig):
             problem = stale_image_problem(self.image)
             if problem:
                 problems.append(("provider.image", problem))
+        if self.ssh_key:
+            from provisioning.gce.keys import key_problem
+
+            problem = key_problem(self.ssh_key)
+            if problem is not None:
+                problems.append(("provider.ssh_key", problem))
+        for name in ("boot_timeout_s", "login_grace_s", "vm_ready_timeout_s",
+                     "operation_timeout_s"):
+            if getattr(self, name) <= 0:
+                problems.append((f"provider.{name}", "must be > 0"))
+        if not self.external_ip and not self.inside_vpc:
+            problems.append(("provider.external_ip", "false leaves the VMs with internal IPs "
+                             "only, which the orchestrator cannot reach from outside their VPC: "
+                             "keep it true, or run the orchestrator on a VM in that VPC and set "
+                             "provider.inside_vpc=true"))
+        if 0 < self.lease_s < 3 * self.poll_interval_s:
+            problems.append(("provider.lease_s", f"{self.lease_s:g} s is too short to renew "
+                             f"(at least 3 x provider.poll_interval_s; 0 turns the lease off)"))
         return problems
 
     def transient_lifetime_cap_s(self) -> float | None:

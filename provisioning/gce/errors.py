@@ -9,7 +9,9 @@ one place:
 - stock-out (`ZONE_RESOURCE_POOL_EXHAUSTED*`, `insufficientCapacity`, ...) -> `ZoneCapacityError`:
   block this zone, try the next;
 - quota (`QUOTA_EXCEEDED` / `quotaExceeded`) -> `QuotaError` naming the metric; it blocks the
-  region, or every region for `GPUS_ALL_REGIONS` (a quota raise, not another zone, fixes it);
+  region, or every region for a global quota (any metric ending in `_ALL_REGIONS`, e.g.
+  `GPUS_ALL_REGIONS` and `CPUS_ALL_REGIONS`, or a message saying "globally"): a quota raise,
+  not another zone, fixes it;
 - rate limits, 5xx, lost connections -> `TransientApiError`: retried with backoff;
 - anything else, accelerator-not-found included -> `BadRequestError` (never succeeds as written).
 """
@@ -31,7 +33,8 @@ ZONE_CAPACITY_CODES = frozenset({
 QUOTA_CODES = frozenset({"QUOTA_EXCEEDED", "quotaExceeded"})
 RATE_CODES = frozenset({"RESOURCE_OPERATION_RATE_EXCEEDED", "rateLimitExceeded",
                         "userRateLimitExceeded"})
-GLOBAL_QUOTA_METRIC = "GPUS_ALL_REGIONS"
+#: Project-wide quotas end in this (GPUS_ALL_REGIONS, CPUS_ALL_REGIONS): no region helps.
+GLOBAL_QUOTA_SUFFIX = "_ALL_REGIONS"
 _QUOTA_MESSAGE = re.compile(r"Quota '([A-Z0-9_]+)' exceeded")
 _TRANSIENT_HTTP = frozenset({429, 500, 502, 503, 504})
 
@@ -73,6 +76,11 @@ def region_of(zone: str) -> str:
     return zone.rsplit("-", 1)[0]
 
 
+def is_global_quota(metric: str, message: str = "") -> bool:
+    """A project-wide quota (`*_ALL_REGIONS`, or GCE's message says "globally")."""
+    return metric.endswith(GLOBAL_QUOTA_SUFFIX) or "globally" in message
+
+
 def items_from_operation(operation: Any) -> list[ErrorItem]:
     """Error items of a finished `compute_v1.Operation` (protos with code/message/details)."""
     items = []
@@ -108,7 +116,7 @@ def classify(zone: str, http_status: int | None, items: Iterable[ErrorItem]) -> 
         if item.code in QUOTA_CODES or _QUOTA_MESSAGE.search(item.message):
             found = _QUOTA_MESSAGE.search(item.message)
             metric = found.group(1) if found else (item.quota_metric or "UNKNOWN_QUOTA")
-            region = None if metric == GLOBAL_QUOTA_METRIC else region_of(zone)
+            region = None if is_global_quota(metric, item.message) else region_of(zone)
             return QuotaError(metric, region, item.message)
     for item in items:
         if item.code in ZONE_CAPACITY_CODES:

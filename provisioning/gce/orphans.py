@@ -16,18 +16,21 @@ import socket
 import sys
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 from provisioning.base import ProvisionError
 from provisioning.gce.body import label_value
 from provisioning.gce.config import CREDENTIALS_ADC, TOOL_LABEL, GceConfig
-from provisioning.journal import read_process_start_ticks
+from provisioning.journal import PROC_ROOT, process_is_live
 
 LIVE, ORPHAN, FOREIGN = "live", "orphan", "other host"
 
 
-def owner_status(labels: dict[str, str], this_host: str | None = None) -> str:
+def owner_status(labels: dict[str, str], this_host: str | None = None,
+                 proc_root: Path = PROC_ROOT) -> str:
     """LIVE when the owning orchestrator process still runs here, ORPHAN when it ran here and is
-    gone (or the labels are incomplete), FOREIGN when another machine owns it."""
+    gone (or the labels are incomplete), FOREIGN when another machine owns it. Without /proc
+    (macOS) a process that exists counts as the owner (`journal.process_is_live`)."""
     host = labels.get("owner-host")
     if host != label_value(this_host or socket.gethostname()):
         return FOREIGN if host else ORPHAN
@@ -35,8 +38,7 @@ def owner_status(labels: dict[str, str], this_host: str | None = None) -> str:
         pid, start = int(labels["owner-pid"]), int(labels["owner-start"])
     except (KeyError, ValueError):
         return ORPHAN
-    ticks = read_process_start_ticks(pid)
-    return LIVE if ticks is not None and (start == 0 or ticks == start) else ORPHAN
+    return LIVE if process_is_live(pid, start, proc_root) else ORPHAN
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -83,9 +85,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if doomed and not args.dry_run:
         def delete(vm: ListedVm) -> str | None:
             try:
-                op = api.delete(vm.zone, vm.name)
-                if op is not None:
-                    api.wait(vm.zone, op, config.operation_timeout_s)
+                api.remove(vm.zone, vm.name, config.operation_timeout_s)
             except ProvisionError as error:
                 return f"{vm.name}: {error}"
             return None

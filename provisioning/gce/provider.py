@@ -1,18 +1,29 @@
 """`provider=gce`: one Compute Engine VM per machine of the plan, Spot for transient hosts.
 
-- acquire: VMs are journalled *before* they are inserted, then created in parallel (one
-  idempotency `request_id` per attempt), each operation waited on in a bounded loop. A failed
-  insert is classified once (`errors.py`): a stock-out blocks the zone, a quota error its region
-  (or every region for GPUS_ALL_REGIONS), and the VMs that failed move to their next zone
-  (`HostSpec.zone` first, then `provider.zones`); a bad request stops at once. When acquire
-  fails, every VM it created is deleted before the error propagates.
+- acquire: first the checks that need no VM, in one pass with one line per problem
+  (`preflight.py`: quotas, image family, bucket, OS Login, whose key is imported then; the login
+  key is `keys.py`'s). VMs are journalled *before* they are inserted, then created in parallel
+  (one idempotency `request_id` per attempt), each operation waited on in a bounded loop. A
+  failed insert is classified once (`errors.py`): a stock-out blocks the zone, a quota error its
+  region (or every region for `*_ALL_REGIONS`), and the VMs that failed move to their next zone
+  (`HostSpec.zone` first, then `provider.zones`) within ONE region: a VM that fits nowhere there
+  moves the whole cluster to the next region (`provider.cross_region` lifts it); a bad request
+  stops at once. An insert that raised a transient error may have created its VM: that name is
+  deleted when the acquire ends. A Spot VM preempted while booting is re-created alone. When
+  acquire fails, every VM it created is deleted before the error propagates. Where the VMs
+  landed goes to the log and `<run dir>/placement.json`.
 - readiness: ONE label-filtered aggregatedList per tick for all VMs until RUNNING, then host
   keys from the guest attributes (pinned into `<run dir>/known_hosts`; first-use pinning when a
-  VM publishes none).
+  VM publishes none) and, on GPU VMs, what nvidia-smi saw (no GPU: one line, the acquire
+  fails). The first SSH login waits for the booting guest (`connection.py`, boot_timeout_s).
+- lease: every VM carries a lease in its metadata, renewed from a background thread; a watcher
+  on the VM deletes it once the lease has passed (the orchestrator is gone), and
+  `max_run_duration_s` bounds every VM's life on GCE's side.
 - poll: ONE aggregatedList per `poll_interval_s` for the whole cluster; raw GCE states are mapped
   onto HostState in `STATE_MAP`, a VM we did not delete that is stopping, stopped or gone is
-  REVOKED (preempted: its zone's `compute.instances.preempted` operation is looked up once), and
-  so is a RUNNING VM whose SSH heartbeat stopped.
+  REVOKED (preempted: its zone's `compute.instances.preempted` operation is looked up once). A
+  RUNNING VM whose SSH heartbeat stopped is only *unreachable* (our network): reconnected in the
+  background (`gce/ssh.py`), REVOKED after `unreachable_grace_s`.
 - replace: the lost VM is deleted and a new one created the same way in the same zone with the
   same internal IP, so the replacement keeps the TensorFlow endpoint of its slot.
 - release: deletes every VM of the run, in parallel; idempotent.
@@ -27,7 +38,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+import logging
 import os
 import socket
 import threading
@@ -64,6 +77,8 @@ from provisioning.base import (
 )
 from provisioning.catalog import Market
 from provisioning.gce.body import (
+    GPU_NAMESPACE,
+    LEASE_KEY,
     VmRequest,
     has_gpu,
     instance_body,
@@ -94,6 +109,10 @@ STATE_MAP: dict[str, HostState] = {
     "DEPROVISIONING": HostState.REVOKED,
 }
 KNOWN_HOSTS_FILE = "known_hosts"
+#: One poll's list call: a cut link must not hold the supervisor's loop for minutes.
+POLL_TIMEOUT_S = 20.0
+PLACEMENT_FILE = "placement.json"  # where a run's VMs landed (zone per VM), in its run dir
+log = logging.getLogger(__name__)
 PIN_GUEST_ATTRIBUTES = "guest-attributes"
 PIN_FIRST_USE = "first-use"
 
@@ -123,6 +142,13 @@ class _Vm:
     @property
     def zone(self) -> str:
         return self.request.zone
+
+
+def _address_held(error: BaseException) -> bool:
+    """The requested internal IP is still held by a VM that is going away."""
+    text = str(error)
+    return "already being used" in text or "ipInUseByAnotherResource" in text \
+        or "IP_IN_USE" in text
 
 
 def owner_labels() -> dict[str, str]:
@@ -160,6 +186,13 @@ class GceProvider(Provider):
         self._lock = threading.RLock()
         self._owner = owner_labels()
         self.revocations: dict[HostId, str] = {}  # host -> "preempted" | "gone" (for reports)
+        self._login_key: str | None = None  # public half of the login key (`_public_key`)
+        self.os_login = False  # the project turns OS Login on (read by the preflight)
+        self._login_user: str | None = None  # OS Login's POSIX user; None = provider.ssh_user
+        self._lease_thread: threading.Thread | None = None
+        self._lease_stop = threading.Event()
+        self.lease_renewals = 0  # renewal rounds done (tests, benchmarks)
+        self._api_down = False  # the last poll could not reach the Compute API
 
     # --- class-level hooks (read without building a provider) -----------------------------
 
@@ -215,15 +248,54 @@ class GceProvider(Provider):
         if request.sweep_id:  # the request's sweep labels this run's VMs (replacements too)
             self._sweep_ids[request.run_id] = request.sweep_id
         vms = self._plan_vms(request.run_id, request.hosts)
+        self._public_key()  # a key problem stops here, before any VM
+        self._preflight(vms)
         try:
-            self._create(vms)
+            self._create_cluster(vms)
             self._await_running(vms)
             self._pin_host_keys(request.run_id, vms)
         except BaseException:
             self._delete([vm for vm in vms if vm.created])
             raise
+        finally:
+            self._delete_ghosts(request.run_id)
+        self._record_placement(request.run_id, request.workdir, vms)
         by_name = {h.spec.name: h for vm in vms for h in vm.hosts}
         return Cluster(run_id=request.run_id, hosts=[by_name[s.name] for s in request.hosts])
+
+    def _preflight(self, vms: Sequence[_Vm]) -> None:
+        """Quotas, image, bucket and OS Login, before any VM (`preflight.py`); PreflightError
+        with one line per problem."""
+        from provisioning.gce.preflight import PreflightError, check
+
+        if not self.config.preflight_checks:
+            return
+        planned = [replace(vm.request, zone=self._zones_for(vm)[0]) for vm in vms]
+        result = check(self.api, self.config, planned)
+        self.os_login = result.os_login
+        problems = list(result.problems)
+        if self.os_login:
+            problem = self._use_os_login()
+            if problem is not None:
+                problems.append(problem)
+        if problems:
+            raise PreflightError(problems)
+
+    def _use_os_login(self) -> str | None:
+        """The project ignores `ssh-keys` metadata (OS Login): import our key into the OS
+        Login profile and log in as its POSIX user; a line saying why not, else None."""
+        user = self.api.os_login_user()
+        if not user:
+            return (f"provider.os_login_user: project {self.api.project} has OS Login on "
+                    "(enable-oslogin=TRUE), so VMs ignore the ssh-keys metadata; set it to the "
+                    "e-mail of the account whose OS Login profile gets the tool's key")
+        try:
+            self._login_user = self.api.import_os_login_key(user, self._public_key())
+        except ProvisionError as error:
+            return (f"provider.os_login_user: project {self.api.project} has OS Login on and "
+                    f"the key could not be imported for {user} ({error}); it needs the role "
+                    "roles/compute.osAdminLogin (or osLogin) in the project")
+        return None
 
     def _plan_vms(self, run_id: str, specs: Sequence[HostSpec]) -> list[_Vm]:
         """One `_Vm` per machine of the plan; colocated roles join their owner's VM."""
@@ -262,14 +334,35 @@ class GceProvider(Provider):
                                   "in the cluster or list zones in provider.zones)")
         return zones
 
-    def _create(self, vms: list[_Vm], same_region: str | None = None) -> None:
-        """Insert every VM, in parallel rounds; failed ones move to their next usable zone."""
+    def _keep_ghost(self, vm: _Vm) -> None:
+        """An insert that raised a transient error may have created the VM anyway: keep its
+        name (journalled already) so it is deleted with the run's other leftovers."""
+        ghost = _Vm(request=vm.request, run_id=vm.run_id, slot=vm.slot, specs=[], created=True)
+        with self._lock:
+            self._vms[ghost.name] = ghost
+        vm.created = False
+
+    def _delete_ghosts(self, run_id: str) -> None:
+        """Delete the names of inserts that may have succeeded unseen (404 = never created)."""
+        with self._lock:
+            ghosts = [vm for vm in self._vms.values()
+                      if vm.run_id == run_id and not vm.specs and not vm.deleted]
+        try:
+            self._delete(ghosts)
+        except ProvisionError as error:  # release tries again
+            log.warning("gce: could not delete a VM whose insert failed: %s", error)
+
+    def _create(self, vms: list[_Vm], same_region: str | None = None,
+                avoid_zones: frozenset[str] = frozenset()) -> None:
+        """Insert every VM, in parallel rounds; failed ones move to their next usable zone
+        (`avoid_zones` are tried last)."""
         blocked_zones: set[str] = set()
         blocked_regions: set[str] = set()
         everywhere_blocked = False
         reasons: list[str] = []
         last_error: dict[str, ProvisionError] = {}
-        candidates = {vm.slot: self._zones_for(vm, same_region) for vm in vms}
+        candidates = {vm.slot: sorted(self._zones_for(vm, same_region),
+                                      key=lambda z: z in avoid_zones) for vm in vms}
         pending = list(vms)
         while pending:
             round_vms = []
@@ -297,6 +390,8 @@ class GceProvider(Provider):
                         blocked_regions.add(error.region)
                 elif isinstance(error, ZoneCapacityError | TransientApiError):
                     blocked_zones.add(vm.zone)
+                    if vm.created:  # the insert may have succeeded: delete that name later
+                        self._keep_ghost(vm)
                 elif isinstance(error, ProvisionError):
                     bad = bad or error
                 else:
@@ -307,35 +402,153 @@ class GceProvider(Provider):
             if bad is not None:
                 raise bad
 
+    def _create_cluster(self, vms: list[_Vm]) -> None:
+        """Create a run's VMs in ONE region: the region of the first VM's (the PS's) zones
+        first, then each other region of `provider.zones`; a VM that fits nowhere in a region
+        moves the whole cluster to the next one (what was created there is deleted first), so
+        the PS and its workers never talk across regions (inter-region latency and egress on
+        every step). `provider.cross_region=true`: each VM falls back on its own."""
+        if self.config.cross_region or not vms:
+            self._create(vms)
+            return
+        regions = [region_of(z) for z in self._zones_for(vms[0])]
+        regions += [region_of(z) for z in self.config.zones]
+        reasons = []
+        for region in dict.fromkeys(regions):
+            if any(not self._zones_in(vm, region) for vm in vms):
+                continue  # some VM has no zone there
+            try:
+                self._create(vms, same_region=region)
+                return
+            except CapacityError as error:
+                if isinstance(error, QuotaError) and error.region is None:
+                    raise  # a project-wide quota: no region helps
+                self._delete([vm for vm in vms if vm.created])
+                reasons.append(f"{region}: {error}")
+        if not reasons:
+            raise BadRequestError("provider.zones: no region has a zone for every VM of the "
+                                  "cluster (list zones of one region, or set "
+                                  "provider.cross_region=true)")
+        raise CapacityError("no region could hold the whole cluster: " + "; ".join(reasons))
+
+    def _zones_in(self, vm: _Vm, region: str) -> list[str]:
+        zones = [vm.zone_hint, vm.specs[0].zone, *self.config.zones]
+        return [z for z in dict.fromkeys(zones) if z and region_of(z) == region]
+
+    def _record_placement(self, run_id: str, workdir: Path, vms: Sequence[_Vm]) -> None:
+        """Where the VMs landed: said once (the run's log) and kept in `<run dir>/placement.json`."""
+        import json
+
+        zones: dict[str, list[str]] = {}
+        for vm in vms:
+            zones.setdefault(vm.zone, []).append(vm.slot)
+        regions = sorted({region_of(z) for z in zones})
+        log.info("gce: %d VMs of run %s in region %s: %s", len(vms), run_id, ", ".join(regions),
+                 "; ".join(f"{z}: {', '.join(slots)}" for z, slots in zones.items()))
+        record = {"regions": regions, "vms": [
+            {"slot": vm.slot, "name": vm.name, "zone": vm.zone, "hosts": [s.name for s in vm.specs]}
+            for vm in vms]}
+        with contextlib.suppress(OSError):
+            workdir.mkdir(parents=True, exist_ok=True)
+            tmp = workdir / (PLACEMENT_FILE + ".tmp")
+            tmp.write_text(json.dumps(record, indent=1) + "\n")
+            tmp.replace(workdir / PLACEMENT_FILE)
+
     def _insert_one(self, vm: _Vm) -> None:
         cfg = self.config
         self._journal_vm(vm, released=False)
-        body = instance_body(cfg, self.api.project, vm.request, vm.run_id, self._public_key())
+        lease = (time.time() + cfg.lease_s + cfg.vm_ready_timeout_s + cfg.boot_timeout_s
+                 if cfg.lease_s > 0 else None)  # until the first renewal, boot included
+        body = instance_body(cfg, self.api.project, vm.request, vm.run_id, self._public_key(),
+                             lease_expires=lease)
         vm.created = True  # from here on a delete is owed (404 if it never came to exist)
         vm.deleted = False
-        try:
-            op = self.api.insert(vm.zone, body, request_id=str(uuid.uuid4()))
-            self.api.wait(vm.zone, op, cfg.operation_timeout_s)
-        except (ZoneCapacityError, QuotaError, BadRequestError):
-            vm.created = False  # the operation failed: GCE created nothing
-            self._record_released(vm)
-            raise
+        deadline = self._clock() + cfg.not_ready_retry_s
+        delay = cfg.retry_backoff_s
+        while True:
+            try:
+                op = self.api.insert(vm.zone, body, request_id=str(uuid.uuid4()))
+                self.api.wait(vm.zone, op, cfg.operation_timeout_s)
+                break
+            except (ZoneCapacityError, QuotaError, BadRequestError) as error:
+                if vm.request.network_ip and _address_held(error) \
+                        and self._clock() + delay < deadline:
+                    # The lost VM's internal IP is released a little after it is gone.
+                    self._sleep(delay)
+                    delay = min(delay * 2, 15.0)
+                    continue
+                vm.created = False  # the operation failed: GCE created nothing
+                self._record_released(vm)
+                raise
         with self._lock:
             self._vms[vm.name] = vm
+        self._start_lease()
+
+    # --- the lease: VMs end themselves when the orchestrator is gone ----------------------
+
+    def _start_lease(self) -> None:
+        """Renew every live VM's lease every `lease_s / 3` from a background thread, so a VM
+        outlives its orchestrator (killed, asleep, cut off) by at most `lease_s`."""
+        if self.config.lease_s <= 0:
+            return
+        with self._lock:
+            if self._lease_thread is not None and self._lease_thread.is_alive():
+                return
+            self._lease_stop.clear()
+            self._lease_thread = threading.Thread(target=self._renew_leases, daemon=True,
+                                                  name="gce-lease")
+            self._lease_thread.start()
+
+    def _renew_leases(self) -> None:
+        interval = self.config.lease_s / 3
+        failing = False
+        while not self._lease_stop.wait(interval):
+            with self._lock:
+                vms = [vm for vm in self._vms.values()
+                       if vm.specs and not vm.deleted and vm.revoked_reason is None]
+            expires = str(int(time.time() + self.config.lease_s))
+
+            def renew(vm: _Vm, value: str = expires) -> None:
+                self.api.set_metadata_value(vm.zone, vm.name, LEASE_KEY, value)
+
+            errors = [e for e in self._parallel(renew, vms) if e is not None]
+            if errors and not failing:
+                log.warning("gce: cannot renew the VMs' lease (%s); they end themselves "
+                            "%g s after the last renewal", errors[0], self.config.lease_s)
+            failing = bool(errors)
+            self.lease_renewals += 1
+
+    def _stop_lease(self) -> None:
+        with self._lock:
+            if any(vm.specs and not vm.deleted for vm in self._vms.values()):
+                return
+            thread, self._lease_thread = self._lease_thread, None
+        self._lease_stop.set()
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=5)
 
     def _public_key(self) -> str:
-        path = Path(os.path.expanduser(self.config.ssh_key) + ".pub")
-        try:
-            return path.read_text().strip()
-        except OSError:
-            raise BadRequestError(f"provider.ssh_key: cannot read public key {path} (create "
-                                  "one with ssh-keygen -t ed25519)") from None
+        """The public half of the login key (the tool's own is generated on first use)."""
+        from provisioning.gce.keys import ensure_tool_key, key_problem, public_key_line
+
+        if self._login_key is not None:
+            return self._login_key
+        if self.config.ssh_key:
+            problem = key_problem(self.config.ssh_key)
+            if problem is not None:
+                raise BadFieldError("provider.ssh_key", problem)
+            self._login_key = public_key_line(self.config.ssh_key)
+        else:
+            self._login_key = public_key_line(ensure_tool_key())
+        return self._login_key
 
     def _await_running(self, vms: list[_Vm]) -> None:
         """Until every VM is RUNNING: one list call per config.ready_poll_s for all of them."""
         deadline = self._clock() + self.config.vm_ready_timeout_s
         waiting = {vm.name: vm for vm in vms}
         run_ids = {vm.run_id for vm in vms}
+        missing: dict[str, int] = {}  # name -> lists in a row without it (gone after insert)
+        preempted: dict[str, int] = {}  # slot -> preemptions while booting
         while waiting:
             listed = {}
             for run_id in run_ids:
@@ -345,15 +558,38 @@ class GceProvider(Provider):
                 if seen is not None and seen.status == "RUNNING":
                     vm.internal_ip, vm.external_ip = seen.internal_ip, seen.external_ip
                     del waiting[name]
-                elif seen is not None and STATE_MAP.get(seen.status) is HostState.REVOKED:
-                    raise ZoneCapacityError(vm.zone, f"VM {name} went {seen.status} while "
+                    continue
+                if seen is None:
+                    missing[name] = missing.get(name, 0) + 1
+                    if missing[name] < 2:  # its insert is DONE: absent twice = gone
+                        continue
+                elif STATE_MAP.get(seen.status) is not HostState.REVOKED:
+                    continue
+                status = seen.status if seen is not None else "gone"
+                preempted[vm.slot] = preempted.get(vm.slot, 0) + 1
+                if not vm.request.transient or preempted[vm.slot] > self.config.boot_preemptions:
+                    raise ZoneCapacityError(vm.zone, f"VM {name} went {status} while "
                                             "starting (preempted during creation)")
+                log.warning("gce: %s went %s while booting (preempted): re-creating it alone",
+                            name, status)
+                del waiting[name]
+                self._recreate_booting(vm)
+                waiting[vm.name] = vm
             if not waiting:
                 break
             if self._clock() >= deadline:
                 raise CapacityError(f"VMs not RUNNING after {self.config.vm_ready_timeout_s:g} s: "
                                     + ", ".join(sorted(waiting)))
             self._sleep(self.config.ready_poll_s)
+
+    def _recreate_booting(self, vm: _Vm) -> None:
+        """A Spot VM preempted before it ever ran: delete what is left of it and create it
+        again, alone, in its region (another zone first), keeping the rest of the cluster."""
+        old_name, old_zone = vm.name, vm.zone
+        self._delete([vm])
+        with self._lock:
+            self._vms.pop(old_name, None)
+        self._create([vm], same_region=region_of(old_zone), avoid_zones=frozenset({old_zone}))
 
     def _pin_host_keys(self, run_id: str, vms: list[_Vm]) -> None:
         """Host keys from guest attributes (in parallel), then the Host records."""
@@ -365,6 +601,8 @@ class GceProvider(Provider):
                     break
                 self._sleep(self.config.host_key_poll_s)
             vm.host_keys = keys
+            if self.config.gpu_check and has_gpu(vm.request.machine_type, vm.request.gpu):
+                self._check_gpu(vm)
 
         errors = self._parallel(fetch, vms)
         for error in errors:
@@ -383,10 +621,30 @@ class GceProvider(Provider):
             vm.ssh = VmSsh(self.config, vm.name, vm.external_ip or vm.internal_ip,
                            has_gpu(vm.request.machine_type, vm.request.gpu),
                            self.known_hosts_path(run_id), pinned=bool(vm.host_keys),
-                           journal=self._journal)
+                           journal=self._journal, user=self._login_user)
             with self._lock:
                 for host in vm.hosts:
                     self._host_vm[host.id] = vm.name
+
+    def _check_gpu(self, vm: _Vm) -> None:
+        """Fail fast on a GPU VM that sees no GPU (driver missing or not loaded), instead of
+        training on its CPU: its startup script publishes what nvidia-smi sees
+        (`body.gpu_check_script`) as guest attributes, read here with the host keys."""
+        deadline = self._clock() + self.config.gpu_timeout_s + 60.0  # the script's wait, then
+        what = f"VM {vm.name} ({vm.request.machine_type}, GPU {vm.request.gpu or 'built in'})"
+        while (seen := self.api.guest_attributes(vm.zone, vm.name, GPU_NAMESPACE)) is None:
+            if self._clock() >= deadline:
+                raise BadRequestError(f"{what}: no GPU check published within "
+                                      f"{self.config.gpu_timeout_s + 60:g} s (guest "
+                                      "attributes off, or the startup script did not run); "
+                                      "provider.gpu_check=false skips it")
+            self._sleep(self.config.host_key_poll_s)
+        value = dict(seen).get("gpus", "0: nothing published")
+        if not value.split(":", 1)[0].strip().isdigit() or int(value.split(":", 1)[0]) < 1:
+            detail = value.split(":", 1)[1].strip() if ":" in value else value
+            raise BadRequestError(f"{what} sees no GPU: nvidia-smi: {detail} (the NVIDIA "
+                                  "driver is missing or not loaded; use an image family that "
+                                  "carries it, e.g. common-cu128-ubuntu-2404-nvidia-570)")
 
     def known_hosts_path(self, run_id: str) -> Path:
         return self._workdirs.get(run_id, Path.cwd()) / KNOWN_HOSTS_FILE
@@ -427,8 +685,24 @@ class GceProvider(Provider):
         now = self._clock()
         cached = self._poll_cache.get(cluster.run_id)
         if cached is None or now - cached[0] >= self.config.poll_interval_s:
-            listed = {v.name: v for v in self.api.list_vms(self._run_filter(cluster.run_id))}
-            cached = (now, listed)
+            try:  # one attempt: the next poll is the retry, the supervisor's loop never waits
+                found = self.api.list_vms(self._run_filter(cluster.run_id), retries=0,
+                                          timeout_s=POLL_TIMEOUT_S)
+            except TransientApiError as error:
+                if cached is None:
+                    raise
+                # Our link to the API is down (or GCE hiccups): the cloud has not said anything
+                # new, so the last answer stands; SSH tells an unreachable VM meanwhile.
+                if not self._api_down:
+                    log.warning("gce: cannot reach the Compute API (%s); keeping the VMs' last "
+                                "known states", error)
+                self._api_down = True
+                cached = (now, cached[1])
+            else:
+                if self._api_down:
+                    log.warning("gce: the Compute API answers again")
+                self._api_down = False
+                cached = (now, {v.name: v for v in found})
             self._poll_cache[cluster.run_id] = cached
         listed = cached[1]
         states = {}
@@ -444,7 +718,7 @@ class GceProvider(Provider):
             state = HostState.REVOKED if seen is None else STATE_MAP.get(seen.status,
                                                                           HostState.REVOKED)
             if state is HostState.RUNNING and vm.ssh is not None:
-                state = vm.ssh.state() or state  # a cut SSH heartbeat is news before GCE's
+                state = vm.ssh.state() or state  # REVOKED only after the unreachable grace
             if state is HostState.REVOKED and vm.revoked_reason is None:
                 vm.revoked_reason = self._revocation_reason(vm)
                 if vm.ssh is not None:
@@ -493,6 +767,8 @@ class GceProvider(Provider):
         except BaseException:
             self._delete([vm for vm in fresh if vm.created])
             raise
+        finally:
+            self._delete_ghosts(cluster.run_id)
         swap = {h.id: new_host for vm, new in zip(old, fresh, strict=True)
                 for h, new_host in zip(vm.hosts, new.hosts, strict=True)}
         return Cluster(run_id=cluster.run_id, hosts=[swap.get(h.id, h) for h in cluster.hosts])
@@ -506,7 +782,10 @@ class GceProvider(Provider):
             vms = [vm for vm in self._vms.values()
                    if vm.run_id == cluster.run_id and not vm.deleted]
         self._close_ssh(vms)
-        self._delete(vms)
+        try:
+            self._delete(vms)
+        finally:
+            self._stop_lease()
 
     def _close_ssh(self, vms: Sequence[_Vm]) -> None:
         """Stop every role on these VMs and close their connections, in parallel."""
@@ -517,9 +796,7 @@ class GceProvider(Provider):
         failure after every delete was tried."""
 
         def delete(vm: _Vm) -> None:
-            op = self.api.delete(vm.zone, vm.name)
-            if op is not None:
-                self.api.wait(vm.zone, op, self.config.operation_timeout_s)
+            self.api.remove(vm.zone, vm.name, self.config.operation_timeout_s)
             vm.deleted = True
             vm.created = False
             self._record_released(vm)
@@ -561,9 +838,7 @@ class GceProvider(Provider):
         def delete(name: str) -> None:
             listed = existing[name]
             try:
-                op = self.api.delete(listed.zone, name)
-                if op is not None:
-                    self.api.wait(listed.zone, op, self.config.operation_timeout_s)
+                self.api.remove(listed.zone, name, self.config.operation_timeout_s)
             except ProvisionError as error:
                 failed[name] = str(error)
 

@@ -90,6 +90,28 @@ def make_client(project: str | None = None) -> Any:
         raise StorageError("no Google credentials for Cloud Storage; " + AUTH_HINT) from None
 
 
+def bucket_problem(url: str, client: Any = None) -> str | None:
+    """Why checkpoints and results could not be written under `url` (gs://BUCKET/PREFIX), or
+    None: the bucket exists and takes (and gives back) a small probe object under PREFIX."""
+    try:
+        parsed = GcsUrl.parse(url)
+    except ValueError:
+        return f"'{url}' names no bucket, expected gs://BUCKET[/PREFIX]"
+    try:
+        client = client if client is not None else make_client()
+        bucket = client.bucket(parsed.bucket)
+        if not bucket.exists():
+            return f"bucket {parsed.bucket} does not exist (gcloud storage buckets create gs://{parsed.bucket})"
+        probe = bucket.blob(parsed.child(f".transient-write-probe-{os.getpid()}").prefix)
+        probe.upload_from_string(b"ok")
+        probe.delete()
+    except StorageError as error:
+        return str(error)
+    except Exception as error:  # a permission or transport error: say which, in one line
+        return f"cannot write to {url}: {' '.join(str(error).split())[:300]}"
+    return None
+
+
 class GcsStore:
     """Parallel directory-tree transfers to and from one bucket."""
 

@@ -11,6 +11,13 @@ paramiko's traps (gce-notes §F) and what this module does about each:
   `heartbeat_interval_s + heartbeat_timeout_s`.
 - sshd's `MaxStartups` drops handshakes beyond 10 at once: a process-wide semaphore caps
   concurrent handshakes, and banner/EOF errors are retried with backoff.
+- A freshly booted cloud VM is RUNNING before it takes logins: the TCP connect is refused,
+  the banner times out, and the login is refused while the guest agent creates the account or
+  `pam_nologin` says "System is booting up" (SkyPilot waits up to 10 min for the same).
+  With `SshTimeouts.boot_timeout_s` set, `connect` retries all of these with backoff until
+  then and fails with ONE line naming the machine and the last error; a refused key is retried
+  only for `login_grace_s` after sshd first answered, so a wrong key or user on a VM that is
+  clearly up is still reported as that. Without it (`provider=ssh`), nothing is waited for.
 - One `SSHClient` must not be shared carelessly across threads: channels are opened under a
   lock, SFTP is used under its own lock, and no channel is read by two threads.
 
@@ -54,6 +61,11 @@ class SshUnreachableError(ProvisionError):
     """The machine could not be reached or refused us; the message says which and why."""
 
 
+class AuthRefusedError(BadRequestError):
+    """sshd answered but refused our key for this user (a wrong key or user, or a VM whose
+    account does not exist yet)."""
+
+
 @dataclass(frozen=True)
 class SshTarget:
     """Where and as whom to connect. `label` names the machine in messages."""
@@ -72,6 +84,9 @@ class SshTimeouts:
     heartbeat_interval_s: float = 2.0
     heartbeat_timeout_s: float = 6.0
     connect_attempts: int = 4  # handshakes tried on banner/EOF errors, with backoff
+    boot_timeout_s: float = 0.0  # > 0: a booting machine, retry refusals until then (GCE)
+    login_grace_s: float = 60.0  # with boot_timeout_s: how long a refused key is retried
+    boot_retry_max_s: float = 5.0  # longest pause between two attempts on a booting machine
 
 
 class _PinningPolicy(paramiko.MissingHostKeyPolicy):
@@ -149,14 +164,49 @@ class SshConnection:
         self._sftp: paramiko.SFTPClient | None = None
         self._closed = threading.Event()
         self._heartbeat: threading.Thread | None = None
+        self.attempts = 0  # connection attempts the last connect() made (a booting machine)
 
     # --- connecting ---------------------------------------------------------------------------
 
     def connect(self) -> None:
-        """Handshake, check the host key, authenticate by key; start the heartbeat.
+        """Handshake, check the host key, authenticate by key; start the heartbeat. A booting
+        machine (`timeouts.boot_timeout_s` > 0) is waited for (module docstring).
 
         Raises HostKeyError, SshUnreachableError or BadRequestError (the key file cannot be
         read or is refused), each with a one-line message naming the machine."""
+        boot_s = self.timeouts.boot_timeout_s
+        if boot_s <= 0:
+            self._connect_once()
+            return
+        started = time.monotonic()
+        answered: float | None = None  # when sshd first answered (refused our login)
+        delay = 1.0
+        self.attempts = 0
+        while True:
+            self.attempts += 1
+            try:
+                self._connect_once()
+                return
+            except AuthRefusedError as error:
+                now = time.monotonic()
+                answered = now if answered is None else answered
+                if now - answered >= self.timeouts.login_grace_s:
+                    raise AuthRefusedError(
+                        f"{error} -- sshd has answered for {now - answered:.0f} s, so the VM is "
+                        "up: check the key and user") from None
+                last: ProvisionError = error
+            except SshUnreachableError as error:
+                last = error
+            now = time.monotonic()
+            if now + delay - started > boot_s:
+                raise SshUnreachableError(
+                    f"ssh host {self._where()}: no login within {boot_s:g} s of boot "
+                    f"({self.attempts} attempts), last error: {last}") from None
+            log.info("ssh host %s not ready (%s), retrying in %.1f s", self._where(), last, delay)
+            time.sleep(delay)
+            delay = min(delay * 1.5, self.timeouts.boot_retry_max_s)
+
+    def _connect_once(self) -> None:
         delay = 0.5
         for attempt in range(1, self.timeouts.connect_attempts + 1):
             try:
@@ -219,11 +269,11 @@ class SshConnection:
                 f"reinstalled, remove its line from {self.known_hosts}") from None
         except paramiko.AuthenticationException:
             sock.close()
-            raise BadRequestError(
+            raise AuthRefusedError(
                 f"ssh host {self._where()}: key {t.key_path} was refused (is its public key in "
                 f"the host's authorized_keys?)") from None
         except (OSError, paramiko.PasswordRequiredException, paramiko.SSHException,
-                ValueError) as error:
+                ValueError, TypeError) as error:  # TypeError: an encrypted OpenSSH key
             sock.close()
             message = _one_line(error)
             if "not found in known_hosts" in message:
@@ -231,7 +281,8 @@ class SshConnection:
                     f"ssh host {self._where()}: host key not in {self.known_hosts}; add it "
                     f"(ssh-keyscan -p {t.port} {t.address} >> {self.known_hosts}) or set "
                     f"provider.trust_on_first_use=true") from None
-            if isinstance(error, paramiko.PasswordRequiredException) or "private key" in message:
+            if isinstance(error, paramiko.PasswordRequiredException | TypeError) \
+                    or "private key" in message:
                 raise BadRequestError(
                     f"ssh host {self._where()}: key {t.key_path} cannot be used (encrypted "
                     f"keys and unsupported formats are not supported)") from None

@@ -303,6 +303,12 @@ class RoleLauncher:
             return [(p.pid, p.ticks) for p in self._started if p.poll() is not None
                     and not p.observed]
 
+    def maybe_running(self) -> list[tuple[int, int | None]]:
+        """(pgid, ticks) of every group whose end was not seen on the host, whether or not its
+        handle has noticed the loss yet (a connection replaced after a cut link)."""
+        with self._lock:
+            return [(p.pid, p.ticks) for p in self._started if not p.observed]
+
     def forget(self, pgids: Sequence[int]) -> None:
         """These groups were stopped out of band; record them released."""
         with self._lock:

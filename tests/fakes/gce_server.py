@@ -12,13 +12,27 @@ surface our GCE backend uses, with the JSON shapes and error placements of the r
   STOPPING and then the VM is gone (404);
 - a stock-out (`ZONE_RESOURCE_POOL_EXHAUSTED`, 503) and quota errors (`QUOTA_EXCEEDED`, 403, with
   `quotaInfo.metricName`) surface inside the finished insert operation, as they do on GCE; an
-  accelerator the zone does not offer is a synchronous 400;
+  accelerator the zone does not offer is a synchronous 400. Quotas (`set_quota`) count GPUs,
+  vCPUs (`CPUS`, `PREEMPTIBLE_CPUS` where granted, `CPUS_ALL_REGIONS`), `IN_USE_ADDRESSES` and
+  `GPUS_ALL_REGIONS`, and are readable with their usage through projects.get / regions.get;
+- projects.get also serves `project_metadata` (commonInstanceMetadata: `enable-oslogin`), and
+  the OS Login API's `users.importSshPublicKey` (`/v1/users/U:importSshPublicKey`, the real
+  `google-cloud-os-login` client pointed at the fake) returns the POSIX user to log in as;
+  images.getFromFamily resolves the families in `image_families` (None: every family);
 - `request_id` makes a repeated insert return the first operation (idempotency);
+- what a first real run hits: `fail_inserts` (503 after the VM was created anyway),
+  `preempt_booting` (a Spot VM preempted while PROVISIONING), `not_ready_while_stopping`
+  (delete of a VM GCE is stopping answers `resourceNotReady`), `ip_hold_s` (an internal IP
+  still in use for a while after its VM is gone);
 - `preempt()` (also `POST .../instances/NAME/preempt`) flips the guest-visible `preempted` flag,
   runs the termination action (DELETE: gone; STOP: TERMINATED) and records a
   `compute.instances.preempted` zone operation;
 - a per-instance metadata server under `/_metadata/ZONE/NAME/computeMetadata/v1/...` with
-  `wait_for_change`/`last_etag`, so the VM-side preemption watcher can run against it;
+  `wait_for_change`/`last_etag`, so the VM-side preemption watcher can run against it, and
+  instance name/zone/attributes, project id and a token for the VM-side lease watcher;
+- guest attributes `transient-gpu/gpus` of GPU VMs: what nvidia-smi sees (`gpu_driver_ok`);
+- setMetadata (with the fingerprint check); GCE's `maxRunDuration` and the guests' lease
+  watchers are honoured (`_enforce`: a VM whose lease in its metadata has passed is deleted);
 - `calls` counts API calls per endpoint (what a benchmark of API calls per minute reads).
 
 Stdlib only. Everything happens on 127.0.0.1; nothing leaves the machine.
@@ -29,6 +43,7 @@ from __future__ import annotations
 import base64
 import collections
 import contextlib
+import hashlib
 import itertools
 import json
 import re
@@ -41,6 +56,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 API = "https://www.googleapis.com/compute/v1"
+LEASE_KEY = "transient-lease-expires"  # provisioning.gce.body.LEASE_KEY (the fake stays stdlib)
+GPU_NAMESPACE = "transient-gpu"  # provisioning.gce.body.GPU_NAMESPACE
+NO_DRIVER = ("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. "
+             "Make sure that the latest NVIDIA driver is installed and running.")
 DEFAULT_ZONES = ("us-central1-a", "us-central1-b", "us-east1-c", "us-west1-b")
 #: The real `wait` returns after at most about 2 minutes; the fake's cap is short so the
 #: client's bounded wait loop is exercised.
@@ -135,6 +154,8 @@ class FakeInstance:
     preempted_etag: int = 1
     gone: bool = False
     guest_attr_delay_s: float = 0.0
+    ended_by: str | None = None  # "maxRunDuration" | "lease" when GCE or the guest ended it
+    guest_written: dict[str, dict[str, str]] = field(default_factory=dict)  # PUT by the guest
     watchers: threading.Condition = field(default_factory=threading.Condition)
 
     def status(self, now: float, stop_s: float) -> str:
@@ -161,6 +182,7 @@ class FakeInstance:
             "creationTimestamp": time.strftime("%Y-%m-%dT%H:%M:%S.000-00:00",
                                                time.gmtime(self.created)),
         })
+        body.setdefault("metadata", {})["fingerprint"] = self.metadata_fingerprint()
         nics = body.get("networkInterfaces") or [{}]
         nics[0]["networkIP"] = self.ip
         for access in nics[0].get("accessConfigs", []):
@@ -170,6 +192,10 @@ class FakeInstance:
 
     def metadata(self) -> dict[str, str]:
         return {i["key"]: i.get("value", "") for i in self.body.get("metadata", {}).get("items", [])}
+
+    def metadata_fingerprint(self) -> str:
+        items = json.dumps(self.body.get("metadata", {}).get("items", []), sort_keys=True)
+        return base64.b64encode(hashlib.sha256(items.encode()).digest()[:8]).decode()
 
     def accelerators(self) -> list[tuple[str, int]]:
         """(accelerator name, count), attached or built into the machine type."""
@@ -236,6 +262,10 @@ class FakeGce:
     would publish for a VM at `ip`; default: a fresh ed25519 key per VM. `on_gone(ip)`: called
     when a VM starts stopping (deleted or preempted), so a VM backed by a real host takes its
     processes with it as a real VM does (e.g. kill them on the namespace host).
+    `login_refused_s`: a booting guest refuses SSH logins until this long after RUNNING (the
+    guest agent has not created the account, `pam_nologin`); `on_boot(ip, seconds)` is called
+    when a VM is created, with how long from now its host must refuse logins, so a VM backed
+    by a real host boots like one (e.g. withhold the host's authorized_keys until then).
     """
 
     def __init__(self, project: str = "test-project", zones: tuple[str, ...] = DEFAULT_ZONES,
@@ -243,7 +273,8 @@ class FakeGce:
                  delete_op_s: float = 0.1, stop_s: float = 0.1, wait_cap_s: float = WAIT_CAP_S,
                  guest_attr_delay_s: float = 0.0, ip_pool: list[str] | None = None,
                  host_keys_for: Callable[[str], list[tuple[str, str]]] | None = None,
-                 on_gone: Callable[[str], None] | None = None) -> None:
+                 on_gone: Callable[[str], None] | None = None, login_refused_s: float = 0.0,
+                 on_boot: Callable[[str, float], None] | None = None) -> None:
         self.project = project
         self.zones = list(zones)
         self.provision_s, self.staging_s = provision_s, staging_s
@@ -253,6 +284,22 @@ class FakeGce:
         self.accelerators: dict[str, set[str]] = {z: set(DEFAULT_ACCELERATORS) for z in zones}
         self.stockouts: dict[str, int | None] = {}  # zone -> remaining failing inserts (None: all)
         self.quotas: dict[tuple[str, str | None], int] = {}  # (metric, region|None) -> limit
+        self.project_metadata: dict[str, str] = {}  # commonInstanceMetadata (enable-oslogin)
+        #: (image project, family) that resolve; None: every family resolves
+        self.image_families: set[tuple[str, str]] | None = None
+        #: OS Login: user e-mail -> public keys imported (`users.importSshPublicKey`)
+        self.oslogin_keys: dict[str, list[str]] = {}
+        self.oslogin_denied = False  # importSshPublicKey answers 403 (no OS Login role)
+        #: zone -> insert calls left that create the VM and then answer 503 anyway
+        self.insert_errors: dict[str, int] = {}
+        self.preempt_booting = 0  # the next N Spot VMs are preempted while PROVISIONING
+        #: delete of a VM that GCE itself is stopping (preemption) answers RESOURCE_NOT_READY
+        self.not_ready_while_stopping = False
+        self.ip_hold_s = 0.0  # an internal IP stays in use this long after its VM is gone
+        self.guest_lease_watch = True  # emulate the VMs' lease watchers (see `_enforce`)
+        self.gpu_driver_ok = True  # False: GPU VMs' nvidia-smi finds no driver
+        self.api_down = False  # True: the API answers 503 to everything (the VMs' own
+        #: metadata servers, and so their watchers, keep working): the orchestrator's link is cut
         self.instances: dict[tuple[str, str], FakeInstance] = {}  # (zone, name)
         self.operations: dict[tuple[str, str], FakeOperation] = {}
         self.images: dict[str, dict[str, Any]] = {}  # custom images by name (images.insert)
@@ -261,6 +308,8 @@ class FakeGce:
         self._ip_pool = list(ip_pool) if ip_pool else None
         self._host_keys_for = host_keys_for or _random_host_keys
         self._on_gone = on_gone
+        self.login_refused_s = login_refused_s
+        self._on_boot = on_boot
         self._ids = itertools.count(1000)
         self._lock = threading.RLock()
         self._server: ThreadingHTTPServer | None = None
@@ -387,9 +436,31 @@ class FakeGce:
 
     # --- internals -------------------------------------------------------------------------
 
+    def _enforce(self, inst: FakeInstance, now: float) -> None:
+        """What GCE and the guest do on their own: `maxRunDuration` runs the termination
+        action; the guest's lease watcher (`body.lease_watcher_script`, emulated here unless
+        `guest_lease_watch` is off) deletes its VM once the lease in its metadata has passed."""
+        if inst.deleting_at is not None or inst.stopped_at is not None:
+            return
+        scheduling = inst.body.get("scheduling", {})
+        limit = scheduling.get("maxRunDuration", {}).get("seconds")
+        if limit is not None and now >= inst.running_since() + float(limit):
+            end = inst.running_since() + float(limit)
+            if scheduling.get("instanceTerminationAction", "STOP") == "DELETE":
+                inst.deleting_at = end
+            else:
+                inst.stopped_at = end
+            inst.ended_by = "maxRunDuration"
+            return
+        expires = inst.metadata().get(LEASE_KEY)
+        if self.guest_lease_watch and expires and now > float(expires):
+            inst.deleting_at = float(expires)
+            inst.ended_by = "lease"
+
     def _is_gone(self, inst: FakeInstance) -> bool:
         if inst.gone:
             return True
+        self._enforce(inst, time.time())
         if inst.deleting_at is not None and time.time() >= inst.deleting_at + self.stop_s:
             inst.gone = True
         return inst.gone
@@ -415,7 +486,10 @@ class FakeGce:
         return op
 
     def _next_ip(self, requested: str | None) -> str:
-        used = {i.ip for i in self.instances.values() if not self._is_gone(i)}
+        now = time.time()
+        used = {i.ip for i in self.instances.values() if not self._is_gone(i)
+                or (i.deleting_at is not None
+                    and now < i.deleting_at + self.stop_s + self.ip_hold_s)}
         if requested:
             if requested in used:
                 raise FakeHttpError(400, f"IP '{requested}' is already being used by another "
@@ -433,22 +507,46 @@ class FakeGce:
                 return ip
         raise AssertionError("unreachable")
 
+    def usage(self, metric: str, region: str | None) -> int:
+        """What the live instances use of `metric` in `region` (None: all regions)."""
+        with self._lock:
+            return sum(self._demand(inst.body, region_of(inst.zone)).get(metric, 0)
+                       for inst in self.live_instances()
+                       if region is None or region_of(inst.zone) == region)
+
+    def _demand(self, body: dict[str, Any], region: str) -> dict[str, int]:
+        """Quota metrics one instance counts against, as GCE counts them: a Spot VM against
+        PREEMPTIBLE_* where the region has that quota, else against the standard one."""
+        probe = FakeInstance("probe", "", self.project, body, "", 0, 0, 0, [])
+        spot = probe.spot()
+
+        def regional(metric: str) -> str:
+            preemptible = f"PREEMPTIBLE_{metric}"
+            return preemptible if spot and self.quotas.get((preemptible, region), 0) > 0 \
+                else metric
+
+        demand: collections.Counter[str] = collections.Counter()
+        cpus = machine_cpus(body.get("machineType", "").rsplit("/", 1)[-1])
+        if cpus:
+            demand["CPUS_ALL_REGIONS"] += cpus
+            demand[regional("CPUS")] += cpus
+        for gpu, n in probe.accelerators():
+            demand["GPUS_ALL_REGIONS"] += n
+            short = _GPU_QUOTA_NAMES.get(gpu)
+            if short is not None:
+                demand[regional(f"NVIDIA_{short}_GPUS")] += n
+        nics = body.get("networkInterfaces") or [{}]
+        if nics[0].get("accessConfigs"):
+            demand["IN_USE_ADDRESSES"] += 1
+        return dict(demand)
+
     def _quota_error(self, zone: str, inst_body: dict[str, Any]) -> dict[str, Any] | None:
-        probe = FakeInstance("probe", zone, self.project, inst_body, "", 0, 0, 0, [])
-        wanted = probe.accelerators()
-        if not wanted:
-            return None
+        wanted = self._demand(inst_body, region_of(zone))
         for (metric, q_region), limit in sorted(self.quotas.items(), key=str):
             if q_region is not None and q_region != region_of(zone):
                 continue
-            used = 0
-            for inst in self.live_instances():
-                if q_region is not None and region_of(inst.zone) != q_region:
-                    continue
-                used += sum(n for gpu, n in inst.accelerators()
-                            if _counts_against(metric, gpu, inst.spot()))
-            add = sum(n for gpu, n in wanted if _counts_against(metric, gpu, probe.spot()))
-            if add and used + add > limit:
+            add = wanted.get(metric, 0)
+            if add and self.usage(metric, q_region) + add > limit:
                 where = f"in region {q_region}" if q_region else "globally"
                 message = f"Quota '{metric}' exceeded.  Limit: {float(limit)} {where}."
                 info = {"metricName": f"compute.googleapis.com/{metric.lower()}",
@@ -459,6 +557,14 @@ class FakeGce:
                     {"code": "QUOTA_EXCEEDED", "message": message,
                      "errorDetails": [{"quotaInfo": info}]}]}
         return None
+
+    def quota_list(self, region: str | None) -> list[dict[str, Any]]:
+        """`quotas` of projects.get (region None) or regions.get: the limits set, with usage."""
+        with self._lock:
+            return [{"metric": metric, "limit": float(limit),
+                     "usage": float(self.usage(metric, region))}
+                    for (metric, q_region), limit in sorted(self.quotas.items(), key=str)
+                    if q_region == region]
 
     def insert(self, zone: str, body: dict[str, Any], request_id: str | None) -> FakeOperation:
         with self._lock:
@@ -510,12 +616,42 @@ class FakeGce:
                 return op
             nics = body.get("networkInterfaces") or [{}]
             ip = self._next_ip(nics[0].get("networkIP"))
-            self.instances[(zone, name)] = FakeInstance(
+            inst = FakeInstance(
                 name=name, zone=zone, project=self.project, body=body, ip=ip, created=now,
                 provision_s=self.provision_s, staging_s=self.staging_s,
                 host_keys=self._host_keys_for(ip), id=next(self._ids),
                 guest_attr_delay_s=self.guest_attr_delay_s)
-            return op
+            self.instances[(zone, name)] = inst
+            preempt = self.preempt_booting > 0 and inst.spot()
+            if preempt:
+                self.preempt_booting -= 1
+        if preempt:  # GCE takes the capacity back before the guest has booted
+            timer = threading.Timer(self.provision_s / 2, self._preempt_if_alive, (zone, name))
+            timer.daemon = True
+            timer.start()
+        if self._on_boot is not None:
+            self._on_boot(ip, inst.running_since() + self.login_refused_s - time.time())
+        return op
+
+    def _preempt_if_alive(self, zone: str, name: str) -> None:
+        with contextlib.suppress(FakeHttpError):
+            self.preempt(zone, name)
+
+    def fail_inserts(self, zone: str, calls: int) -> None:
+        """The next `calls` insert requests in `zone` do their work (create the VM, or find the
+        first operation of a repeated request id) and then answer 503, as a backend error or a
+        lost response does: the VM may exist although the client saw an error."""
+        with self._lock:
+            self.insert_errors[zone] = calls
+
+    def _after_insert(self, zone: str) -> None:
+        with self._lock:
+            left = self.insert_errors.get(zone, 0)
+            if left <= 0:
+                return
+            self.insert_errors[zone] = left - 1
+        raise FakeHttpError(503, "Internal error. Please try again or contact Google Support.",
+                            "backendError", "UNAVAILABLE")
 
     def delete(self, zone: str, name: str, request_id: str | None) -> FakeOperation:
         with self._lock:
@@ -523,6 +659,11 @@ class FakeGce:
                 return self.request_ids[request_id]
             inst = self._instance(zone, name)
             now = time.time()
+            if self.not_ready_while_stopping and inst.preempted \
+                    and inst.status(now, self.stop_s) == "STOPPING":
+                raise FakeHttpError(400, f"The resource 'projects/{self.project}/zones/{zone}/"
+                                    f"instances/{name}' is not ready", "resourceNotReady",
+                                    "FAILED_PRECONDITION")
             stopping = inst.deleting_at is None and inst.stopped_at is None
             if inst.deleting_at is None:
                 inst.deleting_at = now
@@ -551,22 +692,28 @@ class FakeGce:
                 raise FakeHttpError(400, "Guest attributes are disabled for this instance "
                                     "(metadata enable-guest-attributes is not TRUE)")
             ready = time.time() >= inst.running_since() + inst.guest_attr_delay_s
+            namespace = query_path.rstrip("/")
+            gpus = sum(n for _, n in inst.accelerators())
+            published = {"hostkeys": [(k, v) for k, v in inst.host_keys],
+                         # what the startup script's GPU check publishes (body.gpu_check_script)
+                         GPU_NAMESPACE: [("gpus", str(gpus) if self.gpu_driver_ok else
+                                          "0: " + NO_DRIVER)] if gpus else []}
+            for ns, values in inst.guest_written.items():  # what a real guest script wrote
+                published[ns] = sorted(values.items())
             if inst.status(time.time(), self.stop_s) != "RUNNING" or not ready \
-                    or not inst.host_keys or query_path.rstrip("/") != "hostkeys":
+                    or not inst.host_keys or not published.get(namespace):
                 raise FakeHttpError(404, f"The resource '{query_path}' of type 'Guest Attribute' "
                                     "was not found.", "notFound", "NOT_FOUND")
-            items = [{"namespace": "hostkeys", "key": k, "value": v} for k, v in inst.host_keys]
+            items = [{"namespace": namespace, "key": k, "value": v}
+                     for k, v in published[namespace]]
         return {"kind": "compute#guestAttributes", "queryPath": query_path,
                 "queryValue": {"items": items}}
 
 
-def _counts_against(metric: str, gpu: str, spot: bool) -> bool:
-    if metric == "GPUS_ALL_REGIONS":
-        return True
-    short = _GPU_QUOTA_NAMES.get(gpu)
-    if short is None:
-        return False
-    return metric == (f"PREEMPTIBLE_NVIDIA_{short}_GPUS" if spot else f"NVIDIA_{short}_GPUS")
+def machine_cpus(machine_type: str) -> int:
+    """vCPUs of a machine type: the trailing count of `n1-standard-4`, `g2-standard-8`."""
+    found = re.fullmatch(r"[a-z0-9]+-(?:standard|highmem|highcpu)-(\d+)", machine_type)
+    return int(found.group(1)) if found else 0
 
 
 def _random_host_keys(ip: str) -> list[tuple[str, str]]:
@@ -586,6 +733,13 @@ def _random_host_keys(ip: str) -> list[tuple[str, str]]:
 _ZONE = r"/compute/v1/projects/(?P<project>[^/]+)/zones/(?P<zone>[^/]+)"
 _GLOBAL = r"/compute/v1/projects/(?P<project>[^/]+)/global"
 _ROUTES: list[tuple[str, re.Pattern[str], str]] = [
+    ("GET", re.compile(r"/compute/v1/projects/(?P<project>[^/]+)$"), "projects.get"),
+    ("POST", re.compile(r"/v1/users/(?P<user>[^/:]+):importSshPublicKey$"),
+     "oslogin.importSshPublicKey"),
+    ("GET", re.compile(r"/compute/v1/projects/(?P<project>[^/]+)/regions/(?P<region>[^/]+)$"),
+     "regions.get"),
+    ("GET", re.compile(r"/compute/v1/projects/(?P<image_project>[^/]+)/global/images/family/"
+                       r"(?P<family>[^/]+)$"), "images.getFromFamily"),
     ("GET", re.compile(r"/compute/v1/projects/(?P<project>[^/]+)/aggregated/instances$"),
      "instances.aggregatedList"),
     ("POST", re.compile(_ZONE + r"/instances$"), "instances.insert"),
@@ -593,6 +747,8 @@ _ROUTES: list[tuple[str, re.Pattern[str], str]] = [
     ("GET", re.compile(_ZONE + r"/instances/(?P<name>[^/]+)/getGuestAttributes$"),
      "instances.getGuestAttributes"),
     ("POST", re.compile(_ZONE + r"/instances/(?P<name>[^/]+)/preempt$"), "test.preempt"),
+    ("POST", re.compile(_ZONE + r"/instances/(?P<name>[^/]+)/setMetadata$"),
+     "instances.setMetadata"),
     ("GET", re.compile(_ZONE + r"/instances/(?P<name>[^/]+)$"), "instances.get"),
     ("DELETE", re.compile(_ZONE + r"/instances/(?P<name>[^/]+)$"), "instances.delete"),
     ("GET", re.compile(_ZONE + r"/operations$"), "zoneOperations.list"),
@@ -600,6 +756,11 @@ _ROUTES: list[tuple[str, re.Pattern[str], str]] = [
     ("POST", re.compile(_ZONE + r"/operations/(?P<op>[^/]+)/wait$"), "zoneOperations.wait"),
     ("GET", re.compile(r"/_metadata/(?P<zone>[^/]+)/(?P<name>[^/]+)/computeMetadata/v1/"
                        r"instance/preempted$"), "metadata.preempted"),
+    ("GET", re.compile(r"/_metadata/(?P<zone>[^/]+)/(?P<name>[^/]+)/computeMetadata/v1/"
+                       r"(?P<path>.+)$"), "metadata.value"),
+    ("PUT", re.compile(r"/_metadata/(?P<zone>[^/]+)/(?P<name>[^/]+)/computeMetadata/v1/"
+                       r"instance/guest-attributes/(?P<ns>[^/]+)/(?P<key>[^/]+)$"),
+     "metadata.putGuestAttribute"),
     ("POST", re.compile(_ZONE + r"/instances/(?P<name>[^/]+)/stop$"), "instances.stop"),
     ("POST", re.compile(_GLOBAL + r"/images$"), "images.insert"),
     ("GET", re.compile(_GLOBAL + r"/images/(?P<name>[^/]+)$"), "images.get"),
@@ -624,6 +785,9 @@ class _Handler(BaseHTTPRequestHandler):
     def do_DELETE(self) -> None:
         self._dispatch("DELETE")
 
+    def do_PUT(self) -> None:
+        self._dispatch("PUT")
+
     def _dispatch(self, method: str) -> None:
         url = urllib.parse.urlsplit(self.path)
         query = {k: v[-1] for k, v in urllib.parse.parse_qs(url.query).items()}
@@ -638,11 +802,15 @@ class _Handler(BaseHTTPRequestHandler):
                 with self.fake._lock:
                     self.fake.calls[endpoint] += 1
             try:
+                if self.fake.api_down and not endpoint.startswith(("test.", "metadata.")):
+                    raise FakeHttpError(503, "fake: the orchestrator's link is cut",
+                                        "backendError", "UNAVAILABLE")
                 if args.get("project", self.fake.project) != self.fake.project:
                     raise FakeHttpError(404, f"The resource 'projects/{args['project']}' was not "
                                         "found", "notFound", "NOT_FOUND")
                 status, body = getattr(self, "_" + endpoint.replace(".", "_"))(
-                    args, query, json.loads(raw) if raw else {})
+                    args, query, raw.decode(errors="replace") if endpoint.startswith("metadata.")
+                    else json.loads(raw) if raw else {})
             except FakeHttpError as err:
                 status, body = err.code, err.body()
             except _AlreadySent:
@@ -665,15 +833,126 @@ class _Handler(BaseHTTPRequestHandler):
 
     # --- endpoints ---------------------------------------------------------------------------
 
+    def _oslogin_importSshPublicKey(self, a: dict[str, str], q: dict[str, str],
+                                    body: dict[str, Any]) -> tuple[int, Any]:
+        """OS Login: add the key to the user's login profile; the profile names the POSIX
+        account to log in as (`alice@example.com` -> `alice_example_com`, as Google does)."""
+        fake = self.fake
+        user = urllib.parse.unquote(a["user"])
+        if q.get("projectId") not in (None, fake.project):
+            raise FakeHttpError(404, f"project {q.get('projectId')} not found", "notFound",
+                                "NOT_FOUND")
+        if fake.oslogin_denied:
+            raise FakeHttpError(403, f"Permission denied on resource users/{user} (or it may "
+                                "not exist).", "forbidden", "PERMISSION_DENIED")
+        key = str(body.get("key", "")).strip()
+        if not key.startswith(("ssh-", "ecdsa-")):
+            raise FakeHttpError(400, "Invalid SSH public key", "invalid", "INVALID_ARGUMENT")
+        with fake._lock:
+            keys = fake.oslogin_keys.setdefault(user, [])
+            if key not in keys:
+                keys.append(key)
+        fingerprint = base64.b16encode(key.split()[1][:24].encode()).decode().lower()
+        return 200, {"loginProfile": {
+            "name": user,
+            "posixAccounts": [{"primary": True, "username": re.sub(r"[^a-z0-9_]", "_",
+                                                                   user.lower()),
+                               "uid": "1001", "gid": "1001",
+                               "homeDirectory": "/home/" + re.sub(r"[^a-z0-9_]", "_",
+                                                                  user.lower()),
+                               "operatingSystemType": "LINUX", "accountId": fake.project}],
+            "sshPublicKeys": {fingerprint: {"key": key, "fingerprint": fingerprint}}}}
+
+    def _projects_get(self, a: dict[str, str], q: dict[str, str], _: Any) -> tuple[int, Any]:
+        fake = self.fake
+        items = [{"key": k, "value": v} for k, v in fake.project_metadata.items()]
+        return 200, {"kind": "compute#project", "name": fake.project, "id": "1234",
+                     "quotas": fake.quota_list(None),
+                     "commonInstanceMetadata": {"kind": "compute#metadata",
+                                                "fingerprint": "ZmFrZQ==", "items": items}}
+
+    def _regions_get(self, a: dict[str, str], q: dict[str, str], _: Any) -> tuple[int, Any]:
+        region = a["region"]
+        if region not in {region_of(z) for z in self.fake.zones}:
+            raise FakeHttpError(404, f"The resource 'projects/{self.fake.project}/regions/"
+                                f"{region}' was not found", "notFound", "NOT_FOUND")
+        return 200, {"kind": "compute#region", "name": region, "status": "UP",
+                     "zones": [f"{API}/projects/{self.fake.project}/zones/{z}"
+                               for z in self.fake.zones if region_of(z) == region],
+                     "quotas": self.fake.quota_list(region)}
+
+    def _images_getFromFamily(self, a: dict[str, str], q: dict[str, str],
+                              _: Any) -> tuple[int, Any]:
+        families = self.fake.image_families
+        key = (a["image_project"], a["family"])
+        if families is not None and key not in families:
+            raise FakeHttpError(404, f"The resource 'projects/{key[0]}/global/images/family/"
+                                f"{key[1]}' was not found", "notFound", "NOT_FOUND")
+        return 200, {"kind": "compute#image", "name": f"{key[1]}-v20260101", "family": key[1],
+                     "status": "READY",
+                     "selfLink": f"{API}/projects/{key[0]}/global/images/{key[1]}-v20260101"}
+
     def _instances_insert(self, a: dict[str, str], q: dict[str, str],
                           body: dict[str, Any]) -> tuple[int, Any]:
         op = self.fake.insert(a["zone"], body, q.get("requestId"))
+        self.fake._after_insert(a["zone"])
         return 200, op.to_json(time.time())
 
     def _instances_get(self, a: dict[str, str], q: dict[str, str], _: Any) -> tuple[int, Any]:
         with self.fake._lock:
             inst = self.fake._instance(a["zone"], a["name"])
             return 200, inst.to_json(time.time(), self.fake.stop_s)
+
+    def _instances_setMetadata(self, a: dict[str, str], q: dict[str, str],
+                               body: dict[str, Any]) -> tuple[int, Any]:
+        fake = self.fake
+        with fake._lock:
+            inst = fake._instance(a["zone"], a["name"])
+            if body.get("fingerprint") != inst.metadata_fingerprint():
+                raise FakeHttpError(412, "Supplied fingerprint does not match current metadata "
+                                    "fingerprint.", "conditionNotMet", "FAILED_PRECONDITION")
+            inst.body["metadata"] = {"items": list(body.get("items", []))}
+            op = fake._new_operation(a["zone"], a["name"], "setMetadata", time.time())
+            return 200, op.to_json(time.time())
+
+    def _metadata_putGuestAttribute(self, a: dict[str, str], q: dict[str, str],
+                                    body: Any) -> tuple[int, Any]:
+        """The guest writes a guest attribute (its raw body is the value)."""
+        fake = self.fake
+        with fake._lock:
+            inst = fake._instance(a["zone"], a["name"])
+            inst.guest_written.setdefault(a["ns"], {})[a["key"]] = str(body)
+        return 200, ""
+
+    def _metadata_value(self, a: dict[str, str], q: dict[str, str], _: Any) -> tuple[int, Any]:
+        """The guest's metadata server: instance name/zone/attributes, the project id and a
+        service-account token (what the lease watcher reads)."""
+        fake = self.fake
+        with fake._lock:
+            inst = fake.instances.get((a["zone"], a["name"]))
+            if inst is None or fake._is_gone(inst):
+                raise FakeHttpError(404, "no such instance")
+            path = a["path"]
+            values = {"instance/name": inst.name,
+                      "instance/zone": f"projects/1234/zones/{inst.zone}",
+                      "project/project-id": fake.project,
+                      "instance/service-accounts/default/token": json.dumps(
+                          {"access_token": "fake-token", "expires_in": 3599,
+                           "token_type": "Bearer"})}
+            if path.startswith("instance/attributes/"):
+                value = inst.metadata().get(path.split("/", 2)[2])
+            else:
+                value = values.get(path)
+        if value is None:
+            raise FakeHttpError(404, f"metadata {path} not found")
+        data = value.encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/text")
+        self.send_header("Metadata-Flavor", "Google")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+        raise _AlreadySent
 
     def _instances_delete(self, a: dict[str, str], q: dict[str, str], _: Any) -> tuple[int, Any]:
         op = self.fake.delete(a["zone"], a["name"], q.get("requestId"))

@@ -164,3 +164,23 @@ def test_gc_cli_after_a_sigkilled_orchestrator_run_leaves_no_vm_and_no_process(
         assert fake.live_instances() == []
     for host in bed.hosts[:3]:
         assert bed.role_pids(host) == [], f"processes left on {host.name}"
+
+
+def test_without_proc_a_live_owner_is_never_taken_for_gone(tmp_path: Path) -> None:
+    """macOS has no /proc: liveness comes from os.kill(pid, 0), and a process that exists is
+    the owner (start times cannot be compared), so gc never deletes a live run's VMs."""
+    import socket
+
+    from provisioning.gce.body import label_value
+    from provisioning.gce.orphans import LIVE, ORPHAN, owner_status
+
+    no_proc = tmp_path / "no-proc"
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()  # reaped: its pid names no process now
+    host = label_value(socket.gethostname())
+    me = {"owner-host": host, "owner-pid": str(os.getpid()), "owner-start": "123"}
+    gone = {"owner-host": host, "owner-pid": str(dead.pid), "owner-start": "123"}
+    assert owner_status(me, proc_root=no_proc) == LIVE  # start time unknown: live
+    assert owner_status(gone, proc_root=no_proc) == ORPHAN
+    assert owner_status(me) == ORPHAN  # with /proc the wrong start time is a reused pid
+    assert owner_status(gone) == ORPHAN

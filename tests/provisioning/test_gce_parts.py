@@ -65,6 +65,12 @@ def test_quota_error_names_metric_and_scope() -> None:
     assert isinstance(everywhere, QuotaError) and everywhere.region is None
     from_details = classify(ZONE, 403, [ErrorItem("QUOTA_EXCEEDED", "over", "CPUS")])
     assert isinstance(from_details, QuotaError) and from_details.metric == "CPUS"
+    # Every *_ALL_REGIONS metric is project-wide: another region cannot help (audit row 9).
+    cpus = classify(ZONE, 403, [ErrorItem("QUOTA_EXCEEDED", "Quota 'CPUS_ALL_REGIONS' exceeded."
+                                          "  Limit: 32.0 globally.")])
+    assert isinstance(cpus, QuotaError) and cpus.region is None and "all regions" in str(cpus)
+    detail_only = classify(ZONE, 403, [ErrorItem("QUOTA_EXCEEDED", "over", "CPUS_ALL_REGIONS")])
+    assert isinstance(detail_only, QuotaError) and detail_only.region is None
 
 
 def test_gpus_attach_to_n1_or_come_built_in() -> None:

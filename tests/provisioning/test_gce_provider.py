@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -161,22 +162,43 @@ def test_stockout_everywhere_is_a_capacity_error_leaving_nothing(fake: FakeGce, 
     assert list_unreleased(tmp_path / "journal.jsonl") == []
 
 
-def test_regional_quota_blocks_the_region(fake: FakeGce, make_provider, tmp_path: Path) -> None:
+@pytest.mark.parametrize("cross_region", [False, True])
+def test_regional_quota_moves_the_whole_cluster_to_one_region(
+        fake: FakeGce, make_provider, tmp_path: Path, cross_region: bool) -> None:
     fake.set_quota("PREEMPTIBLE_NVIDIA_T4_GPUS", 1, region="us-central1")
-    provider = make_provider()
+    provider = make_provider(cross_region=cross_region)
     cluster = provider.acquire(small_request("q", tmp_path, workers=2))
     try:
-        zones = {i.name: i.zone for i in fake.live_instances()}
-        # One T4 fits in us-central1; the other worker skips the region's other zone.
-        assert sorted(zones.values()) == ["us-central1-a", "us-central1-a", "us-east1-c"]
+        zones = sorted(i.zone for i in fake.live_instances())
+        if cross_region:  # each VM on its own: one T4 fits in us-central1, the other moves
+            assert zones == ["us-central1-a", "us-central1-a", "us-east1-c"]
+        else:  # the PS never talks to its workers across regions
+            assert zones == ["us-east1-c"] * 3
+        placement = json.loads((tmp_path / "placement.json").read_text())
+        assert sorted(vm["zone"] for vm in placement["vms"]) == zones
+        assert placement["regions"] == sorted({z.rsplit("-", 1)[0] for z in zones})
+    finally:
+        provider.release(cluster)
+    assert live(fake) == {}
+
+
+def test_a_stockout_in_the_ps_zone_keeps_the_cluster_in_its_region(
+        fake: FakeGce, make_provider, tmp_path: Path) -> None:
+    fake.stockout("us-central1-a", inserts=1)  # whichever VM asks first
+    provider = make_provider()
+    cluster = provider.acquire(small_request("so1", tmp_path, workers=2))
+    try:
+        zones = sorted(i.zone for i in fake.live_instances())
+        assert zones == ["us-central1-a", "us-central1-a", "us-central1-b"]
     finally:
         provider.release(cluster)
 
 
 def test_global_gpu_quota_stops_with_the_metric_named(fake: FakeGce, make_provider,
                                                       tmp_path: Path) -> None:
+    """As an insert finds it (the pre-create checks off: quotas can change between them)."""
     fake.set_quota("GPUS_ALL_REGIONS", 1)
-    provider = make_provider()
+    provider = make_provider(preflight_checks=False)
     with pytest.raises(QuotaError, match="GPUS_ALL_REGIONS") as info:
         provider.acquire(small_request("gq", tmp_path, workers=2))
     assert info.value.region is None and "all regions" in str(info.value)

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -27,6 +29,10 @@ from tests.testbed import SshTestBed
 from tests.testbed.fixtures import host_python, ssh_testbed  # noqa: F401
 
 pytestmark = pytest.mark.slow
+#: The fake's delays for these tests: short, so the tests wait on SSH, not on the fake.
+FAST: dict[str, object] = dict(project=PROJECT, zones=tuple(ZONES), provision_s=0.05,
+                               staging_s=0.05, insert_op_s=0.05, delete_op_s=0.05, stop_s=0.05,
+                               wait_cap_s=0.2)
 
 
 def fake_on_bed(bed: SshTestBed, vms: int, **options: object) -> FakeGce:
@@ -44,9 +50,7 @@ def test_vms_run_roles_over_ssh_survive_a_preemption_and_leave_nothing(
         ssh_testbed: SshTestBed, tmp_path: Path) -> None:
     bed = ssh_testbed
     by_address = {h.address: h for h in bed.hosts}
-    with fake_on_bed(bed, 2, project=PROJECT, zones=tuple(ZONES), provision_s=0.05,
-                     staging_s=0.05, insert_op_s=0.05, delete_op_s=0.05, stop_s=0.05,
-                     wait_cap_s=0.2) as fake:
+    with fake_on_bed(bed, 2, **FAST) as fake:
         cfg = gce_config(fake, tmp_path, ssh_user="root", ssh_key=str(bed.client_key),
                          python=host_python(), remote_root=str(tmp_path / "vms"))
         provider = GceProvider(cfg, journal=Journal(tmp_path / "run" / "journal.jsonl"))
@@ -101,3 +105,98 @@ def test_vms_run_roles_over_ssh_survive_a_preemption_and_leave_nothing(
         assert list_unreleased(journal) == []
         for host in bed.hosts[:2]:
             assert bed.role_pids(host) == [], f"processes left on {host.name}"
+
+
+def test_vms_that_refuse_logins_after_running_are_waited_for(
+        ssh_testbed: SshTestBed, tmp_path: Path) -> None:
+    """Each VM refuses SSH logins for a while after RUNNING, as a booting guest does (account
+    not created yet, pam_nologin): the roles still start, after the connection's retries."""
+    bed = ssh_testbed
+    by_address = {h.address: h for h in bed.hosts}
+    timers: list[threading.Timer] = []
+
+    def boot(ip: str, seconds: float) -> None:  # withhold the login until `seconds` from now
+        keys = by_address[ip].root.parent / "authorized_keys"
+        held = keys.with_suffix(".booting")
+        keys.replace(held)
+        timer = threading.Timer(max(0.0, seconds), held.replace, args=(keys,))
+        timers.append(timer)
+        timer.start()
+
+    with fake_on_bed(bed, 2, **FAST, login_refused_s=3.0, on_boot=boot) as fake:
+        cfg = gce_config(fake, tmp_path, ssh_user="root", ssh_key=str(bed.client_key),
+                         python=host_python(), remote_root=str(tmp_path / "vms"),
+                         boot_timeout_s=60.0, login_grace_s=30.0)
+        provider = GceProvider(cfg, journal=Journal(tmp_path / "run" / "journal.jsonl"))
+        cluster = provider.acquire(small_request("gce-boot", tmp_path / "run", workers=1))
+        try:
+            worker = cluster.hosts_for(Role.WORKER)[0]
+            vm = provider._vm_of(worker.id)
+            proc = provider.runner(worker).start(["sh", "-c", "echo up"])
+            assert proc.readline().strip() == "up" and proc.wait(30) == 0
+            connection = vm.ssh._machine.connection
+            assert connection.attempts > 1  # the first logins were refused, then retried
+        finally:
+            provider.release(cluster)
+            for timer in timers:
+                timer.join()
+        assert fake.live_instances() == []
+        for host in bed.hosts[:2]:
+            assert (host.root.parent / "authorized_keys").exists()
+
+
+def test_a_cut_link_while_gce_says_running_is_unreachable_not_revoked(
+        ssh_testbed: SshTestBed, tmp_path: Path) -> None:
+    """Our network is not their preemption: a 12 s cut of the link to a RUNNING VM loses the
+    SSH heartbeat, but the VM is not revoked nor deleted; the connection comes back, what the
+    old connection ran is stopped, and roles start there again. A VM that stays cut past the
+    grace is revoked."""
+    bed = ssh_testbed
+    by_address = {h.address: h for h in bed.hosts}
+    with fake_on_bed(bed, 2, **FAST) as fake:
+        cfg = gce_config(fake, tmp_path, ssh_user="root", ssh_key=str(bed.client_key),
+                         python=host_python(), remote_root=str(tmp_path / "vms"),
+                         unreachable_grace_s=60.0)
+        provider = GceProvider(cfg, journal=Journal(tmp_path / "run" / "journal.jsonl"))
+        cluster = provider.acquire(small_request("gce-cut", tmp_path / "run", workers=1))
+        try:
+            worker = cluster.hosts_for(Role.WORKER)[0]
+            worker_host = by_address[worker.address]
+            vm = provider._vm_of(worker.id)
+            proc = provider.runner(worker).start(["sh", "-c", "echo up; exec sleep 300"])
+            assert proc.readline().strip() == "up"
+            old_pids = bed.role_pids(worker_host)
+            assert old_pids
+            bed.cut(worker_host)
+            try:
+                deadline = time.monotonic() + 30
+                while vm.ssh._unreachable_since is None:  # the heartbeat notices the cut
+                    assert time.monotonic() < deadline, "the cut was not noticed"
+                    assert provider.poll(cluster)[worker.id] is HostState.RUNNING
+                    time.sleep(0.2)
+                time.sleep(4)
+                assert provider.poll(cluster)[worker.id] is HostState.RUNNING  # not revoked
+            finally:
+                bed.restore(worker_host)
+            again = provider.runner(worker)  # waits for the reconnection
+            assert vm.ssh.reconnects == 1
+            assert (vm.zone, vm.name) in {(i.zone, i.name) for i in fake.live_instances()}
+            left = bed.processes_left([worker_host], within_s=10.0)[worker_host.name]
+            assert not set(left) & set(old_pids), "the old connection's role was not stopped"
+            fresh = again.start(["sh", "-c", "echo back"])
+            assert fresh.readline().strip() == "back" and fresh.wait(30) == 0
+            assert proc.wait(30) < 0  # the old handle reports its loss
+
+            # Cut for good, with a short grace: then it is revoked.
+            vm.ssh.cfg = replace(cfg, unreachable_grace_s=3.0)
+            bed.cut(worker_host)
+            try:
+                deadline = time.monotonic() + 60
+                while provider.poll(cluster)[worker.id] is not HostState.REVOKED:
+                    assert time.monotonic() < deadline, "never revoked"
+                    time.sleep(0.2)
+            finally:
+                bed.restore(worker_host)
+        finally:
+            provider.release(cluster)
+        assert fake.live_instances() == []

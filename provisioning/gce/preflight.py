@@ -1,0 +1,172 @@
+"""Checks made before any VM is created, in one pass, one line per problem (audit rows 9, 21).
+
+A new project has `GPUS_ALL_REGIONS = 0`; without these checks the run creates the on-demand PS,
+fails on the workers and deletes the PS again, and a wrong bucket fails only after every VM has
+booted. Read here, with one projects.get, one regions.get per region and one
+images.getFromFamily:
+
+- quotas the plan needs: per region `CPUS` (Spot: `PREEMPTIBLE_CPUS` where the region has that
+  quota, else `CPUS`, as GCE counts them), the GPU's `NVIDIA_<GPU>_GPUS` /
+  `PREEMPTIBLE_NVIDIA_<GPU>_GPUS`, `IN_USE_ADDRESSES` (one per VM with an external IP); project-wide
+  `GPUS_ALL_REGIONS` and `CPUS_ALL_REGIONS`. A region short of quota is a problem only when no
+  other region of `provider.zones` could hold the whole cluster (the zone fallback moves there);
+- the image family resolves (`provider.image_family` in `provider.image_project`);
+- the bucket of `provider.storage` exists and takes a write;
+- the project's OS Login mode (`enable-oslogin` in its common metadata), returned for the caller.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from provisioning.base import BadRequestError, ProvisionError
+from provisioning.gce.body import ATTACHED_GPUS, BUILT_IN_GPUS, VmRequest
+from provisioning.gce.config import GceConfig
+from provisioning.gce.errors import region_of
+
+#: Catalog GPU -> the name in GCE's quota metrics (NVIDIA_T4_GPUS, PREEMPTIBLE_NVIDIA_T4_GPUS).
+GPU_QUOTA_NAMES = {"t4": "T4", "v100": "V100", "p100": "P100", "p4": "P4", "k80": "K80",
+                   "l4": "L4", "a100": "A100", "h100": "H100"}
+GLOBAL_METRICS = ("GPUS_ALL_REGIONS", "CPUS_ALL_REGIONS")
+QUOTA_URL = "https://console.cloud.google.com/iam-admin/quotas"
+#: vCPUs per GPU of the accelerator-optimized families (a2-highgpu-2g: 24).
+_CPUS_PER_GPU = {"a2": 12, "a3": 26}
+
+
+class PreflightError(BadRequestError):
+    """What stops a run before any VM exists: one line per problem."""
+
+    def __init__(self, problems: Sequence[str]) -> None:
+        super().__init__("\n".join(problems))
+        self.problems = list(problems)
+
+
+def machine_cpus(machine_type: str) -> int | None:
+    """vCPUs of a machine type from its name (n1-standard-4: 4; a2-highgpu-2g: 24); None when
+    the name does not say (the CPU quotas are then not checked for it)."""
+    found = re.fullmatch(r"[a-z0-9]+-(?:standard|highmem|highcpu)-(\d+)", machine_type)
+    if found:
+        return int(found.group(1))
+    found = re.fullmatch(r"([a-z0-9]+)-[a-z]+gpu-(\d+)g", machine_type)
+    if found and found.group(1) in _CPUS_PER_GPU:
+        return _CPUS_PER_GPU[found.group(1)] * int(found.group(2))
+    return None
+
+
+def vm_demand(vm: VmRequest, external_ip: bool, region_quotas: dict[str, tuple[float, float]]
+              ) -> Counter[str]:
+    """The quota metrics one VM counts against in a region with `region_quotas`: a Spot VM
+    counts against PREEMPTIBLE_* where the region grants that quota, else the standard one."""
+
+    def regional(metric: str) -> str:
+        preemptible = f"PREEMPTIBLE_{metric}"
+        granted = region_quotas.get(preemptible, (0.0, 0.0))[0] > 0
+        return preemptible if vm.transient and granted else metric
+
+    demand: Counter[str] = Counter()
+    cpus = machine_cpus(vm.machine_type)
+    if cpus:
+        demand["CPUS_ALL_REGIONS"] += cpus
+        demand[regional("CPUS")] += cpus
+    gpu = vm.gpu if vm.gpu in ATTACHED_GPUS else BUILT_IN_GPUS.get(vm.machine_type.split("-")[0])
+    if gpu is not None:
+        demand["GPUS_ALL_REGIONS"] += 1
+        if gpu in GPU_QUOTA_NAMES:
+            demand[regional(f"NVIDIA_{GPU_QUOTA_NAMES[gpu]}_GPUS")] += 1
+    if external_ip:
+        demand["IN_USE_ADDRESSES"] += 1
+    return demand
+
+
+def shortfalls(demand: Counter[str], quotas: dict[str, tuple[float, float]],
+               where: str, metrics: Iterable[str] | None = None) -> list[str]:
+    """One line per metric of `demand` that `quotas` (metric -> (limit, usage)) cannot hold."""
+    lines = []
+    for metric in sorted(metrics if metrics is not None else demand):
+        need = demand.get(metric, 0)
+        if not need or metric not in quotas:
+            continue  # a metric GCE does not list for this scope is not limited there
+        limit, usage = quotas[metric]
+        free = max(0, int(limit - usage))
+        if need > free:
+            lines.append(f"quota {metric} {where}: the plan needs {need}, {free} free (limit "
+                         f"{limit:g}, {usage:g} in use); ask for an increase at {QUOTA_URL}")
+    return lines
+
+
+@dataclass(frozen=True)
+class PreflightResult:
+    problems: list[str]
+    os_login: bool  # the project's metadata turns OS Login on
+
+
+def check(api: Any, cfg: GceConfig, vms: Sequence[VmRequest]) -> PreflightResult:
+    """Every check of the module docstring; never creates anything."""
+    problems: list[str] = []
+    os_login = False
+    try:
+        info = api.project_info()
+    except ProvisionError as error:
+        return PreflightResult([f"provider.project: cannot read project {api.project}: "
+                                f"{error}"], False)
+    os_login = info.metadata.get("enable-oslogin", "").strip().lower() in ("true", "1", "yes")
+    total: Counter[str] = Counter()
+    for vm in vms:
+        total.update(vm_demand(vm, cfg.external_ip, {}))
+    problems += shortfalls(total, info.quotas, "(all regions)", GLOBAL_METRICS)
+    problems += _regional_problems(api, cfg, vms)
+    if not cfg.image:
+        try:
+            api.image_from_family(cfg.image_project, cfg.image_family)
+        except BadRequestError as error:
+            problems.append(f"provider.image_family: {error} (list the families with gcloud "
+                            f"compute images list --project {cfg.image_project} "
+                            "--no-standard-images)")
+        except ProvisionError as error:
+            problems.append(f"provider.image_family: cannot resolve {cfg.image_family}: {error}")
+    if cfg.storage:
+        from provisioning.gce.storage import bucket_problem
+
+        problem = bucket_problem(cfg.storage)
+        if problem is not None:
+            problems.append(f"provider.storage: {problem}")
+    return PreflightResult(problems, os_login)
+
+
+def _regional_problems(api: Any, cfg: GceConfig, vms: Sequence[VmRequest]) -> list[str]:
+    """Shortfalls of the regions the VMs go to first, unless another region of
+    `provider.zones` can hold the whole cluster."""
+    cache: dict[str, dict[str, tuple[float, float]] | str] = {}
+
+    def quotas(region: str) -> dict[str, tuple[float, float]] | str:
+        if region not in cache:
+            try:
+                cache[region] = api.region_quotas(region)
+            except ProvisionError as error:
+                cache[region] = f"cannot read the quotas of region {region}: {error}"
+        return cache[region]
+
+    def region_lines(region: str, members: Sequence[VmRequest]) -> list[str]:
+        found = quotas(region)
+        if isinstance(found, str):
+            return [f"provider.zones: {found}"]
+        demand: Counter[str] = Counter()
+        for vm in members:
+            demand.update(vm_demand(vm, cfg.external_ip, found))
+        regional = [m for m in demand if m not in GLOBAL_METRICS]
+        return shortfalls(demand, found, f"in region {region}", regional)
+
+    first: dict[str, list[VmRequest]] = {}
+    for vm in vms:
+        first.setdefault(region_of(vm.zone), []).append(vm)
+    lines = [line for region, members in first.items() for line in region_lines(region, members)]
+    if not lines:
+        return []
+    for region in dict.fromkeys(region_of(z) for z in cfg.zones):
+        if region not in first and not region_lines(region, vms):
+            return []  # the whole cluster fits there: the zone fallback can move it
+    return lines
