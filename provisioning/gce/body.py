@@ -207,11 +207,10 @@ def startup_script(watcher: str, remote_root: str, lease_watcher: str | None = N
         path = shlex.quote(f"{remote_root}/{unit}.sh")
         lines += [f"cat > {path} <<'TRANSIENT_WATCHER'", text + "TRANSIENT_WATCHER",
                   f"chmod +x {path}",
-                  "if command -v systemd-run >/dev/null; then",
-                  f"  systemd-run --unit=transient-{unit} {path}",
-                  "else",
-                  f"  setsid nohup {path} >/dev/null 2>&1 < /dev/null &",
-                  "fi"]
+                  # systemd-run fails where systemd is not PID 1 (a container image):
+                  # the watcher then runs detached by hand rather than not at all
+                  f"systemd-run --unit=transient-{unit} {path} 2>/dev/null"
+                  f" || {{ setsid nohup {path} >/dev/null 2>&1 < /dev/null & }}"]
     return "\n".join(lines) + "\n"
 
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from provisioning.gce.body import watcher_script
+from provisioning.gce import body as gce_body
 from tests.fakes.gce_server import FakeHttpError
 from tests.provisioning.gce_fixtures import PROJECT, ZONES, IsolatedFakeGce
 from tests.testbed import isolated
@@ -147,14 +147,11 @@ def test_the_startup_script_runs_and_the_watcher_sees_a_preemption(
     """A startup-script runs at boot as root and starts the provider's real preemption
     watcher, which long-polls the VM's metadata server (metadata.google.internal, as on GCE)
     and writes the notice file when the VM is preempted, inside the STOPPING window (GCE's
-    30 s). The provider's own startup_script() starts the watcher with systemd-run, which
-    needs systemd as PID 1 (a real VM has it, an isolated host does not), so the watcher is
-    started here as that script's fallback does."""
+    30 s). The script is the provider's own: its systemd-run fails on a host without systemd
+    as PID 1 (an isolated host), and its fallback starts the watcher detached."""
     notice = "/var/tmp/transient/run-1/hosts/worker-0/preemption-notice.json"
-    watcher = watcher_script({"worker-0": notice}, USER)
-    script = ("#!/bin/bash\nmkdir -p /var/tmp/transient\n"
-              f"cat > /var/tmp/transient/watcher.sh <<'EOF'\n{watcher}EOF\n"
-              "setsid nohup bash /var/tmp/transient/watcher.sh >/dev/null 2>&1 </dev/null &\n")
+    script = gce_body.startup_script(gce_body.watcher_script({"worker-0": notice}, USER),
+                                 "/var/tmp/transient")
     with IsolatedFakeGce(bed, vms=1, login_refused_s=0, **{**FAST, "stop_s": 30.0}) as fake:
         host, prefix = create(fake, bed, "spot", family("debian-13"), tmp_path, script)
         # the metadata server answers this VM, and only with the header
@@ -162,7 +159,7 @@ def test_the_startup_script_runs_and_the_watcher_sees_a_preemption(
                            "internal/computeMetadata/v1/instance/preempted", retry_s=60) == "FALSE"
         assert ssh(prefix, "curl -s -o /dev/null -w '%{http_code}' http://metadata.google."
                            "internal/computeMetadata/v1/instance/preempted") == "403"
-        wait_for(lambda: "watcher.sh" in ssh(prefix, "ps -e -o args="))
+        wait_for(lambda: "preemption-watcher.sh" in ssh(prefix, "ps -e -o args="))
         assert ssh(prefix, f"test -e {notice} || echo absent").strip() == "absent"
         fake.preempt(ZONE, "spot")
         wait_for(lambda: (host.upper / notice.lstrip("/")).exists())
