@@ -93,9 +93,11 @@ def test_straggler_switches_bsp_to_asp_in_place_and_back(repo_root: Path,
     proc = orchestrate(
         repo_root, "+experiment=digits_local", "cluster.workers=2", "sync=straggler_switch",
         "sync.policy.min_dwell_s=2.0", "sync.policy.calm_s=2.0", "straggler=one_worker",
-        # long enough that the run outlasts the 16 s episode and its end's detection when ASP
-        # runs fast (1400 ended with the episode: no straggler_end)
-        f"straggler.injections={injection}", "job.train_steps=2400",
+        # long enough that the run outlasts the 16 s episode, its end's detection and the
+        # switch back when ASP runs fast (the episode ends by the clock, the run by its steps:
+        # 1400 ended with the episode; 2400 switched back ~140 steps before its end, and once
+        # not at all); what the speed leaves after the switch back runs under BSP
+        f"straggler.injections={injection}", "job.train_steps=3200",
         "job.checkpoint_frequency=0", "job.eval_frequency=0", "report_every_s=0.5",
         f"hydra.run.dir={run_dir}", timeout=420)
     assert proc.returncode == 0, proc.stderr[-3000:]
