@@ -227,8 +227,8 @@ def test_a_gce_vm_of_the_default_family_sets_itself_up_and_is_baked_into_an_imag
     itself, is stopped, its disk becomes an image named by the dependency set, the VM is
     deleted. A VM of that image then only unpacks our wheel; baking again creates nothing; an
     image baked for another dependency set is refused before any VM."""
-    from orchestrator.image import bake
     from provisioning.base import Role
+    from provisioning.gce.bake import bake
     from provisioning.gce.config import GceConfig
     from provisioning.gce.provider import GceProvider
     from provisioning.journal import Journal
