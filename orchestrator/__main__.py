@@ -42,14 +42,28 @@ def run_one(cfg: DictConfig) -> dict[str, Any] | None:
 def _run_one(cfg: DictConfig) -> dict[str, Any] | None:
     from hydra.core.hydra_config import HydraConfig
 
-    from orchestrator import data, results, sweep
+    from orchestrator import data, killpoints, results, resume, sweep
     from orchestrator.display import cost_text, make_console, render_plan, say_provider_note
     from orchestrator.run import before_provisioning, execute_run, planned_experiment
     from orchestrator.simulate.band import predict_band
 
+    killpoints.hit("point_start")
+    hc = HydraConfig.get()
+    run_dir = Path(hc.runtime.output_dir)
+    resumption = None
+    if resume.active():  # python -m orchestrator --resume DIR (orchestrator/resume.py)
+        kept = resume.kept_summary(run_dir)
+        if kept is not None:
+            make_console().print(f"kept: {kept['status']} {kept['run_id']}; {run_dir}",
+                                 highlight=False)
+            if kept["status"] != "completed":
+                sweep.failed_runs.append(str(run_dir))
+            return kept
+        resumption = resume.prepare_point(run_dir)
+        if resumption is not None:  # it goes on with the config it started with
+            cfg = OmegaConf.create(resume.recorded_config(run_dir))
     exp, plan = planned_experiment(cfg)
     plan.prediction = predict_band(exp, plan)  # None when no fitted model covers this setup
-    hc = HydraConfig.get()
     overrides = list(hc.overrides.task)
     multirun = hc.mode is not None and hc.mode.name == "MULTIRUN"
     title = exp.name
@@ -62,14 +76,15 @@ def _run_one(cfg: DictConfig) -> dict[str, Any] | None:
         return None
     before_provisioning(exp)
     say_provider_note(plan, make_console(), once=True)
-    run_dir = Path(hc.runtime.output_dir)
-    sweep.mark_killed_siblings(run_dir)  # earlier runs here whose orchestrator was killed
+    if resumption is None and not resume.active():
+        sweep.mark_killed_siblings(run_dir)  # earlier runs here whose orchestrator was killed
     resolved = OmegaConf.to_container(cfg, resolve=True)
     assert isinstance(resolved, dict)
     csv_dir = Path(hc.sweep.dir) if multirun else run_dir
     try:
         summary = execute_run(exp, plan, run_dir, resolved, title,
-                              sweep_id=sweep.sweep_id(hc.sweep.dir) if multirun else None)
+                              sweep_id=sweep.sweep_id(hc.sweep.dir) if multirun else None,
+                              resumption=resumption)
     except KeyboardInterrupt:  # released and recorded: its row says so too
         summary = results.read_summary(run_dir)
         if summary is not None:
@@ -144,7 +159,16 @@ def main() -> None:
     user_full_error = os.environ.get("HYDRA_FULL_ERROR") == "1"
     os.environ["HYDRA_FULL_ERROR"] = "1"  # let exceptions reach us so we can format them
     signal.signal(signal.SIGTERM, _on_sigterm)
-    sys.argv = normalise_argv(sys.argv)
+    from orchestrator import resume
+
+    try:
+        argv = resume.start(sys.argv)  # --resume DIR: the recorded command, after the checks
+    except resume.ResumeRefused as err:
+        print(err, file=sys.stderr)
+        sys.exit(CONFIG_ERROR_EXIT_CODE)
+    if argv is None:
+        return  # a resume's dry run, printed
+    sys.argv = normalise_argv(argv)
     try:
         check_group_overrides([a for a in sys.argv[1:] if not a.startswith("-")])
     except ConfigError as err:

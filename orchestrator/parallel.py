@@ -175,7 +175,7 @@ def launch(points: Sequence[Point], queue: Any, hydra_context: Any, task_functio
     Raises KeyboardInterrupt (Ctrl-C, SIGTERM) once every live run has stopped and released."""
     from hydra.core.singleton import Singleton
 
-    from orchestrator import sweep
+    from orchestrator import resume, sweep
     from orchestrator.simulate.queue import QueuedRun, admit, priority_key
 
     if not points:
@@ -184,11 +184,23 @@ def launch(points: Sequence[Point], queue: Any, hydra_context: Any, task_functio
     total = sweep.sweep_size or len(points)
     out = _Output(output)
     record = _Recorder(sweep_dir / sweep.LAUNCHES_FILE)
+    all_points, kept_codes = list(points), {}
+    if resume.active():  # a resume: kept points are not run again (orchestrator/resume.py)
+        for p in all_points:
+            summary = resume.kept_summary(p.run_dir)
+            if summary is not None:
+                kept_codes[p.num] = 0 if summary["status"] == "completed" else 1
+                if kept_codes[p.num]:
+                    sweep.failed_runs.append(str(p.run_dir))
+                record.write("kept", p, status=summary["status"])
+                out.line(f"{p.label(total)} kept: {summary['status']}; {p.run_dir}")
+        points = [p for p in all_points if p.num not in kept_codes]
     payload = {"context": hydra_context, "task": _task_reference(task_function),
                "instances": Singleton.get_state()["instances"], "sweep_size": total}
     queued = {p.num: QueuedRun(str(p.num), p.gpus, math.nan, p.predicted_s) for p in points}
     pending = sorted(points, key=lambda p: priority_key(policy, queued[p.num], p.num))
     codes: dict[int, int | None] = {p.num: None for p in points}
+    codes.update(kept_codes)
     live: dict[int, _Live] = {}
     out.line(f"sweep of {len(points)} runs, at most {queue.max_concurrent} at once"
              + (f" under a quota of {quota} GPUs" if quota is not None else "")
@@ -218,7 +230,7 @@ def launch(points: Sequence[Point], queue: Any, hydra_context: Any, task_functio
             out.line("not started: " + ", ".join(f"{p.label(total)} {' '.join(p.overrides)}"
                                                  for p in pending))
         raise
-    return [codes[p.num] for p in points]
+    return [codes[p.num] for p in all_points]
 
 
 def _task(config: Any) -> Any:
@@ -319,8 +331,12 @@ class _Recorder:
                  "overrides": point.overrides, "gpus": point.gpus,
                  "predicted_s": None if math.isinf(point.predicted_s)
                  else round(point.predicted_s, 1), **fields}
+        from orchestrator import killpoints
+
+        line = json.dumps(entry) + "\n"
+        killpoints.hit("launches", torn=killpoints.torn_write(self.path, line))
         with open(self.path, "a") as fh:
-            fh.write(json.dumps(entry) + "\n")
+            fh.write(line)
 
 
 # --- inside a point's process -------------------------------------------------------------------

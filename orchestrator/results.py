@@ -282,8 +282,13 @@ class RunRecorder:
     def write_summary(self, summary: Mapping[str, Any]) -> None:
         missing = [k for k in SUMMARY_FIELDS if k not in summary]
         assert not missing, f"summary lacks {missing}"
+        from orchestrator import killpoints
+
         self.check_files()
-        self.write_json(SUMMARY_FILE, summary)
+        text = json.dumps(_plain(summary), indent=2, sort_keys=True) + "\n"
+        killpoints.hit("summary", torn=killpoints.torn_write(
+            self.run_dir / (SUMMARY_FILE + ".tmp"), text))
+        self._write_whole(SUMMARY_FILE, text)
 
     def write_error(self, text: str) -> None:
         self._write_whole(ERROR_FILE, text)

@@ -15,7 +15,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from orchestrator import results
+from orchestrator import killpoints, results
 from orchestrator.config.schema import ExperimentConfig
 from orchestrator.plan import RunPlan
 from orchestrator.preflight import LOCAL_PROVIDERS, run_preflight
@@ -113,12 +113,14 @@ def cluster_request(plan: RunPlan, run_id: str, run_dir: Path,
 
 def execute_run(cfg: ExperimentConfig, plan: RunPlan, run_dir: Path,
                 resolved_config: dict[str, Any], title: str,
-                sweep_id: str | None = None) -> dict[str, Any]:
+                sweep_id: str | None = None, resumption: Any = None) -> dict[str, Any]:
     """Run one experiment in ``run_dir`` and return its summary (also written to disk).
 
     Never raises for a failed training run: the status says so. KeyboardInterrupt (Ctrl-C,
     SIGTERM via the entry point) is recorded as ``interrupted`` and re-raised after clean-up.
-    ``sweep_id`` (a sweep point's) reaches the provider on the cluster request.
+    ``sweep_id`` (a sweep point's) reaches the provider on the cluster request. A
+    ``resumption`` (orchestrator/resume.py) continues a run whose orchestrator died, in the same
+    directory: same run id and checkpoint store, fresh hosts, a ``resumed`` event first.
     """
     if cfg.provider.name == "sim":  # simulated: nothing is provisioned (orchestrator/simulate)
         from orchestrator.simulate.run import execute_sim
@@ -126,12 +128,16 @@ def execute_run(cfg: ExperimentConfig, plan: RunPlan, run_dir: Path,
         return execute_sim(cfg, plan, run_dir, resolved_config)
     run_dir.mkdir(parents=True, exist_ok=True)
     rec = results.RunRecorder(run_dir)
-    run_id = make_run_id(cfg.name)
+    run_id = make_run_id(cfg.name) if resumption is None else resumption.run_id
+    cluster_id = run_id if resumption is None else resumption.cluster_id
     status = results.STATUS_FAILED
     interrupted: BaseException | None = None
     error: str | None = None
+    if resumption is not None:
+        rec.event("resumed", **resumption.record())
     rec.write_config(resolved_config)
     rec.write_json(results.PLAN_FILE, plan.to_dict())
+    killpoints.hit("run_dir")
     provider = get_provider(cfg.provider.name, cfg.provider,
                             journal=Journal(run_dir / JOURNAL_FILE))
     revocations = RevocationSchedule.from_config(cfg.revocation, plan.hosts)
@@ -149,7 +155,8 @@ def execute_run(cfg: ExperimentConfig, plan: RunPlan, run_dir: Path,
                       planned_revocations=[e.to_record() for e in revocations.pending])
             if cfg.preflight and provider.name not in LOCAL_PROVIDERS:
                 run_preflight(cfg)  # one local training step before paying for servers
-            cluster = provider.acquire(cluster_request(plan, run_id, run_dir, sweep_id))
+            cluster = provider.acquire(cluster_request(plan, cluster_id, run_dir, sweep_id))
+            killpoints.hit("provisioning")
             fleet = Fleet(provider, cluster, run_dir, build_trainer_spec(cfg, plan, cluster,
                                                                          run_id),
                           provider.checkpoint_store(run_id, run_dir / CHECKPOINT_DIR),
@@ -177,10 +184,14 @@ def execute_run(cfg: ExperimentConfig, plan: RunPlan, run_dir: Path,
             rec.event("failure", error=error)
             if not (run_dir / results.ERROR_FILE).exists():
                 rec.write_error(error + "\n")
+        killpoints.hit("teardown")
         _release(fleet, rec)
         summary = make_summary(cfg, plan, run_id, status, started, supervisor, error)
+        if resumption is not None:
+            resumption.fold_into(summary, plan.hourly_usd)
         rec.write_summary(summary)
         rec.close()
+        killpoints.hit("archive")
         if fleet is not None:
             try:
                 fleet.store.finish(run_dir)  # e.g. results to the bucket

@@ -15,7 +15,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from orchestrator import results
+from orchestrator import killpoints, results
 
 RUNS_CSV = "runs.csv"
 #: The concurrent launcher's record of when each point was queued, started and ended.
@@ -25,6 +25,9 @@ LAUNCHES_FILE = "launches.jsonl"
 sweep_size: int | None = None
 # Run directories whose run did not complete (this process's); the entry point exits 1 if any.
 failed_runs: list[str] = []
+# The sweep directory's lock, held by the sweep's orchestrator while it lives: a resume
+# (orchestrator/resume.py) refuses a sweep whose orchestrator is alive, between points too.
+_sweep_lock: results.RunDirLock | None = None
 
 
 def sweep_id(sweep_dir: str | Path) -> str:
@@ -76,7 +79,17 @@ class SweepValidator(Callback):
         from orchestrator.config.schema import to_experiment
         from orchestrator.config.validation import validate
 
-        global sweep_size
+        global sweep_size, _sweep_lock
+        from orchestrator.config.errors import CONFIG_ERROR_EXIT_CODE, ConfigError
+
+        sweep_dir = Path(str(OmegaConf.select(config, "hydra.sweep.dir")))
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            _sweep_lock = results.RunDirLock(sweep_dir)
+        except ConfigError as err:
+            print(ConfigError("hydra.sweep.dir", err.problem, err.allowed).line(),
+                  file=sys.stderr)
+            sys.exit(CONFIG_ERROR_EXIT_CODE)
         task = list(OmegaConf.select(config, "hydra.overrides.task") or [])
         params = OmegaConf.select(config, "hydra.sweeper.params") or {}
         task = [f"{k}={v}" for k, v in params.items()] + task
@@ -122,9 +135,20 @@ def append_run_row(csv_path: Path, overrides: Sequence[str], run_dir: Path,
         writer = csv.DictWriter(fh, fieldnames=fieldnames + extra, extrasaction="ignore")
         if header is None:
             writer.writeheader()
+        killpoints.hit("runs_csv_row", torn=lambda: _torn_row(fh, writer.fieldnames, row))
         writer.writerow(row)
         fh.flush()  # before the unlock: the next writer must see this header and row
         fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _torn_row(fh: Any, fieldnames: Sequence[str], row: Mapping[str, Any]) -> None:
+    """The first half of ``row`` as its line would be written (a crash inside the write)."""
+    import io
+
+    text = io.StringIO()
+    csv.DictWriter(text, fieldnames=list(fieldnames), extrasaction="ignore").writerow(row)
+    fh.write(text.getvalue()[: len(text.getvalue()) // 2])
+    fh.flush()
 
 
 def mark_killed(run_dir: Path) -> dict[str, Any] | None:

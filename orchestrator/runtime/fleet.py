@@ -14,7 +14,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from orchestrator import data
+from orchestrator import data, killpoints
 from orchestrator.results import RunRecorder
 from orchestrator.runtime.control import ControlChannel
 from orchestrator.runtime.deploy import READY_TIMEOUT_S, Deployment
@@ -92,6 +92,7 @@ class Fleet:
         if self.rec is not None:
             self.rec.event("start", roles={r.value: len(self.cluster.hosts_for(r)) for r in Role})
         deployment.start()
+        killpoints.hit("deploy")
         if self.rec is not None:
             self.rec.event("ready")
         return deployment
@@ -145,6 +146,7 @@ class Fleet:
     def sync_checkpoints(self) -> None:
         """Make the chief's latest checkpoint (and `DONE`) durable, and hand it to evaluators
         on other machines than the chief's, which read checkpoints on their own host."""
+        killpoints.hit("checkpoint_sync")
         with contextlib.suppress(HostLostError, IndexError, OSError):
             chief = self.chief_runner()
             if not self.store.sync(chief):

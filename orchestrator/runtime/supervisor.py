@@ -34,7 +34,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from orchestrator import results
+from orchestrator import killpoints, results
 from orchestrator.config.schema import ExperimentConfig
 from orchestrator.runtime.control import ControlChannel
 from orchestrator.runtime.deploy import EVENT_PROCESS_EXIT, DeployError, TrainerEvent
@@ -212,6 +212,8 @@ class Supervisor:
                 self.record(self.planner.end(decision, self.now_s()))
                 self.awaiting_restart = None
         elif kind == "step":
+            if event.role == "chief":
+                killpoints.hit("train_step")
             s.last_loss, s.last_sps = _num(f.get("loss")), _num(f.get("steps_per_sec"))
             self.rec.metric(wall, int(f.get("step", 0)), s.last_sps, s.last_loss)
             self.progress.update(s.global_step, s.last_sps, s.last_loss)
@@ -235,6 +237,7 @@ class Supervisor:
             s.open(str(f.get("to")), int(f.get("step", 0)), at)
         elif kind == "train_end":  # the chief wrote DONE just before
             self.fleet.sync_checkpoints()
+            killpoints.hit("final_eval")  # the evaluator's final accuracy is still to come
             s.train_time_s = _num(f.get("train_time_s"))
             s.close(s.global_step, at)
             self.progress.update(s.global_step)
@@ -426,6 +429,7 @@ class Supervisor:
             self.control.request_checkpoint()
 
     def execute(self, decision: RecoveryDecision, now: float) -> None:
+        killpoints.hit("recovery")
         if decision.action == Action.replace:
             self.execute_replace(decision, now)
         else:

@@ -1,0 +1,291 @@
+"""``python -m orchestrator --resume DIR``: a sweep whose orchestrator is SIGKILLed at each
+instrumented point (orchestrator/killpoints.py) and resumed each time ends complete: every point
+completed once, runs.csv with one row per point, nothing left running.
+
+The kills are real (the orchestrator SIGKILLs itself where ``TRANSIENT_KILL_AT`` says: no
+clean-up of its own runs), the sweeps are real local TensorFlow clusters on digits. One sweep
+is killed again and again at a dozen points in turn (each resume goes further), so the whole
+chain costs about one sweep plus a role start-up per kill.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from orchestrator import killpoints, results, resume, sweep
+from tests.orchestrator.proc_utils import live_processes_mentioning
+
+REPO = Path(__file__).resolve().parents[2]
+ENV = {**{k: v for k, v in os.environ.items()
+          if k not in ("HYDRA_FULL_ERROR", killpoints.ENV, resume.ENV)},
+       "PYTHONPATH": str(REPO)}
+SWEEP = ["+experiment=digits_local", "-m", "job.seed=1,2,3", "job.train_steps=400",
+         "job.checkpoint_frequency=100", "job.eval_frequency=100", "cluster.workers=1",
+         "progress=false"]
+SIGKILLED = -9
+
+# The sweep's life, one kill per orchestrator: each resume gets further than the last.
+# point 0: before provisioning, after it, roles up, in the resume itself, training,
+# a checkpoint sync, the final evaluation, the summary, its runs.csv row; then point 1 before
+# it starts, at its teardown and between its summary and its row; point 2 is never killed.
+CHAIN = ["run_dir", "provisioning", "deploy", "resume", "train_step:2", "checkpoint_sync:2",
+         "final_eval", "summary", "runs_csv_row", "point_start:2", "teardown", "archive"]
+
+
+def orchestrate(args: list[str], kill_at: str | None = None,
+                timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    env = {**ENV, **({killpoints.ENV: kill_at} if kill_at else {})}
+    return subprocess.run([sys.executable, "-m", "orchestrator", *args], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def wait_nothing_runs(path: Path, timeout: float = 60) -> None:
+    """Every role of a killed orchestrator dies with it (parent-death signal)."""
+    deadline = time.monotonic() + timeout
+    while live_processes_mentioning(str(path)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not live_processes_mentioning(str(path)), live_processes_mentioning(str(path))
+
+
+def rows(sweep_dir: Path) -> list[dict[str, str]]:
+    with open(sweep_dir / sweep.RUNS_CSV, newline="") as fh:
+        return list(csv.DictReader(fh))
+
+
+def events(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / results.EVENTS_FILE).read_text().splitlines()]
+
+
+def assert_sweep_complete(sweep_dir: Path) -> list[dict[str, str]]:
+    table = rows(sweep_dir)
+    assert sorted(r["run_dir"] for r in table) == [str(sweep_dir / str(i)) for i in range(3)]
+    assert [r["status"] for r in table] == ["completed"] * 3, table
+    for row in table:
+        assert float(row["final_accuracy"]) > 0.85, row  # digits, 400 steps: ~0.97
+        assert int(row["global_steps"]) == 400
+        summary = results.read_summary(Path(row["run_dir"]))
+        assert summary is not None and summary["run_id"] == row["run_id"]
+    wait_nothing_runs(sweep_dir)
+    return table
+
+
+@pytest.mark.slow
+def test_a_sweep_killed_at_every_point_is_resumed_to_completion(tmp_path: Path) -> None:
+    sweep_dir = (tmp_path / "sweep").resolve()
+    point0_done: str | None = None
+    for i, point in enumerate(CHAIN):
+        args = [*SWEEP, f"hydra.sweep.dir={sweep_dir}"] if i == 0 else \
+            ["--resume", str(sweep_dir)]
+        done = orchestrate(args, kill_at=point)
+        assert done.returncode == SIGKILLED, f"{point}: rc {done.returncode}\n{done.stderr[-3000:]}"
+        assert f"[killpoint] SIGKILL at {point.split(':')[0]}" in done.stderr
+        wait_nothing_runs(sweep_dir)
+        if point == "runs_csv_row":  # point 0 completed; its row was cut in half
+            point0_done = (sweep_dir / "0" / results.SUMMARY_FILE).read_text()
+            assert results.run_status(sweep_dir / "0") == "completed"
+    assert point0_done is not None
+    # the dry run says what the resume will do
+    dry = orchestrate(["--resume", str(sweep_dir), "dry_run=true"])
+    assert dry.returncode == 0, dry.stderr[-3000:]
+    lines = dry.stdout.splitlines()
+    assert "kept (completed)" in lines[0] and "kept (completed)" in lines[1], dry.stdout
+    assert "started" in lines[2] and "2 kept, 0 resumed, 1 started" in lines[3], dry.stdout
+    final = orchestrate(["--resume", str(sweep_dir)])
+    assert final.returncode == 0, final.stderr[-3000:]
+    assert_sweep_complete(sweep_dir)
+    # the kept point was not run again: the same summary, no new events since
+    assert (sweep_dir / "0" / results.SUMMARY_FILE).read_text() == point0_done
+    first = events(sweep_dir / "0")
+    resumed = [e for e in first if e["kind"] == resume.RESUMED_EVENT]
+    assert len(resumed) == CHAIN.index("runs_csv_row")  # each kill of point 0 resumed it once
+    assert all(e["lost_steps"] == e["last_step"] - e["from_step"] >= 0 for e in resumed)
+    assert any(e["from_step"] > 0 for e in resumed)  # from a checkpoint, not from scratch
+    starts = [e for e in first if e["kind"] == "train_start" and e["role"] == "chief"]
+    assert any(e.get("resumed_from") for e in starts)
+    summary0 = json.loads(point0_done)
+    assert summary0["lost_steps"] == sum(e["lost_steps"] for e in resumed)
+    # point 1 was killed at its teardown and after its summary: resumed once; point 2 never
+    assert [e["kind"] for e in events(sweep_dir / "1")].count(resume.RESUMED_EVENT) == 1
+    assert resume.RESUMED_EVENT not in [e["kind"] for e in events(sweep_dir / "2")]
+
+
+@pytest.mark.slow
+def test_parallel_sweep_killed_in_the_launcher_and_in_its_points(tmp_path: Path) -> None:
+    """The parallel launcher killed while it writes launches.jsonl (its points get SIGTERM:
+    interrupted), then every point's process killed while it trains; two resumes finish."""
+    sweep_dir = (tmp_path / "psweep").resolve()
+    first = orchestrate([*SWEEP, "hydra/launcher=parallel", "queue.max_concurrent=3",
+                         f"hydra.sweep.dir={sweep_dir}"], kill_at="launches:5")
+    assert first.returncode == SIGKILLED, first.stderr[-3000:]
+    wait_nothing_runs(sweep_dir)
+    torn = (sweep_dir / sweep.LAUNCHES_FILE).read_text()
+    assert not torn.endswith("\n")  # the crash cut a line
+    second = orchestrate(["--resume", str(sweep_dir)], kill_at="train_step:2")
+    assert second.returncode == 1, second.stderr[-3000:]  # every point died: none completed
+    wait_nothing_runs(sweep_dir)
+    final = orchestrate(["--resume", str(sweep_dir)])
+    assert final.returncode == 0, final.stderr[-3000:]
+    assert_sweep_complete(sweep_dir)
+    launches = [json.loads(line)
+                for line in (sweep_dir / sweep.LAUNCHES_FILE).read_text().splitlines()]
+    assert [e["kind"] for e in launches].count("resume") == 2
+    last = launches[max(i for i, e in enumerate(launches) if e["kind"] == "resume"):]
+    assert sorted(e["num"] for e in last if e["kind"] == "ended") == [0, 1, 2]
+    assert all(e["status"] == "completed" for e in last if e["kind"] == "ended")
+
+
+@pytest.mark.slow
+def test_a_run_killed_during_a_recovery_is_resumed(tmp_path: Path) -> None:
+    """A single run (not a sweep) whose orchestrator dies while it recovers from a revoked
+    worker: the resume finishes it in the same directory with one runs.csv row."""
+    run_dir = (tmp_path / "run").resolve()
+    done = orchestrate(["+experiment=digits_local", "job.train_steps=600",
+                        "job.checkpoint_frequency=100", "job.eval_frequency=0",
+                        "revocation=schedule", "revocation.events=[{target: worker, "
+                        "at_step: 150}]", "revocation.notice_s=0",
+                        "cluster.recovery.on_revocation=replace", "progress=false",
+                        f"hydra.run.dir={run_dir}"], kill_at="recovery")
+    assert done.returncode == SIGKILLED, done.stderr[-3000:]
+    wait_nothing_runs(run_dir)
+    final = orchestrate(["--resume", str(run_dir)])
+    assert final.returncode == 0, final.stderr[-3000:]
+    table = rows(run_dir)
+    assert len(table) == 1 and table[0]["status"] == "completed", table
+    assert int(table[0]["global_steps"]) == 600 and float(table[0]["final_accuracy"]) > 0.85
+    resumed = [e for e in events(run_dir) if e["kind"] == resume.RESUMED_EVENT]
+    assert len(resumed) == 1 and resumed[0]["previous_status"] == "killed"
+    wait_nothing_runs(run_dir)
+
+
+# --- the refusals and the records, without a cluster ------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def digits_config() -> dict:
+    """The resolved config of ``+experiment=digits_local`` (what a run records)."""
+    from hydra import compose, initialize_config_module
+    from omegaconf import OmegaConf
+
+    from orchestrator.config.schema import register_configs
+    from orchestrator.paths import CONF_PACKAGE
+
+    register_configs()
+    with initialize_config_module(CONF_PACKAGE, version_base="1.3"):
+        cfg = compose("config", overrides=["+experiment=digits_local", "job.train_steps=100"])
+    return OmegaConf.to_container(cfg, resolve=True)
+
+
+@pytest.fixture
+def fake_run(digits_config: dict):
+    return lambda run_dir, status, step=80: _fake_run(run_dir, status, digits_config, step)
+
+
+def _fake_run(run_dir: Path, status: str | None, config: dict, step: int = 80) -> None:
+    """A run directory as execute_run leaves it (``status`` None: killed, no summary)."""
+    rec = results.RunRecorder(run_dir)
+    rec.write_config(config)
+    rec.write_json(results.PLAN_FILE, {"experiment": "x", "provider": "local", "hourly_usd": 3.6,
+                                       "est_train_time_s": 100.0,
+                                       "phases": [{"protocol": "asp", "end_step": 100}]})
+    rec.write_json(results.SPEC_FILE, {"run_id": f"run-{run_dir.name}"})
+    rec.event("train_start", role="chief")
+    rec.metric(1.0, step, 40.0, 0.5)
+    if status is not None:
+        summary = {**results.killed_summary(run_dir), "status": status, "error": None}
+        rec.write_summary(summary)
+    rec.close()
+    (run_dir / ".hydra").mkdir(exist_ok=True)
+    (run_dir / ".hydra" / "overrides.yaml").write_text(f"- job.seed={run_dir.name}\n")
+
+
+def test_refuses_a_run_owned_by_a_live_orchestrator(tmp_path: Path, fake_run) -> None:
+    run_dir = tmp_path / "run"
+    fake_run(run_dir, None)
+    (run_dir / ".hydra" / "hydra.yaml").write_text("hydra: {overrides: {hydra: []}}\n")
+    owner = results.RunDirLock(run_dir)  # a live owner (flock is per open file)
+    try:
+        target = resume.find_target(run_dir)
+        with pytest.raises(resume.ResumeRefused, match="owned by a live orchestrator"):
+            resume.inspect(target, retry=False)
+    finally:
+        owner.release()
+    resume.inspect(target, retry=False)  # the owner gone: no objection
+    assert target.points[0].action == resume.RESUME
+
+
+def test_refuses_a_config_that_no_longer_composes_naming_the_field(tmp_path: Path, fake_run) -> None:
+    run_dir = tmp_path / "run"
+    fake_run(run_dir, None)
+    (run_dir / ".hydra" / "hydra.yaml").write_text("hydra: {overrides: {hydra: []}}\n")
+    config = (run_dir / results.CONFIG_FILE).read_text()
+    (run_dir / results.CONFIG_FILE).write_text(config + "job_retired_option: 3\n")
+    with pytest.raises(resume.ResumeRefused, match="job_retired_option"):
+        resume.inspect(resume.find_target(run_dir), retry=False)
+
+
+def test_refuses_an_unreadable_checkpoint_store(tmp_path: Path, fake_run) -> None:
+    run_dir = tmp_path / "run"
+    fake_run(run_dir, None)
+    (run_dir / ".hydra" / "hydra.yaml").write_text("hydra: {overrides: {hydra: []}}\n")
+    (run_dir / results.CHECKPOINT_DIR).write_text("not a folder")  # as a broken mount reads
+    with pytest.raises(resume.ResumeRefused, match=r"checkpoint store .* cannot be read"):
+        resume.inspect(resume.find_target(run_dir), retry=False)
+
+
+def test_runs_csv_keeps_one_intact_row_per_kept_point(tmp_path: Path, fake_run) -> None:
+    """Killed between a summary and its row, mid-row, after a killed point's row: the kept
+    points end with exactly their rows, the resumed one with none (it appends its own)."""
+    sweep_dir = tmp_path / "sweep"
+    for name, status in (("0", "completed"), ("1", "completed"), ("2", None)):
+        fake_run(sweep_dir / name, status)
+    sweep.append_run_row(sweep_dir / sweep.RUNS_CSV, ["job.seed=0"], sweep_dir / "0",
+                         results.read_summary(sweep_dir / "0"))
+    original = rows(sweep_dir)[0]
+    sweep.mark_killed(sweep_dir / "2")  # what release writes: a killed row (and summary)
+    sweep.append_run_row(sweep_dir / sweep.RUNS_CSV, ["job.seed=0"], sweep_dir / "0",
+                         results.read_summary(sweep_dir / "0"))  # a duplicate
+    with open(sweep_dir / sweep.RUNS_CSV, "a") as fh:
+        fh.write("0,/x/torn")  # half a row
+    points = [resume.PointPlan(int(d), [], sweep_dir / d, "", "") for d in ("0", "1", "2")]
+    target = resume.Target(sweep_dir, True, [], points)
+    for p in points:
+        p.status = resume.point_status(p.run_dir)
+        p.action = resume.action_for(p.status, retry=False)
+    assert [p.action for p in points] == [resume.KEEP, resume.KEEP, resume.RESUME]
+    resume.reconcile_runs_csv(target)
+    table = rows(sweep_dir)
+    assert [r["run_dir"] for r in table] == [str(sweep_dir / "0"), str(sweep_dir / "1")]
+    assert table[0] == original  # unchanged
+
+
+def test_dry_run_says_kept_resumed_and_started_with_the_cost(tmp_path: Path, fake_run) -> None:
+    sweep_dir = tmp_path / "sweep"
+    fake_run(sweep_dir / "0", "completed")
+    fake_run(sweep_dir / "1", None, step=80)
+    (sweep_dir / "1" / results.CHECKPOINT_DIR).mkdir()
+    for suffix in ("index", "data-00000-of-00001"):
+        (sweep_dir / "1" / results.CHECKPOINT_DIR / f"ckpt-50.{suffix}").write_text("x")
+    points = [resume.PointPlan(0, ["job.seed=0"], sweep_dir / "0", "", ""),
+              resume.PointPlan(1, ["job.seed=1"], sweep_dir / "1", "", "")]
+    target = resume.Target(sweep_dir, True, [], points)
+    resume.inspect(target, retry=False)
+    lines = resume.describe(target)
+    assert "kept (completed)" in lines[0]
+    # 50 of 100 steps left at 100 s for 100 steps and $3.6/h: 50 s, $0.05
+    assert "resumed from step 50 (killed at step 80, 30 steps lost); about $0.0500" in lines[1]
+    assert "1 kept, 1 resumed, 0 started" in lines[2]
+
+
+def test_kill_point_names_are_checked() -> None:
+    with pytest.raises(ValueError, match="unknown point"):
+        killpoints._parse("no_such_point")
+    assert killpoints._parse("train_step:3") == ("train_step", 3)
+    assert len(killpoints.POINTS) >= 10
