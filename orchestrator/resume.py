@@ -189,18 +189,21 @@ def last_recorded_step(run_dir: Path) -> int:
 
 def attempts_s(run_dir: Path) -> tuple[float, int]:
     """Seconds the run's earlier attempts held hosts (each attempt's first to last event; a
-    ``resumed`` event starts a new attempt) and how many attempts there were."""
+    ``resumed`` event starts a new attempt) and how many times it was resumed already."""
     spans: list[list[float]] = []
+    resumes = 0
     for line in _lines(run_dir / results.EVENTS_FILE):
         try:
             event = json.loads(line)
             at = float(event[results.EVENT_TIME])
         except (ValueError, KeyError, TypeError):
             continue  # a torn line
+        if event.get(results.EVENT_KIND) == RESUMED_EVENT:
+            resumes += 1
         if not spans or event.get(results.EVENT_KIND) == RESUMED_EVENT:
             spans.append([at, at])
         spans[-1][1] = at
-    return sum(b - a for a, b in spans), len(spans)
+    return sum(b - a for a, b in spans), resumes
 
 
 def _lines(path: Path) -> list[str]:
@@ -294,6 +297,7 @@ def inspect(target: Target, retry: bool) -> None:
             store = point.run_dir / results.CHECKPOINT_DIR
             try:
                 point.from_step = newest_checkpoint_step(store)
+                point.last_step = max(point.last_step, point.from_step)
             except OSError as ex:
                 raise ResumeRefused(f"resume: the checkpoint store {store} of {point.run_dir} "
                                     f"cannot be read: {ex.strerror or ex}") from None
@@ -420,10 +424,11 @@ def prepare_point(run_dir: Path) -> Resumption | None:
     # killed before any role started, nothing was stored and a new id will do
     spec = results._read_json(run_dir / results.SPEC_FILE)
     run_id = str(spec.get("run_id") or make_run_id(str(recorded_config(run_dir)["name"])))
-    earlier_s, attempts = attempts_s(run_dir)
-    resumption = Resumption(run_id, attempts + 1, status,
-                            newest_checkpoint_step(run_dir / results.CHECKPOINT_DIR),
-                            last_recorded_step(run_dir), earlier_s)
+    earlier_s, resumes = attempts_s(run_dir)
+    from_step = newest_checkpoint_step(run_dir / results.CHECKPOINT_DIR)
+    # step events come every report_every_s: a checkpoint may be newer than the last of them
+    resumption = Resumption(run_id, resumes + 2, status, from_step,
+                            max(from_step, last_recorded_step(run_dir)), earlier_s)
     for stale in (results.SUMMARY_FILE, results.SUMMARY_FILE + ".tmp", results.ERROR_FILE):
         (run_dir / stale).unlink(missing_ok=True)
     killpoints.hit("resume")

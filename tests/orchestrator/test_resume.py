@@ -8,6 +8,7 @@ is killed again and again at a dozen points in turn (each resume goes further), 
 chain costs about one sweep plus a role start-up per kill.
 """
 
+# ruff: noqa: F811  (the test bed fixture is imported, then requested by name)
 from __future__ import annotations
 
 import csv
@@ -22,6 +23,8 @@ import pytest
 
 from orchestrator import killpoints, results, resume, sweep
 from tests.orchestrator.proc_utils import live_processes_mentioning
+from tests.testbed import SshTestBed
+from tests.testbed.fixtures import ssh_testbed  # noqa: F401
 
 REPO = Path(__file__).resolve().parents[2]
 ENV = {**{k: v for k, v in os.environ.items()
@@ -105,7 +108,10 @@ def test_a_sweep_killed_at_every_point_is_resumed_to_completion(tmp_path: Path) 
     assert (sweep_dir / "0" / results.SUMMARY_FILE).read_text() == point0_done
     first = events(sweep_dir / "0")
     resumed = [e for e in first if e["kind"] == resume.RESUMED_EVENT]
-    assert len(resumed) == CHAIN.index("runs_csv_row")  # each kill of point 0 resumed it once
+    # every orchestrator that ran point 0 after the first resumed it once, except the one
+    # killed inside the resume itself (before the run restarted)
+    assert len(resumed) == CHAIN.index("runs_csv_row") - 1
+    assert [e["attempt"] for e in resumed] == list(range(2, len(resumed) + 2))
     assert all(e["lost_steps"] == e["last_step"] - e["from_step"] >= 0 for e in resumed)
     assert any(e["from_step"] > 0 for e in resumed)  # from a checkpoint, not from scratch
     starts = [e for e in first if e["kind"] == "train_start" and e["role"] == "chief"]
@@ -289,3 +295,37 @@ def test_kill_point_names_are_checked() -> None:
         killpoints._parse("no_such_point")
     assert killpoints._parse("train_step:3") == ("train_step", 3)
     assert len(killpoints.POINTS) >= 10
+
+
+# --- over SSH: the roles outlive the orchestrator -----------------------------------------------
+
+
+@pytest.mark.slow
+def test_ssh_run_killed_while_training_is_resumed_and_leaves_nothing(
+        repo_root: Path, ssh_testbed: SshTestBed, tmp_path: Path) -> None:
+    """The orchestrator dies while its roles train on the bed's machines (they keep running:
+    nobody kills a remote process for a dead parent); the resume stops them through the journal,
+    goes on from the checkpoint synced back to the store, and nothing is left on any host."""
+    from tests.orchestrator import test_ssh_e2e as e2e
+
+    env = {**e2e.ENV, killpoints.ENV: "checkpoint_sync:2"}
+    env.pop(resume.ENV, None)
+    run_dir = tmp_path / "run"
+    argv = [sys.executable, "-m", "orchestrator", "+experiment=ssh_digits", "provider=testbed",
+            *e2e.SMALL, f"hydra.searchpath=[file://{e2e.provider_dir(ssh_testbed, tmp_path)}]",
+            f"hydra.run.dir={run_dir}"]
+    killed = subprocess.run(argv, cwd=repo_root, env=env, capture_output=True, text=True,
+                            timeout=e2e.RUN_TIMEOUT_S)
+    assert killed.returncode == SIGKILLED, killed.stderr[-3000:]
+    assert any(ssh_testbed.role_pids(h) for h in ssh_testbed.hosts[:3]), "nothing was running"
+    final = subprocess.run([sys.executable, "-m", "orchestrator", "--resume", str(run_dir)],
+                           cwd=repo_root, env=e2e.ENV, capture_output=True, text=True,
+                           timeout=e2e.RUN_TIMEOUT_S)
+    assert final.returncode == 0, final.stdout[-3000:] + final.stderr[-3000:]
+    summary = results.read_summary(run_dir)
+    assert summary["status"] == "completed" and summary["global_steps"] == 400
+    assert summary["final_accuracy"] > 0.85
+    resumed = [e for e in events(run_dir) if e["kind"] == resume.RESUMED_EVENT]
+    assert len(resumed) == 1 and resumed[0]["from_step"] >= 100
+    assert len(rows(run_dir)) == 1
+    e2e.assert_nothing_left(ssh_testbed, ssh_testbed.hosts[:4])
