@@ -145,6 +145,27 @@ def newest_checkpoint_step(store: Path) -> int:
     return int(paths[0].rsplit("-", 1)[1]) if paths else 0
 
 
+def bucket_checkpoint_step(storage: str, run_id: str, run_dir: Path,
+                           store: Any = None) -> int:
+    """The newest checkpoint step in a run's bucket mirror (``provider.storage = gs://...``,
+    where a resumed chief restores from when the local folder is empty); refuses when the
+    bucket cannot be listed."""
+    import re
+
+    from provisioning.gce.storage import GcsStore, checkpoint_url, is_gcs
+
+    if not is_gcs(storage):
+        return 0
+    url = checkpoint_url(storage, run_id)
+    try:
+        names = (store if store is not None else GcsStore()).list(url)
+    except Exception as ex:  # StorageError, credentials, transport: one line
+        raise ResumeRefused(f"resume: the checkpoint store {url} of {run_dir} cannot be read: "
+                            f"{' '.join(str(ex).split())[:300]}") from None
+    steps = [int(m.group(1)) for n in names if (m := re.search(r"-(\d+)\.index$", n))]
+    return max(steps, default=0)
+
+
 def measured_steps_per_sec(run_dir: Path) -> float | None:
     """The mean training speed the run's metrics recorded (None before any)."""
     speeds = []
@@ -297,10 +318,15 @@ def inspect(target: Target, retry: bool) -> None:
             store = point.run_dir / results.CHECKPOINT_DIR
             try:
                 point.from_step = newest_checkpoint_step(store)
-                point.last_step = max(point.last_step, point.from_step)
             except OSError as ex:
                 raise ResumeRefused(f"resume: the checkpoint store {store} of {point.run_dir} "
                                     f"cannot be read: {ex.strerror or ex}") from None
+            storage = (config.get("provider") or {}).get("storage")
+            run_id = results._read_json(point.run_dir / results.SPEC_FILE).get("run_id")
+            if storage and run_id:
+                point.from_step = max(point.from_step, bucket_checkpoint_step(
+                    str(storage), str(run_id), point.run_dir))
+            point.last_step = max(point.last_step, point.from_step)
 
 
 # --- before the replay: clean up and make the records consistent ----------------------------

@@ -329,3 +329,22 @@ def test_ssh_run_killed_while_training_is_resumed_and_leaves_nothing(
     assert len(resumed) == 1 and resumed[0]["from_step"] >= 100
     assert len(rows(run_dir)) == 1
     e2e.assert_nothing_left(ssh_testbed, ssh_testbed.hosts[:4])
+
+
+def test_a_bucket_store_is_read_and_an_unreadable_one_refused(tmp_path: Path) -> None:
+    """provider.storage = gs://...: the newest mirrored checkpoint is where the run goes on
+    (a fresh chief restores from the bucket); a bucket that cannot be listed refuses."""
+    from provisioning.gce.storage import GcsStore, checkpoint_url
+    from tests.provisioning.gce_fixtures import BUCKET, storage_emulator
+
+    with storage_emulator():
+        ckpt = tmp_path / "checkpoints"
+        ckpt.mkdir()
+        for name in ("ckpt-200.index", "ckpt-300.index", "ckpt-300.data-00000-of-00001"):
+            (ckpt / name).write_text("x")
+        GcsStore().upload(ckpt, checkpoint_url(f"gs://{BUCKET}/runs", "run-1"))
+        assert resume.bucket_checkpoint_step(f"gs://{BUCKET}/runs", "run-1", tmp_path) == 300
+        assert resume.bucket_checkpoint_step(f"gs://{BUCKET}/runs", "run-2", tmp_path) == 0
+        refusal = r"gs://no-such-bucket/runs/run-1.* cannot be read"
+        with pytest.raises(resume.ResumeRefused, match=refusal):
+            resume.bucket_checkpoint_step("gs://no-such-bucket/runs", "run-1", tmp_path)
