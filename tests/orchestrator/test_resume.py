@@ -348,3 +348,42 @@ def test_a_bucket_store_is_read_and_an_unreadable_one_refused(tmp_path: Path) ->
         refusal = r"gs://no-such-bucket/runs/run-1.* cannot be read"
         with pytest.raises(resume.ResumeRefused, match=refusal):
             resume.bucket_checkpoint_step("gs://no-such-bucket/runs", "run-1", tmp_path)
+
+
+@pytest.mark.slow
+def test_fake_cloud_run_killed_while_training_is_resumed_on_fresh_vms(
+        ssh_testbed: SshTestBed, tmp_path: Path) -> None:
+    """provider=gce against the fake Compute API (every VM a namespace sshd host): the
+    orchestrator dies with its VMs running; the resume deletes them (the journal), goes on from
+    the synced checkpoint on new VMs, and ends with no VM and no process left."""
+    from provisioning.journal import ResourceKind, list_unreleased
+    from tests.provisioning.test_gce_ssh import fake_on_bed
+    from tests.testbed.fixtures import host_python
+
+    bed = ssh_testbed
+    run_dir = tmp_path / "run"
+    zone = "us-central1-a"
+    with fake_on_bed(bed, 3, zones=(zone,), provision_s=0.2, staging_s=0.2, insert_op_s=0.1,
+                     delete_op_s=0.2, stop_s=0.2, wait_cap_s=1.0) as fake:
+        argv = ["+experiment=digits_local", "provider=gce",
+                f"provider.api_endpoint={fake.endpoint}", "provider.credentials=anonymous",
+                f"provider.project={fake.project}", f"provider.zones=[{zone}]",
+                "provider.ssh_user=root", f"provider.ssh_key={bed.client_key}",
+                f"provider.python={host_python()}", f"provider.remote_root={tmp_path / 'vms'}",
+                "provider.poll_interval_s=0.5", "provider.ready_poll_s=0.1",
+                "provider.host_key_poll_s=0.2", "job.train_steps=400",
+                "job.checkpoint_frequency=100", "progress=false", f"hydra.run.dir={run_dir}"]
+        killed = orchestrate(argv, kill_at="checkpoint_sync:2")
+        assert killed.returncode == SIGKILLED, killed.stderr[-3000:]
+        assert len(fake.live_instances()) == 3  # billing on: the crash released nothing
+        final = orchestrate(["--resume", str(run_dir)])
+        assert final.returncode == 0, final.stdout[-3000:] + final.stderr[-3000:]
+        summary = results.read_summary(run_dir)
+        assert summary["status"] == "completed" and summary["global_steps"] == 400
+        resumed = [e for e in events(run_dir) if e["kind"] == resume.RESUMED_EVENT]
+        assert len(resumed) == 1 and resumed[0]["from_step"] >= 100
+        assert len(rows(run_dir)) == 1
+        assert fake.live_instances() == []
+        assert [e for e in list_unreleased(run_dir / "journal.jsonl")
+                if e.kind is ResourceKind.VM] == []
+    assert bed.processes_left(bed.hosts[:3], within_s=10) == {h.name: [] for h in bed.hosts[:3]}
