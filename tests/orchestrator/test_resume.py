@@ -357,6 +357,7 @@ def test_fake_cloud_run_killed_while_training_is_resumed_on_fresh_vms(
     orchestrator dies with its VMs running; the resume deletes them (the journal), goes on from
     the synced checkpoint on new VMs, and ends with no VM and no process left."""
     from provisioning.journal import ResourceKind, list_unreleased
+    from tests.provisioning.gce_fixtures import processes_die_with_vm
     from tests.provisioning.test_gce_ssh import fake_on_bed
     from tests.testbed.fixtures import host_python
 
@@ -364,7 +365,8 @@ def test_fake_cloud_run_killed_while_training_is_resumed_on_fresh_vms(
     run_dir = tmp_path / "run"
     zone = "us-central1-a"
     with fake_on_bed(bed, 3, zones=(zone,), provision_s=0.2, staging_s=0.2, insert_op_s=0.1,
-                     delete_op_s=0.2, stop_s=0.2, wait_cap_s=1.0) as fake:
+                     delete_op_s=0.2, stop_s=0.2, wait_cap_s=1.0,
+                     on_gone=processes_die_with_vm(bed)) as fake:
         argv = ["+experiment=digits_local", "provider=gce",
                 f"provider.api_endpoint={fake.endpoint}", "provider.credentials=anonymous",
                 f"provider.project={fake.project}", f"provider.zones=[{zone}]",
@@ -376,6 +378,7 @@ def test_fake_cloud_run_killed_while_training_is_resumed_on_fresh_vms(
         killed = orchestrate(argv, kill_at="checkpoint_sync:2")
         assert killed.returncode == SIGKILLED, killed.stderr[-3000:]
         assert len(fake.live_instances()) == 3  # billing on: the crash released nothing
+        assert any(bed.role_pids(h) for h in bed.hosts[:3]), "nothing was running"
         final = orchestrate(["--resume", str(run_dir)])
         assert final.returncode == 0, final.stdout[-3000:] + final.stderr[-3000:]
         summary = results.read_summary(run_dir)
