@@ -1,7 +1,8 @@
 """Turn a validated experiment into a RunPlan: hosts, prices, phases and step targets.
 
 The plan is what the dry run prints and what ``plan.json`` records, so a run can later be
-compared against what was predicted.
+compared against what was predicted. ``python -m orchestrator.plan`` is the planner
+(:mod:`orchestrator.plan.__main__`), which searches over plans; this module only makes one.
 """
 
 from __future__ import annotations
@@ -230,8 +231,3 @@ def make_plan(cfg: ExperimentConfig) -> RunPlan:
         speed_error=speed_error,
     )
 
-
-if __name__ == "__main__":  # python -m orchestrator.plan: the planner (orchestrator/simulate/)
-    from orchestrator.simulate.planner import main
-
-    main()
