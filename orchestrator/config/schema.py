@@ -15,6 +15,7 @@ from typing import Any, get_args, get_origin, get_type_hints
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
+from orchestrator.config.simulate import PlannerConfig, QueueConfig, SimConfig
 from orchestrator.config.transient import (
     RecoveryConfig,
     RevocationConfig,
@@ -22,7 +23,6 @@ from orchestrator.config.transient import (
     SyncPolicyConfig,
     register_transient_configs,
 )
-from orchestrator.simulate.config import PlannerConfig, QueueConfig, SimConfig
 from provisioning.base import ProviderConfig
 from provisioning.catalog import PricingConfig
 from provisioning.registry import all_backends, backend, provider_names
@@ -148,7 +148,7 @@ class ExperimentConfig:
     straggler: StragglerConfig = MISSING
     preflight: bool = True  # remote providers: one local training step first, fail fast
     sim: SimConfig = field(default_factory=SimConfig)  # provider=sim and bands (simulate/)
-    planner: PlannerConfig = field(default_factory=PlannerConfig)  # python -m orchestrator.planner
+    planner: PlannerConfig = field(default_factory=PlannerConfig)  # python -m orchestrator.plan
     queue: QueueConfig = field(default_factory=QueueConfig)  # sweeps under a GPU quota
 
 

@@ -179,11 +179,11 @@ def lone_worker_cannot_survive(cfg: ExperimentConfig, hosts: list[HostPlan]) -> 
     if (len(workers) != 1 or not workers[0].transient
             or cfg.cluster.recovery.on_revocation != OnRevocation.shrink):
         return False
-    if cfg.revocation.model != RevocationModel.none or cfg.provider.name == "sim":
+    if cfg.revocation.model != RevocationModel.none:
         return True
-    from provisioning.registry import backend
+    from provisioning.registry import provider_class
 
-    return backend(cfg.provider.name).provider.transient_market is not None
+    return provider_class(cfg.provider.name).transient_market(cfg.pricing) is not None
 
 
 def make_plan(cfg: ExperimentConfig) -> RunPlan:
@@ -231,3 +231,19 @@ def make_plan(cfg: ExperimentConfig) -> RunPlan:
         speed_error=speed_error,
     )
 
+
+def load_and_plan(cfg: Any) -> tuple[ExperimentConfig, RunPlan]:
+    """A composed task config (Hydra's, without its ``hydra`` node) as validated dataclasses
+    and its plan; ConfigError for anything wrong with it."""
+    from omegaconf.errors import OmegaConfBaseException
+
+    from orchestrator.config.errors import from_omegaconf
+    from orchestrator.config.schema import to_experiment
+    from orchestrator.config.validation import validate
+
+    try:
+        experiment = to_experiment(cfg)
+    except OmegaConfBaseException as ex:
+        raise from_omegaconf(ex) from ex
+    validate(experiment)
+    return experiment, make_plan(experiment)

@@ -74,18 +74,15 @@ def cloud_market(cfg: ExperimentConfig) -> tuple[Market | None, float | None]:
     transient VM ends whatever its lifetime (None: never).
 
     Not a setting of its own, so a plan cannot be simulated on another market than the one it
-    would run on: ``provider=sim`` simulates the priced cloud (``pricing.transient_market``:
-    preemptible in the papers' 2019 catalog, Spot in today's); a real backend names the VMs it
-    creates (``Provider.transient_market``: GCE makes Spot VMs, and validation holds the pricing
+    would run on (``Provider.transient_market``): ``provider=sim`` simulates the priced cloud
+    (``pricing.transient_market``: preemptible in the papers' 2019 catalog, Spot in today's); a
+    real backend names the VMs it creates (GCE makes Spot VMs, and validation holds the pricing
     to it), and None for backends no cloud revokes (local processes, an SSH inventory), whose
     runs lose only what the ``revocation`` model injects. Preemptible VMs end at 24 h; a Spot VM
     ends at the provider's max run duration when one is set."""
-    from provisioning.registry import backend
+    from provisioning.registry import provider_class
 
-    if cfg.provider.name == "sim":
-        market: Market | None = Market(cfg.pricing.transient_market)
-    else:
-        market = backend(cfg.provider.name).provider.transient_market
+    market = provider_class(cfg.provider.name).transient_market(cfg.pricing)
     if market is None:
         return None, None
     cap_s = cfg.provider.transient_lifetime_cap_s()
@@ -282,7 +279,7 @@ class Simulation:
 
     def startup(self) -> Any:
         rng = stream(self.seed, "startup")
-        self.record("provision", hosts=len(self.plan.hosts), provider="sim")
+        self.record("provision", hosts=len(self.plan.hosts), provider=self.plan.provider)
         ready = 0.0
         for h in self.plan.hosts:
             self.bill_start(h.name)
@@ -624,7 +621,7 @@ class Simulation:
             "run_id": f"{cfg.name}-sim-{self.seed}",
             "status": results.STATUS_COMPLETED if completed else results.STATUS_FAILED,
             "experiment": cfg.name,
-            "provider": "sim",
+            "provider": plan.provider,
             "protocol": ">".join(p.protocol for p in plan.phases),
             "workers": plan.workers,
             "parameter_servers": plan.parameter_servers,

@@ -11,8 +11,9 @@ from rich.console import Console
 
 from orchestrator.display import render_plan
 from orchestrator.plan import make_plan
+from orchestrator.record import prediction_error
 from orchestrator.simulate import calibrate
-from orchestrator.simulate.band import predict_band, prediction_error
+from orchestrator.simulate.band import predict_band
 from orchestrator.simulate.models import SimModels
 from orchestrator.simulate.validate import compose
 
