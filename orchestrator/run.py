@@ -18,11 +18,11 @@ from orchestrator import results
 from orchestrator.config.schema import ExperimentConfig
 from orchestrator.plan import RunPlan
 from orchestrator.preflight import run_preflight
-from orchestrator.record import make_run_id, prediction_error
+from orchestrator.record import RunState, make_run_id, summarize
 from orchestrator.runtime.control import ControlChannel
 from orchestrator.runtime.fleet import Fleet
 from orchestrator.runtime.progress import RunProgress
-from orchestrator.runtime.supervisor import RunState, Supervisor
+from orchestrator.runtime.supervisor import Supervisor
 from orchestrator.transient.revocation import RevocationSchedule
 from orchestrator.transient.stragglers import InjectionSchedule
 from provisioning.base import Cluster, ClusterRequest
@@ -152,7 +152,7 @@ def execute_run(cfg: ExperimentConfig, plan: RunPlan, run_dir: Path,
             if not (run_dir / results.ERROR_FILE).exists():
                 rec.write_error(error + "\n")
         _release(fleet, rec)
-        summary = make_summary(cfg, plan, run_id, status, started, supervisor, error)
+        summary = make_summary(plan, run_id, status, started, supervisor, error)
         rec.write_summary(summary)
         rec.close()
         if fleet is not None:
@@ -180,34 +180,15 @@ def _release(fleet: Fleet | None, rec: results.RunRecorder) -> None:
                 raise
 
 
-def make_summary(cfg: ExperimentConfig, plan: RunPlan, run_id: str, status: str,
+def make_summary(plan: RunPlan, run_id: str, status: str,
                  started: float, supervisor: Supervisor | None,
                  error: str | None) -> dict[str, Any]:
-    """The summary fields (results.SUMMARY_FIELDS) plus the transient-run extras."""
-    wall = time.time() - started
-    state = supervisor.state if supervisor is not None else RunState()
-    train_time = state.train_time_s
-    if train_time is None and state.train_start is not None:
-        train_time = time.time() - state.train_start
-    extras = supervisor.summary_extras() if supervisor is not None else {}
-    summary = {
-        "schema_version": results.SCHEMA_VERSION,
-        "run_id": run_id,
-        "status": status,
-        "experiment": cfg.name,
-        "provider": cfg.provider.name,
-        "protocol": ">".join(p.protocol for p in plan.phases),
-        "workers": plan.workers,
-        "parameter_servers": plan.parameter_servers,
-        "global_steps": state.global_step,
-        "wall_time_s": round(wall, 3),
-        "train_time_s": None if train_time is None else round(train_time, 3),
-        "final_accuracy": state.final_accuracy,
-        "steps_per_sec": (round(state.global_step / train_time, 4) if train_time else None),
-        "cost_usd": round(plan.hourly_usd * wall / 3600.0, 6),
-        "error": error,
-        **extras,
-        "predicted": plan.prediction,  # the plan's simulated band, beside the measurement
-    }
-    summary["prediction_error"] = prediction_error(plan.prediction, summary)
-    return summary
+    """The real run's summary: the fold of the events the supervisor recorded (none when it
+    never started), with the plan priced for the wall time (the cluster's price from the
+    command's start to the teardown's end)."""
+    ended = time.time()
+    wall = ended - started
+    state = supervisor.run_state if supervisor is not None else RunState()
+    return summarize(state, plan.to_dict(), run_id=run_id, status=status, wall_s=wall,
+                     cost_usd=plan.hourly_usd * wall / 3600.0, error=error,
+                     ended_at=ended).to_dict()

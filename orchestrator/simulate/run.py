@@ -16,7 +16,7 @@ from typing import Any
 from orchestrator import results
 from orchestrator.config.schema import ExperimentConfig
 from orchestrator.plan import RunPlan
-from orchestrator.record import make_run_id
+from orchestrator.record import RunState, make_run_id, summarize
 from orchestrator.simulate.engine import SimResult, simulate
 from orchestrator.simulate.models import NoModelError
 
@@ -56,12 +56,9 @@ def execute_sim(cfg: ExperimentConfig, plan: RunPlan, run_dir: Path,
         result = simulate(cfg, plan)
         result.summary["run_id"] = make_run_id(cfg.name)
     except NoModelError as ex:
-        summary = {k: None for k in (*results.SUMMARY_FIELDS, *results.TRANSIENT_SUMMARY_FIELDS)}
-        summary.update(schema_version=results.SCHEMA_VERSION, run_id=make_run_id(cfg.name),
-                       status=results.STATUS_FAILED, experiment=cfg.name, provider=plan.provider,
-                       protocol=">".join(p.protocol for p in plan.phases), workers=plan.workers,
-                       parameter_servers=plan.parameter_servers, global_steps=0,
-                       wall_time_s=0.0, cost_usd=0.0, error=f"cannot simulate: {ex}")
-        result = SimResult(summary)
+        summary = summarize(RunState(), plan.to_dict(), run_id=make_run_id(cfg.name),
+                            status=results.STATUS_FAILED, wall_s=0.0, cost_usd=0.0,
+                            error=f"cannot simulate: {ex}")
+        result = SimResult(summary.to_dict())
     write_run(result, run_dir, resolved_config, plan)
     return result.summary

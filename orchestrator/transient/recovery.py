@@ -33,12 +33,12 @@ from __future__ import annotations
 
 import abc
 import enum
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from orchestrator.config.transient import RecoveryConfig
-from provisioning.base import Host, HostId, Role
+from provisioning.base import Cluster, Host, HostId, HostState, Role
 from trainer.registry import Registry
 
 EVENT_REVOCATION_NOTICE = "revocation_notice"  # host, host_id, role, notice_s (loop records it)
@@ -279,6 +279,23 @@ class RestartFromCheckpoint(RecoveryPolicy):
                                 now_s + delay + self.cfg.restart_delay_s, replace_host_ids=ids,
                                 lost_steps=lost_steps, resume_step=resume,
                                 attempt=self.restarts, events=tuple(events))
+
+
+def hosts_to_replace(cluster: Cluster, states: Mapping[HostId, HostState],
+                     replace_ids: Sequence[HostId], restart: bool) -> tuple[list[HostId], bool]:
+    """Which hosts a recovery swaps for fresh ones, and whether they keep their endpoints.
+
+    The one rule of both players (the real run's :class:`orchestrator.runtime.fleet.Fleet` and
+    the simulation): the hosts the decision names that are still in ``cluster``; a restart also
+    every host that is not RUNNING by ``states`` (the provider's last answer), at any endpoint
+    (the new spec names the new ones); a replacement keeps the lost host's endpoint (a worker
+    joins the live job at the address the others know)."""
+    known = {host.id for host in cluster.hosts}
+    named = [host_id for host_id in replace_ids if host_id in known]
+    if not restart:
+        return named, True
+    return [host.id for host in cluster.hosts
+            if host.id in named or states.get(host.id) != HostState.RUNNING], False
 
 
 # --- routing and bookkeeping ---------------------------------------------------------------

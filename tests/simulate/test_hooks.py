@@ -94,5 +94,5 @@ def test_summary_of_a_real_run_carries_the_prediction() -> None:
     cfg = compose(["+experiment=cifar10_res32", "sim.repeats=3"])
     plan = make_plan(cfg)
     plan.prediction = predict_band(cfg, plan)
-    summary = make_summary(cfg, plan, "run-1", "failed", time.time(), None, "stopped")
+    summary = make_summary(plan, "run-1", "failed", time.time(), None, "stopped")
     assert summary["predicted"] == plan.prediction and summary["predicted"]["runs"] == 3
