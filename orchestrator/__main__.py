@@ -157,9 +157,10 @@ def main() -> None:
     )
 
     register_configs()
+    from hydra_plugins.transient_launcher import register_plugins
     from orchestrator import user_repo
 
-    user_repo.register_plugins()  # the user's repository before the packaged config
+    register_plugins()  # the user's repository before the packaged config
     user_full_error = os.environ.get("HYDRA_FULL_ERROR") == "1"
     os.environ["HYDRA_FULL_ERROR"] = "1"  # let exceptions reach us so we can format them
     signal.signal(signal.SIGTERM, _on_sigterm)

@@ -73,7 +73,7 @@ class SweepValidator(Callback):
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         from hydra import compose
 
-        from orchestrator.config.schema import to_experiment
+        from orchestrator.config.load import to_experiment
         from orchestrator.config.validation import validate
 
         global sweep_size

@@ -237,8 +237,7 @@ def load_and_plan(cfg: Any) -> tuple[ExperimentConfig, RunPlan]:
     and its plan; ConfigError for anything wrong with it."""
     from omegaconf.errors import OmegaConfBaseException
 
-    from orchestrator.config.errors import from_omegaconf
-    from orchestrator.config.schema import to_experiment
+    from orchestrator.config.load import from_omegaconf, to_experiment
     from orchestrator.config.validation import validate
 
     try:
