@@ -305,36 +305,9 @@ def hosts_to_replace(cluster: Cluster, states: Mapping[HostId, HostState],
 RESTART_ROLES = (Role.PS, Role.CHIEF)
 
 
-@dataclass
-class RecoveryTally:
-    """Counts for ``summary.json``, taken from the very events recorded, so the two agree."""
-
-    revocations: int = 0
-    replacements: int = 0
-    recoveries: int = 0
-    restarts: int = 0
-    lost_steps: int = 0
-
-    def count(self, events: Sequence[RecordedEvent]) -> None:
-        for event in events:
-            if event.kind == EVENT_REVOCATION:
-                self.revocations += 1
-            elif event.kind == EVENT_REPLACEMENT_READY:
-                self.replacements += 1
-            elif event.kind == EVENT_RECOVERY_START:
-                self.lost_steps += int(event.fields.get("lost_steps", 0))
-                self.restarts += event.fields.get("action") == Action.restart.value
-            elif event.kind == EVENT_RECOVERY_END:
-                self.recoveries += 1
-
-    def to_summary(self) -> dict[str, int]:
-        return {"revocations": self.revocations, "replacements": self.replacements,
-                "recoveries": self.recoveries, "restarts": self.restarts,
-                "lost_steps": self.lost_steps}
-
-
 class RecoveryPlanner:
-    """Routes losses to policies and keeps the tally of every event it hands out.
+    """Routes losses to policies; the events it hands out are the run's record of recovery
+    (:class:`orchestrator.record.RunState` counts them for the summary).
 
     Routing: any PS or chief among the losses → one ``restart_from_checkpoint`` decision for
     all of them (a restart re-deploys every role, and replaces every gone host, workers too);
@@ -347,7 +320,6 @@ class RecoveryPlanner:
         self.policies = {name: get_recovery_policy(name, cfg)
                          for name in (str(cfg.on_revocation), ReplacePolicy.name,
                                       RestartFromCheckpoint.name)}
-        self.tally = RecoveryTally()
 
     def decide(self, losses: Sequence[HostLoss], progress: TrainingProgress,
                now_s: float) -> list[RecoveryDecision]:
@@ -363,8 +335,6 @@ class RecoveryPlanner:
                 groups.setdefault(name, []).append(loss)
         decisions = [self.policies[name].recover(group, progress, now_s)
                      for name, group in groups.items()]
-        for decision in decisions:
-            self.tally.count(decision.events)
         return decisions
 
     def retry_restart(self, losses: Sequence[HostLoss], progress: TrainingProgress,
@@ -373,7 +343,6 @@ class RecoveryPlanner:
         roles: the cluster is not training, so only a restart brings it back), or the failure
         once ``max_restarts`` attempts were made."""
         decision = self.policies[RestartFromCheckpoint.name].recover(losses, progress, now_s)
-        self.tally.count(decision.events)
         return decision
 
     def replaced(self, decision: RecoveryDecision, new_hosts: Sequence[Host],
@@ -385,7 +354,6 @@ class RecoveryPlanner:
                                 {"host": h.spec.name, "host_id": h.id, "role": str(h.role),
                                  "endpoint": h.endpoint, "wait_s": round(now_s - lost_at, 3)})
                   for h in new_hosts]
-        self.tally.count(events)
         return events
 
     def replacement_failed(self, decision: RecoveryDecision, error: str) -> list[RecordedEvent]:
@@ -393,7 +361,6 @@ class RecoveryPlanner:
         events = [RecordedEvent(EVENT_REPLACEMENT_FAILED,
                                 {"hosts": [loss.host_name for loss in decision.losses],
                                  "error": error})]
-        self.tally.count(events)
         return events
 
     def attempt_failed(self, decision: RecoveryDecision, reason: str,
@@ -403,7 +370,6 @@ class RecoveryPlanner:
         event = RecordedEvent(EVENT_RECOVERY_ATTEMPT_FAILED, {
             "policy": decision.policy, "attempt": decision.attempt, "reason": reason,
             "duration_s": round(now_s - min(loss.at_s for loss in decision.losses), 3)})
-        self.tally.count([event])
         return event
 
     def end(self, decision: RecoveryDecision, now_s: float, ok: bool = True) -> RecordedEvent:
@@ -413,5 +379,4 @@ class RecoveryPlanner:
         event = RecordedEvent(EVENT_RECOVERY_END, {
             "policy": decision.policy, "action": action, "lost_steps": decision.lost_steps,
             "duration_s": round(now_s - min(loss.at_s for loss in decision.losses), 3)})
-        self.tally.count([event])
         return event
