@@ -1,7 +1,9 @@
 """Entry point: ``python -m orchestrator [+experiment=NAME] [overrides] [-m sweeps]``, or the
 console script ``transient-orchestrator``.
 
-Thin on purpose: compose (Hydra) → validate → plan → dry run or run. A config error prints one
+Thin on purpose: compose (Hydra) → validate → plan → predict → dry run, or play the plan: for
+real (:func:`orchestrator.run.execute_run`) or in the model
+(:func:`orchestrator.simulate.run.execute_sim`), as the backend's class declares (``simulated``). A config error prints one
 line, ``config error: <field>: <problem> (<allowed>)``, and exits 2 with no traceback. A failed
 run exits 1; Ctrl-C / SIGTERM clean up and exit 130. Experiments and config groups come from
 the user's repository first (:mod:`orchestrator.user_repo`), then from the packaged config
@@ -13,6 +15,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +47,8 @@ def _run_one(cfg: DictConfig) -> dict[str, Any] | None:
 
     from orchestrator import data, killpoints, results, resume, sweep
     from orchestrator.display import cost_text, make_console, render_plan, say_provider_note
-    from orchestrator.run import before_provisioning, execute_run, planned_experiment
+    from orchestrator.plan import load_and_plan
+    from orchestrator.run import before_provisioning, execute_run
     from orchestrator.simulate.band import predict_band
 
     killpoints.hit("point_start")
@@ -62,7 +66,7 @@ def _run_one(cfg: DictConfig) -> dict[str, Any] | None:
         resumption = resume.prepare_point(run_dir)
         if resumption is not None:  # it goes on with the config it started with
             cfg = OmegaConf.create(resume.recorded_config(run_dir))
-    exp, plan = planned_experiment(cfg)
+    exp, plan = load_and_plan(cfg)
     plan.prediction = predict_band(exp, plan)  # None when no fitted model covers this setup
     overrides = list(hc.overrides.task)
     multirun = hc.mode is not None and hc.mode.name == "MULTIRUN"
@@ -82,9 +86,10 @@ def _run_one(cfg: DictConfig) -> dict[str, Any] | None:
     assert isinstance(resolved, dict)
     csv_dir = Path(hc.sweep.dir) if multirun else run_dir
     try:
-        summary = execute_run(exp, plan, run_dir, resolved, title,
-                              sweep_id=sweep.sweep_id(hc.sweep.dir) if multirun else None,
-                              resumption=resumption)
+        play = player(exp)  # a simulated run is played again, not resumed
+        resumed = {"resumption": resumption} if resumption and play is execute_run else {}
+        summary = play(exp, plan, run_dir, resolved, title,
+                       sweep_id=sweep.sweep_id(hc.sweep.dir) if multirun else None, **resumed)
     except KeyboardInterrupt:  # released and recorded: its row says so too
         summary = results.read_summary(run_dir)
         if summary is not None:
@@ -92,9 +97,24 @@ def _run_one(cfg: DictConfig) -> dict[str, Any] | None:
         raise
     sweep.append_run_row(csv_dir / sweep.RUNS_CSV, overrides, run_dir, summary)
     _report(summary, run_dir, cost_text(summary["cost_usd"], plan))
-    if summary["status"] != "completed":
+    if summary["status"] != results.STATUS_COMPLETED:
         sweep.failed_runs.append(str(run_dir))
     return summary
+
+
+def player(exp: Any) -> Callable[..., dict[str, Any]]:
+    """Who plays the plan: the simulation for a backend that declares itself ``simulated``
+    (``provider=sim``), the real run for every other. Both take ``(cfg, plan, run_dir,
+    resolved_config, title, sweep_id=)``, write the same run directory and return its summary."""
+    from provisioning.registry import provider_class
+
+    if provider_class(exp.provider.name).simulated:
+        from orchestrator.simulate.run import execute_sim
+
+        return execute_sim
+    from orchestrator.run import execute_run
+
+    return execute_run
 
 
 def _report(summary: dict[str, Any], run_dir: Path, cost: str) -> None:
@@ -153,9 +173,10 @@ def main() -> None:
     )
 
     register_configs()
+    from hydra_plugins.transient_launcher import register_plugins
     from orchestrator import user_repo
 
-    user_repo.register_plugins()  # the user's repository before the packaged config
+    register_plugins()  # the user's repository before the packaged config
     user_full_error = os.environ.get("HYDRA_FULL_ERROR") == "1"
     os.environ["HYDRA_FULL_ERROR"] = "1"  # let exceptions reach us so we can format them
     signal.signal(signal.SIGTERM, _on_sigterm)

@@ -186,12 +186,12 @@ def _plan_unstarted(point: PointPlan) -> dict[str, Any]:
     from orchestrator.config.errors import ConfigError
     from orchestrator.config.hydra_errors import config_error_from_hydra, explain
     from orchestrator.paths import CONF_PACKAGE
-    from orchestrator.run import planned_experiment
+    from orchestrator.plan import load_and_plan
 
     try:
         with initialize_config_module(CONF_PACKAGE, version_base="1.3"):
             cfg = compose("config", overrides=list(point.overrides))
-        return planned_experiment(cfg)[1].to_dict()
+        return load_and_plan(cfg)[1].to_dict()
     except Exception as ex:
         err = ex if isinstance(ex, ConfigError) else config_error_from_hydra(ex)
         if err is None:
@@ -201,11 +201,12 @@ def _plan_unstarted(point: PointPlan) -> dict[str, Any]:
 
 
 def last_recorded_step(run_dir: Path) -> int:
-    step = 0
-    for row in csv.DictReader(_lines(run_dir / results.METRICS_FILE)):
-        if (row.get("global_step") or "").isdigit():
-            step = max(step, int(row["global_step"]))
-    return step
+    """The furthest the chief is known to have got: the fold of the run's events
+    (orchestrator/record.py), its steps and checkpoints."""
+    from orchestrator.record import fold_events_file
+
+    state = fold_events_file(run_dir / results.EVENTS_FILE)
+    return max(state.global_step, state.last_checkpoint_step or 0)
 
 
 def attempts_s(run_dir: Path) -> tuple[float, int]:
@@ -281,7 +282,7 @@ def inspect(target: Target, retry: bool) -> None:
     """Fill in each point's status and action; refuse when a live orchestrator owns DIR, a
     recorded config no longer composes, or a checkpoint store cannot be read."""
     from orchestrator.config.errors import ConfigError
-    from orchestrator.config.schema import to_experiment
+    from orchestrator.config.load import to_experiment
     from orchestrator.config.validation import validate
 
     for lock_dir in [target.path, *(p.run_dir for p in target.points)]:
@@ -305,7 +306,7 @@ def inspect(target: Target, retry: bool) -> None:
             except ConfigError as err:
                 raise ResumeRefused(f"resume: the config recorded in {point.run_dir} no "
                                     f"longer composes with this code: {err.line()}") from None
-            plan = results._read_json(point.run_dir / results.PLAN_FILE)
+            plan = results.read_json_object(point.run_dir / results.PLAN_FILE)
         point.hourly_usd = float(plan.get("hourly_usd") or 0.0)
         point.est_train_time_s = plan.get("est_train_time_s")
         phases = plan.get("phases") or [{}]
@@ -322,7 +323,7 @@ def inspect(target: Target, retry: bool) -> None:
                 raise ResumeRefused(f"resume: the checkpoint store {store} of {point.run_dir} "
                                     f"cannot be read: {ex.strerror or ex}") from None
             storage = (config.get("provider") or {}).get("storage")
-            run_id = results._read_json(point.run_dir / results.SPEC_FILE).get("run_id")
+            run_id = results.read_json_object(point.run_dir / results.SPEC_FILE).get("run_id")
             if storage and run_id:
                 point.from_step = max(point.from_step, bucket_checkpoint_step(
                     str(storage), str(run_id), point.run_dir))
@@ -444,11 +445,11 @@ def prepare_point(run_dir: Path) -> Resumption | None:
     if status == results.STATUS_FAILED:
         _move_aside(run_dir)
         return None
-    from orchestrator.run import make_run_id
+    from orchestrator.record import make_run_id
 
     # the run id names the checkpoint store (a bucket's folder): the one the roles were given;
     # killed before any role started, nothing was stored and a new id will do
-    spec = results._read_json(run_dir / results.SPEC_FILE)
+    spec = results.read_json_object(run_dir / results.SPEC_FILE)
     run_id = str(spec.get("run_id") or make_run_id(str(recorded_config(run_dir)["name"])))
     earlier_s, resumes = attempts_s(run_dir)
     from_step = newest_checkpoint_step(run_dir / results.CHECKPOINT_DIR)

@@ -164,7 +164,7 @@ def validate_market(cfg: ExperimentConfig) -> None:
     cluster's checks: a GPU the cloud no longer offers is the more useful line)."""
     from provisioning.registry import backend
 
-    market = backend(cfg.provider.name).provider.transient_market
+    market = backend(cfg.provider.name).provider.transient_market(cfg.pricing)
     if market is not None and market != cfg.pricing.transient_market:
         raise ConfigError("pricing.transient_market",
                           f"provider={cfg.provider.name} creates {market} VMs, but pricing "

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import killpoints, results, resume, sweep
+from orchestrator import killpoints, record, results, resume, sweep
 from tests.orchestrator.proc_utils import live_processes_mentioning
 from tests.testbed import SshTestBed
 from tests.testbed.fixtures import ssh_testbed  # noqa: F401
@@ -203,9 +203,10 @@ def _fake_run(run_dir: Path, status: str | None, config: dict, step: int = 80) -
                                        "phases": [{"protocol": "asp", "end_step": 100}]})
     rec.write_json(results.SPEC_FILE, {"run_id": f"run-{run_dir.name}"})
     rec.event("train_start", role="chief")
+    rec.event("step", role="chief", step=step, loss=0.5, steps_per_sec=40.0)
     rec.metric(1.0, step, 40.0, 0.5)
     if status is not None:
-        summary = {**results.killed_summary(run_dir), "status": status, "error": None}
+        summary = {**record.killed_summary(run_dir).to_dict(), "status": status, "error": None}
         rec.write_summary(summary)
     rec.close()
     (run_dir / ".hydra").mkdir(exist_ok=True)

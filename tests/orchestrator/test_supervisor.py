@@ -175,8 +175,9 @@ def ps_revoked_at_step(step: int, *more: str) -> list[str]:
 def test_a_run_completes_with_receipt_times_and_the_role_clock(fake_run):
     run = fake_run()
     events = run.follow()
-    state = run.supervisor.state
-    assert state.error is None and state.global_step == 40 and state.final_accuracy == 0.9
+    state = run.supervisor.run_state
+    assert run.supervisor.state.error is None
+    assert state.global_step == 40 and state.final_accuracy == 0.9
     steps = [e for e in events if e["kind"] == "step"]
     assert len(steps) == 40 and all("role_time" in e for e in steps)
     assert all(e["time"] >= e["role_time"] - 1.0 for e in steps)  # receipt, not before sending
