@@ -391,3 +391,35 @@ def test_fake_cloud_run_killed_while_training_is_resumed_on_fresh_vms(
         assert [e for e in list_unreleased(run_dir / "journal.jsonl")
                 if e.kind is ResourceKind.VM] == []
     assert bed.processes_left(bed.hosts[:3], within_s=10) == {h.name: [] for h in bed.hosts[:3]}
+
+
+@pytest.mark.slow
+def test_simulated_sweep_resumed_keeps_completed_points_and_retries_failed_on_request(
+        tmp_path: Path) -> None:
+    """The real CLI on provider=sim (no cluster, seconds): a sweep killed before its last point
+    is finished by the resume without running the first ones again; a failed point is kept
+    until --retry-failed, which runs it again with the failed attempt moved aside."""
+    sweep_dir = (tmp_path / "sim").resolve()
+    base = ["+experiment=icac19_k80", "provider=sim", "progress=false"]
+    killed = orchestrate([*base, "-m", "job.seed=1,2", f"hydra.sweep.dir={sweep_dir}"],
+                         kill_at="point_start:2")
+    assert killed.returncode == SIGKILLED, killed.stderr[-3000:]
+    first = (sweep_dir / "0" / results.SUMMARY_FILE).read_text()
+    done = orchestrate(["--resume", str(sweep_dir)])
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "kept: completed" in done.stdout
+    assert (sweep_dir / "0" / results.SUMMARY_FILE).read_text() == first
+    assert [r["status"] for r in rows(sweep_dir)] == ["completed", "completed"]
+    # a failed point: kept as it is, unless asked
+    summary = json.loads(first)
+    failed = {**summary, "status": results.STATUS_FAILED, "error": "boom"}
+    (sweep_dir / "0" / results.SUMMARY_FILE).write_text(json.dumps(failed))
+    again = orchestrate(["--resume", str(sweep_dir)])
+    assert again.returncode == 1 and "kept: failed" in again.stdout, again.stderr[-3000:]
+    retried = orchestrate(["--resume", str(sweep_dir), "--retry-failed"])
+    assert retried.returncode == 0, retried.stderr[-3000:]
+    assert json.loads((sweep_dir / "0" / "previous" / "failed-1" / results.SUMMARY_FILE)
+                      .read_text())["error"] == "boom"
+    assert results.run_status(sweep_dir / "0") == "completed"
+    table = rows(sweep_dir)
+    assert len(table) == 2 and [r["status"] for r in table] == ["completed", "completed"]
