@@ -8,6 +8,11 @@ line, ``config error: <field>: <problem> (<allowed>)``, and exits 2 with no trac
 run exits 1; Ctrl-C / SIGTERM clean up and exit 130. Experiments and config groups come from
 the user's repository first (:mod:`orchestrator.user_repo`), then from the packaged config
 (``pkg://orchestrator.conf``); results go under the folder the command runs from.
+
+``python -m orchestrator --resume DIR [--retry-failed] [dry_run=true]`` finishes a run or sweep
+whose orchestrator died (:mod:`orchestrator.resume`). ``--resume`` is our flag, spelled as one
+because it is not a config value: it is taken off the command line before Hydra parses it, and
+the recorded overrides are replayed instead.
 """
 
 from __future__ import annotations
