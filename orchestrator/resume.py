@@ -214,18 +214,30 @@ def attempts_s(run_dir: Path) -> tuple[float, int]:
     ``resumed`` event starts a new attempt) and how many times it was resumed already."""
     spans: list[list[float]] = []
     resumes = 0
-    for line in _lines(run_dir / results.EVENTS_FILE):
+    for event in _events(run_dir):
         try:
-            event = json.loads(line)
             at = float(event[results.EVENT_TIME])
         except (ValueError, KeyError, TypeError):
-            continue  # a torn line
+            continue
         if event.get(results.EVENT_KIND) == RESUMED_EVENT:
             resumes += 1
         if not spans or event.get(results.EVENT_KIND) == RESUMED_EVENT:
             spans.append([at, at])
         spans[-1][1] = at
     return sum(b - a for a, b in spans), resumes
+
+
+def _events(run_dir: Path) -> list[dict[str, Any]]:
+    """The run's events (a torn line skipped)."""
+    out = []
+    for line in _lines(run_dir / results.EVENTS_FILE):
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(event, dict):
+            out.append(event)
+    return out
 
 
 def _lines(path: Path) -> list[str]:
@@ -408,6 +420,9 @@ class Resumption:
     from_step: int
     last_step: int
     earlier_s: float  # seconds the earlier attempts held hosts
+    # the earlier attempts' counts (the fold of their events; lost steps include the steps
+    # each earlier resume lost): the summary is the run's, not only this attempt's
+    earlier: dict[str, int] = field(default_factory=dict)
 
     @property
     def cluster_id(self) -> str:
@@ -428,6 +443,8 @@ class Resumption:
         summary["run_id"] = self.run_id
         summary["wall_time_s"] = round(summary["wall_time_s"] + self.earlier_s, 3)
         summary["cost_usd"] = round(hourly_usd * summary["wall_time_s"] / 3600.0, 6)
+        for key, value in self.earlier.items():
+            summary[key] = int(summary.get(key) or 0) + value
         summary["lost_steps"] = int(summary.get("lost_steps") or 0) + self.lost_steps
         train = summary.get("train_time_s")  # this attempt's: its rate, not the run's steps
         summary["steps_per_sec"] = (round((summary["global_steps"] - self.from_step) / train, 4)
@@ -451,11 +468,18 @@ def prepare_point(run_dir: Path) -> Resumption | None:
     # killed before any role started, nothing was stored and a new id will do
     spec = results.read_json_object(run_dir / results.SPEC_FILE)
     run_id = str(spec.get("run_id") or make_run_id(str(recorded_config(run_dir)["name"])))
+    from orchestrator.record import fold_events_file
+
     earlier_s, resumes = attempts_s(run_dir)
+    state = fold_events_file(run_dir / results.EVENTS_FILE)
+    earlier = {key: int(getattr(state, key)) for key in
+               ("revocations", "replacements", "recoveries", "restarts", "lost_steps")}
+    earlier["lost_steps"] += sum(int(e.get("lost_steps") or 0) for e in _events(run_dir)
+                                 if e.get(results.EVENT_KIND) == RESUMED_EVENT)
     from_step = newest_checkpoint_step(run_dir / results.CHECKPOINT_DIR)
     # step events come every report_every_s: a checkpoint may be newer than the last of them
     resumption = Resumption(run_id, resumes + 2, status, from_step,
-                            max(from_step, last_recorded_step(run_dir)), earlier_s)
+                            max(from_step, last_recorded_step(run_dir)), earlier_s, earlier)
     for stale in (results.SUMMARY_FILE, results.SUMMARY_FILE + ".tmp", results.ERROR_FILE):
         (run_dir / stale).unlink(missing_ok=True)
     killpoints.hit("resume")

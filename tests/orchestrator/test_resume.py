@@ -423,3 +423,23 @@ def test_simulated_sweep_resumed_keeps_completed_points_and_retries_failed_on_re
     assert results.run_status(sweep_dir / "0") == "completed"
     table = rows(sweep_dir)
     assert len(table) == 2 and [r["status"] for r in table] == ["completed", "completed"]
+
+
+def test_a_resumed_summary_counts_every_attempt(tmp_path: Path, fake_run) -> None:
+    """The earlier attempts' recoveries, lost steps and host time are the run's too."""
+    run_dir = tmp_path / "run"
+    fake_run(run_dir, None, step=80)
+    rec = results.RunRecorder(run_dir)
+    rec.event("recovery_start", lost_steps=7, action="restart")
+    rec.event(resume.RESUMED_EVENT, lost_steps=5, from_step=0, last_step=5)
+    rec.close()
+    resumption = resume.prepare_point(run_dir)
+    assert resumption is not None and resumption.attempt == 3  # resumed once before
+    assert resumption.earlier["lost_steps"] == 12 and resumption.earlier["restarts"] == 1
+    summary = {"run_id": "new", "wall_time_s": 10.0, "cost_usd": 0.0, "lost_steps": 2,
+               "restarts": 0, "global_steps": 100, "train_time_s": 5.0}
+    resumption.fold_into(summary, hourly_usd=3.6)
+    assert summary["run_id"] == "run-run" and summary["restarts"] == 1
+    assert summary["lost_steps"] == 2 + 12 + resumption.lost_steps == 2 + 12 + 80
+    assert summary["wall_time_s"] == round(10.0 + resumption.earlier_s, 3)
+    assert summary["cost_usd"] == round(3.6 * summary["wall_time_s"] / 3600, 6)
