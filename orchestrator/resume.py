@@ -31,9 +31,10 @@ What happens, in order, with nothing created before the checks pass:
    module what to do with each point (:func:`kept_summary`, :func:`prepare_point`).
 
 A resumed run's summary keeps its ``run_id``; ``wall_time_s`` and ``cost_usd`` add up every
-attempt's time (from its events; the time the orchestrator was dead costs nothing: it held no
-host, and its hosts died with it or were released at step 2); ``lost_steps`` adds the steps
-past the checkpoint it resumed from. Crash points for testing: orchestrator/killpoints.py.
+attempt's time (from its events; the time the orchestrator was dead is not counted: its local
+hosts died with it, remote ones were released at step 2, and a lease ends the rest); the
+recovery counts are every attempt's (the fold of the earlier events, orchestrator/record.py);
+``lost_steps`` also adds the steps past each checkpoint a resume went on from. Crash points for testing: orchestrator/killpoints.py.
 """
 
 from __future__ import annotations
