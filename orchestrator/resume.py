@@ -31,8 +31,8 @@ What happens, in order, with nothing created before the checks pass:
    module what to do with each point (:func:`kept_summary`, :func:`prepare_point`).
 
 A resumed run's summary keeps its ``run_id``; ``wall_time_s`` and ``cost_usd`` add up every
-attempt's time (from its events; the time the orchestrator was dead is not counted: its local
-hosts died with it, remote ones were released at step 2, and a lease ends the rest); the
+attempt's time (from its events; the time the orchestrator was dead is not counted, though a
+cloud VM it left bills until step 2 or ``orchestrator.gc`` deletes it); the
 recovery counts are every attempt's (the fold of the earlier events, orchestrator/record.py);
 ``lost_steps`` also adds the steps past each checkpoint a resume went on from. Crash points for testing: orchestrator/killpoints.py.
 """
