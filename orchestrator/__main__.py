@@ -2,7 +2,7 @@
 console script ``transient-orchestrator``.
 
 Thin on purpose: compose (Hydra) → validate → plan → predict → dry run, or play the plan: for
-real (:func:`orchestrator.run.execute_run`) or in the model
+real (:func:`orchestrator.runtime.run.execute_run`) or in the model
 (:func:`orchestrator.simulate.run.execute_sim`), as the backend's class declares (``simulated``). A config error prints one
 line, ``config error: <field>: <problem> (<allowed>)``, and exits 2 with no traceback. A failed
 run exits 1; Ctrl-C / SIGTERM clean up and exit 130. Experiments and config groups come from
@@ -50,10 +50,11 @@ def run_one(cfg: DictConfig) -> dict[str, Any] | None:
 def _run_one(cfg: DictConfig) -> dict[str, Any] | None:
     from hydra.core.hydra_config import HydraConfig
 
-    from orchestrator import data, killpoints, results, resume, sweep
+    from orchestrator import killpoints, results, resume, sweep
     from orchestrator.display import cost_text, make_console, render_plan, say_provider_note
     from orchestrator.plan import load_and_plan
-    from orchestrator.run import before_provisioning, execute_run
+    from orchestrator.runtime import data
+    from orchestrator.runtime.run import before_provisioning, execute_run
     from orchestrator.simulate.band import predict_band
 
     killpoints.hit("point_start")
@@ -117,7 +118,7 @@ def player(exp: Any) -> Callable[..., dict[str, Any]]:
         from orchestrator.simulate.run import execute_sim
 
         return execute_sim
-    from orchestrator.run import execute_run
+    from orchestrator.runtime.run import execute_run
 
     return execute_run
 

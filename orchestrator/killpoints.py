@@ -27,16 +27,16 @@ ENV = "TRANSIENT_KILL_AT"
 
 #: Every instrumented point, with where it is (the tests kill at each; docs list them).
 POINTS = {
-    "run_dir": "config and plan recorded, nothing provisioned (orchestrator/run.py)",
-    "provisioning": "hosts acquired and journaled, no role started (orchestrator/run.py)",
+    "run_dir": "config and plan recorded, nothing provisioned (runtime/run.py)",
+    "provisioning": "hosts acquired and journaled, no role started (runtime/run.py)",
     "deploy": "roles started and ready, before the ready event (runtime/fleet.py)",
     "train_step": "a chief step event received (runtime/supervisor.py)",
     "checkpoint_sync": "a checkpoint reported, before the store sync (runtime/fleet.py)",
     "recovery": "a recovery (replace or restart) about to act (runtime/supervisor.py)",
     "final_eval": "training ended (DONE), the final evaluation running (runtime/supervisor.py)",
-    "teardown": "the run ended, hosts not yet released (orchestrator/run.py)",
+    "teardown": "the run ended, hosts not yet released (runtime/run.py)",
     "summary": "half of summary.json's temporary file written (orchestrator/results.py)",
-    "archive": "summary written, results not yet archived by the store (orchestrator/run.py)",
+    "archive": "summary written, results not yet archived by the store (runtime/run.py)",
     "runs_csv_row": "half of the runs.csv row written (orchestrator/sweep.py)",
     "point_start": "a sweep point about to start (orchestrator/__main__.py)",
     "launches": "half of a launches.jsonl line written (orchestrator/parallel.py)",

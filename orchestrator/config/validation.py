@@ -215,7 +215,7 @@ def validate(cfg: ExperimentConfig) -> None:
 
 def validate_data_dir(cfg: ExperimentConfig) -> None:
     """At run start: a given job.data_dir must hold the problem's files; unset, the problem
-    needs a dataset the run can fetch into the cache (orchestrator/data.py)."""
+    needs a dataset the run can fetch into the cache (orchestrator/runtime/data.py)."""
     from provisioning.base import BadFieldError, url_scheme
     from provisioning.registry import dataset_reader
     from trainer import data

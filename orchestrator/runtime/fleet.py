@@ -14,8 +14,9 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from orchestrator import data, killpoints
+from orchestrator import killpoints
 from orchestrator.results import RunRecorder
+from orchestrator.runtime import data
 from orchestrator.runtime.control import ControlChannel
 from orchestrator.runtime.deploy import READY_TIMEOUT_S, Deployment
 from orchestrator.transient.recovery import hosts_to_replace

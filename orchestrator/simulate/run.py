@@ -50,7 +50,7 @@ def execute_sim(cfg: ExperimentConfig, plan: RunPlan, run_dir: Path,
                 sweep_id: str | None = None) -> dict[str, Any]:
     """Simulate and record one run; returns its summary (status failed with the reason when
     the fitted models cannot predict this setup). The signature of the real player
-    (:func:`orchestrator.run.execute_run`); ``title`` and ``sweep_id`` are unused: nothing is
+    (:func:`orchestrator.runtime.run.execute_run`); ``title`` and ``sweep_id`` are unused: nothing is
     shown while it runs, and nothing is provisioned that a sweep would label."""
     try:
         result = simulate(cfg, plan)

@@ -17,10 +17,10 @@ import pytest
 
 from orchestrator import results
 from orchestrator.plan import make_plan
-from orchestrator.run import build_trainer_spec, cluster_request
 from orchestrator.runtime.control import ControlChannel
 from orchestrator.runtime.fleet import Fleet
 from orchestrator.runtime.progress import RunProgress
+from orchestrator.runtime.run import build_trainer_spec, cluster_request
 from orchestrator.runtime.supervisor import Supervisor
 from orchestrator.transient.revocation import RevocationSchedule
 from orchestrator.validate import compose_experiment

@@ -89,7 +89,7 @@ def test_prediction_error_is_computed_from_the_band_and_the_measurement() -> Non
 
 
 def test_summary_of_a_real_run_carries_the_prediction() -> None:
-    from orchestrator.run import make_summary
+    from orchestrator.runtime.run import make_summary
 
     cfg = compose(["+experiment=cifar10_res32", "sim.repeats=3"])
     plan = make_plan(cfg)

@@ -36,8 +36,8 @@ def before_provisioning(cfg: ExperimentConfig) -> None:
     """What a real run checks and fetches before anything is provisioned: cloud credentials
     (before a download), then the dataset (a bad ``job.data_dir`` or a failed download stops
     here). A simulated run (its backend ``simulated``) provisions nothing and reads no data."""
-    from orchestrator import data
     from orchestrator.config.validation import validate_run_start
+    from orchestrator.runtime import data
 
     if not provider_class(cfg.provider.name).simulated:
         validate_run_start(cfg)
