@@ -124,6 +124,7 @@ def test_a_sweep_killed_at_every_point_is_resumed_to_completion(tmp_path: Path) 
 
 
 @pytest.mark.slow
+@pytest.mark.resume_matrix
 def test_parallel_sweep_killed_in_the_launcher_and_in_its_points(tmp_path: Path) -> None:
     """The parallel launcher killed while it writes launches.jsonl (its points get SIGTERM:
     interrupted), then every point's process killed while it trains; two resumes finish."""
@@ -149,6 +150,7 @@ def test_parallel_sweep_killed_in_the_launcher_and_in_its_points(tmp_path: Path)
 
 
 @pytest.mark.slow
+@pytest.mark.resume_matrix
 def test_a_run_killed_during_a_recovery_is_resumed(tmp_path: Path) -> None:
     """A single run (not a sweep) whose orchestrator dies while it recovers from a revoked
     worker: the resume finishes it in the same directory with one runs.csv row."""
@@ -302,6 +304,7 @@ def test_kill_point_names_are_checked() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.resume_matrix
 def test_ssh_run_killed_while_training_is_resumed_and_leaves_nothing(
         repo_root: Path, ssh_testbed: SshTestBed, tmp_path: Path) -> None:
     """The orchestrator dies while its roles train on the bed's machines (they keep running:
@@ -352,6 +355,7 @@ def test_a_bucket_store_is_read_and_an_unreadable_one_refused(tmp_path: Path) ->
 
 
 @pytest.mark.slow
+@pytest.mark.resume_matrix
 def test_fake_cloud_run_killed_while_training_is_resumed_on_fresh_vms(
         ssh_testbed: SshTestBed, tmp_path: Path) -> None:
     """provider=gce against the fake Compute API (every VM a namespace sshd host): the
