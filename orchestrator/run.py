@@ -48,7 +48,9 @@ def planned_experiment(cfg: Any) -> tuple[ExperimentConfig, RunPlan]:
     except OmegaConfBaseException as ex:
         raise from_omegaconf(ex) from ex
     validate(exp)
-    return exp, make_plan(exp)
+    plan = make_plan(exp)
+    exp.provider = exp.provider.for_plan(plan.est_train_time_s)  # e.g. gce: the VMs' life
+    return exp, plan
 
 
 def before_provisioning(cfg: ExperimentConfig) -> None:

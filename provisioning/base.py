@@ -13,7 +13,7 @@ Shape (after SkyPilot's provision API and submitit's executors):
     provider.revoke(host, notice_s)                    optional (`can_revoke`): local, ssh, sim
     provider.clean_up(entries) -> [str]                stop what a crashed run's journal lists
     provider.checkpoint_store(run_id, folder)          where checkpoints are kept durable
-    Provider.preview(hosts) -> PlanPreview | None      the dry run's table of what it creates
+    Provider.preview(hosts, config) -> PlanPreview | None   the dry run's table of what it creates
     Provider.check_credentials(config)                 at run start: (field, problem) | None
     Provider.fetch_dataset(url, cache_root) -> Path    a `job.data_dir` URL (`dataset_schemes`)
 
@@ -148,6 +148,12 @@ class ProviderConfig:
         """Seconds after which this backend's own transient VMs end whatever the market (GCE's
         max run duration); None: no such limit. The simulated band revokes them then."""
         return None
+
+    def for_plan(self, predicted_run_s: float | None) -> ProviderConfig:
+        """This config for a plan predicted to train in `predicted_run_s` seconds (None: no
+        prediction), made once per run before the dry run and the provider read it: a backend
+        may derive limits from the plan (gce: every VM's maxRunDuration). Default: self."""
+        return self
 
 
 # --- records ----------------------------------------------------------------------------------
@@ -466,9 +472,12 @@ class Provider(abc.ABC):
         return None
 
     @classmethod
-    def preview(cls, hosts: Sequence[HostSpec]) -> PlanPreview | None:
-        """What this backend would create for the planned `hosts` (gce: VMs per zone), a table
-        the dry run shows under the hosts. Reads the plan only: no cloud call, no credentials.
+    def preview(cls, hosts: Sequence[HostSpec], config: ProviderConfig) -> PlanPreview | None:
+        """What this backend would create for the planned `hosts` with `config` (the run's
+        provider section, `for_plan` applied), a table the dry run shows under the hosts, and
+        what the cloud says of it before anything is created (`PlanPreview.notes`; gce: quotas
+        against the plan, image, bucket, OS Login, read only where credentials are present).
+        Creates nothing and never fails the dry run: a check it cannot make is a note.
         Default: None (nothing to add to the host table)."""
         return None
 
@@ -582,11 +591,13 @@ def url_scheme(location: str) -> str | None:
 @dataclass(frozen=True)
 class PlanPreview:
     """A table `Provider.preview` adds to the dry run: a title, column names, one row per
-    resource (each as long as `columns`)."""
+    resource (each as long as `columns`), and `notes`, one line each, printed under it (gce:
+    the pre-create checks, each starting "ok:", "problem:" or "not checked:")."""
 
     title: str
     columns: tuple[str, ...]
     rows: list[tuple[str, ...]]
+    notes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

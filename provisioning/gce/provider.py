@@ -199,16 +199,57 @@ class GceProvider(Provider):
     dataset_schemes = ("gs",)  # job.data_dir=gs://BUCKET/PREFIX (storage.cached_copy)
 
     @classmethod
-    def preview(cls, hosts: Sequence[HostSpec]) -> PlanPreview:
-        """The VMs the plan creates, per zone (colocated roles share a VM; `preview.py`)."""
+    def preview(cls, hosts: Sequence[HostSpec], config: ProviderConfig) -> PlanPreview:
+        """The VMs the plan creates, per zone (colocated roles share a VM; `preview.py`), and
+        under them every VM's maxRunDuration and, where credentials are present, the
+        pre-create checks `acquire` makes (`preflight.py`), read and reported, nothing
+        created: quotas against the plan, image family, bucket, OS Login mode."""
         from provisioning.gce.preview import preview_vms
 
-        vms = preview_vms(hosts)
+        assert isinstance(config, GceConfig)
+        vms = preview_vms(hosts, config.zones)
         rows = [(zone, vm.slot, vm.machine_type, vm.gpu, "Spot" if vm.spot else "on-demand",
                  ", ".join(vm.hosts))
                 for zone in dict.fromkeys(vm.zone for vm in vms) for vm in vms if vm.zone == zone]
+        limit = config.run_duration_s()
+        life = f"{limit} s ({limit / 3600:.1f} h)" if limit else "none"
+        notes = [f"maxRunDuration of every VM: {life} ({config.run_duration_basis()})"]
+        notes += cls._precreate_report(hosts, config)
         return PlanPreview(f"GCE VMs to create ({len(vms)})",
-                           ("zone", "VM", "machine", "GPU", "model", "roles on it"), rows)
+                           ("zone", "VM", "machine", "GPU", "model", "roles on it"), rows,
+                           tuple(notes))
+
+    @classmethod
+    def _precreate_report(cls, hosts: Sequence[HostSpec], config: GceConfig) -> list[str]:
+        """The dry run's pre-create checks, one line each ("ok:", "problem:", "not
+        checked:"); the OS Login key is not imported (that changes the user's profile)."""
+        from provisioning.gce.preflight import check
+
+        if not config.preflight_checks:
+            return ["not checked: pre-create checks (provider.preflight_checks=false)"]
+        problem = cls.check_credentials(config)
+        if problem is not None:
+            return [f"not checked: quotas, image, bucket, OS Login (no credentials: "
+                    f"{problem[0]}: {problem[1]})"]
+        try:
+            provider = cls(config)
+            vms = provider._plan_vms("dry-run", hosts)
+            result = check(provider.api, config, provider._first_zone_requests(vms))
+        except ProvisionError as error:
+            return [f"problem: {' '.join(str(error).split())}"]
+        lines = [f"ok: {line}" for line in result.passed]
+        lines += [f"problem: {line}" for line in result.problems]
+        if not result.os_login:
+            lines.append(f"ok: OS Login off in project {provider.api.project}: VMs take the "
+                         f"key from ssh-keys metadata, login as {config.ssh_user}")
+        elif user := provider.api.os_login_user():
+            lines.append(f"ok: OS Login on in project {provider.api.project}: the run imports "
+                         f"the key for {user} and logs in as its POSIX user")
+        else:
+            lines.append(f"problem: provider.os_login_user: project {provider.api.project} "
+                         "has OS Login on; set it to the e-mail of the account whose OS Login "
+                         "profile gets the tool's key")
+        return lines
 
     @classmethod
     def check_credentials(cls, config: ProviderConfig) -> tuple[str, str] | None:
@@ -270,8 +311,7 @@ class GceProvider(Provider):
 
         if not self.config.preflight_checks:
             return
-        planned = [replace(vm.request, zone=self._zones_for(vm)[0]) for vm in vms]
-        result = check(self.api, self.config, planned)
+        result = check(self.api, self.config, self._first_zone_requests(vms))
         self.os_login = result.os_login
         problems = list(result.problems)
         if self.os_login:
@@ -280,6 +320,10 @@ class GceProvider(Provider):
                 problems.append(problem)
         if problems:
             raise PreflightError(problems)
+
+    def _first_zone_requests(self, vms: Sequence[_Vm]) -> list[VmRequest]:
+        """Each VM's request in the zone it is tried in first (what the quotas count)."""
+        return [replace(vm.request, zone=self._zones_for(vm)[0]) for vm in vms]
 
     def _use_os_login(self) -> str | None:
         """The project ignores `ssh-keys` metadata (OS Login): import our key into the OS
