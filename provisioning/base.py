@@ -465,6 +465,12 @@ class Provider(abc.ABC):
     #: what the planned cluster would cost, not money spent.
     billed: bool = True
 
+    #: True when a host whose spec names a GPU has one and its role must see it: the trainer
+    #: spec lists those tasks (`gpu_tasks`), whose server fails at start when TensorFlow sees
+    #: no GPU (gce, unless `provider.gpu_check=false`). False where GPUs are stood in for
+    #: (local processes) or only labels (an SSH inventory).
+    gpus_checked: bool = False
+
     @classmethod
     def plan_note(cls, hosts: Sequence[HostSpec]) -> str | None:
         """One plain sentence on what of `hosts` this backend does not provide as asked (GPU

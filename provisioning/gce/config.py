@@ -90,7 +90,8 @@ class GceConfig(ProviderConfig):
     boot_timeout_s: float = 300.0  # RUNNING until the first SSH login (refusals retried)
     login_grace_s: float = 120.0  # a refused key is retried this long after sshd answers
     unreachable_grace_s: float = 300.0  # SSH lost while GCE says RUNNING: revoked after this
-    gpu_check: bool = True  # a GPU VM whose nvidia-smi lists no GPU fails the acquire
+    gpu_check: bool = True  # a GPU VM whose nvidia-smi lists no GPU fails the acquire; its
+    #: roles' TensorFlow must see the GPU (`Provider.gpus_checked`, the spec's `gpu_tasks`)
     gpu_timeout_s: float = 600.0  # how long a GPU VM may take to show its GPU (driver install)
     retries: int = 4  # retries of a transient API error (rate limit, 5xx) per request
     retry_backoff_s: float = 2.0  # first backoff; doubles per retry

@@ -169,6 +169,7 @@ class GceProvider(Provider):
                  api: Any = None, sweep_id: str | None = None, clock: Callable[[], float] = time.monotonic,
                  sleep: Callable[[float], None] = time.sleep) -> None:
         self.config = config or GceConfig()
+        self.gpus_checked = self.config.gpu_check  # a GPU VM's roles must see its GPU
         if api is None:
             from provisioning.gce.api import ComputeApi
 
