@@ -55,7 +55,7 @@ test-fast: setup
 	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
 
 # The headline sweep (+experiment=cifar10_res32 -m cluster.workers=4,8,16) end to end against
-# the fake Compute API, namespace sshd hosts as its VMs and the GCS emulator (root, sshd, ip)
+# the fake Compute API, isolated hosts from a baked image as its VMs and the GCS emulator (root)
 gce-fake: bytecode
 	bash .ci/testbed-deps
 	$(MAKE) --no-print-directory isolated-images

@@ -73,6 +73,9 @@ class GceConfig(ProviderConfig):
     python: str | None = None  # interpreter on the VMs that has the trainer's dependencies
     index_url: str | None = DEFAULT_INDEX_URL  # VMs without `python` install from it themselves
     wheelhouse: str | None = None  # local dir: wheels for VMs without an index (wins if set)
+    #: Which TensorFlow build VMs without `python` install: auto = the CUDA build (`gpu` extra)
+    #: on VMs with a GPU, the CPU build elsewhere; cpu or gpu = that build on every VM.
+    extra: str = "auto"
     termination_action: TerminationAction = TerminationAction.DELETE
     max_run_duration_s: int | None = None  # every VM ends after this (cloud-enforced); None =
     #: derived from the plan (`run_duration_s`), 0 = no limit
@@ -115,6 +118,8 @@ class GceConfig(ProviderConfig):
 
         problems = runtime_install_problems(self.index_url, self.wheelhouse, "cpu",
                                             self.python is None)
+        if self.extra not in ("auto", "cpu", "gpu"):  # `auto` is GCE's: it knows the VMs' GPUs
+            problems.append(("provider.extra", f"{self.extra!r}: must be auto, cpu or gpu"))
         if self.python is None and self.image is None:
             problem = image_family_problem(self.image_family)
             if problem:
