@@ -113,7 +113,7 @@ def test_steps_per_closure_keeps_budgets_and_bsp_exact(cluster: LocalCluster,
     """8 steps per closure for both protocols: the phase boundaries still fall on their
     exact steps (odd targets force a short last closure and a short BSP group), BSP still
     applies exactly one update per global step from one gradient per worker (its rounds held
-    on the PS, trainer/protocols.py), and per-worker step times are still reported, with an
+    on the PS, trainer/steps.py), and per-worker step times are still reported, with an
     injected straggler during BSP."""
     phases = [PhaseSpec("asp", 203), PhaseSpec("bsp", 263), PhaseSpec("asp", 421)]
     spec, _ = spec_for(cluster, tmp_path / "spc", phases, steps_per_closure=8)
