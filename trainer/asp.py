@@ -15,12 +15,16 @@ from collections.abc import Callable
 from typing import Any
 
 from trainer import events
-from trainer.closures import MAX_AUTO_STEPS_PER_CLOSURE, auto_steps_per_closure, median_step_time
+from trainer.closures import (
+    MAX_AUTO_STEPS_PER_CLOSURE,
+    auto_steps_per_closure,
+    median_step_time,
+    prepare_unrolled,
+)
 from trainer.waits import settle, wait_for_chunk
 
 CLOSURES_PER_CHUNK_PER_WORKER = 8  # ASP closures scheduled between two host syncs
 MIN_CLOSURES_PER_CHUNK_PER_WORKER = 2  # with several steps per closure: keep double-buffering
-TRACE_NICE = 10  # the background trace of an unrolled closure (prepare_unrolled)
 
 
 class AspRunner:
@@ -35,7 +39,7 @@ class AspRunner:
 
     `unrolled(K)` (Steps.asp_unrolled) gives the closure of exactly K steps without a loop,
     used for every full closure once traced: an explicit K is traced by `warm()`, an
-    automatic one in a background thread once chosen (`prepare_unrolled`).
+    automatic one in a background thread once chosen (trainer/closures.py `prepare_unrolled`).
     """
 
     def __init__(self, coordinator: Any, asp_step: Callable, args: tuple, workers: int,
@@ -122,50 +126,3 @@ class AspRunner:
         prepare_unrolled(self.unrolled(k), self.args, use, background,
                          self.coordinator.strategy.scope)
 
-
-def prepare_unrolled(fn: Callable, args: tuple, on_ready: Callable[[Callable], Any],
-                     background: bool = True, scope: Callable[[], Any] | None = None) -> None:
-    """Trace `fn` for `coordinator.schedule(fn, args)` in a daemon thread (or now, when not
-    `background`), then call `on_ready(concrete function)`, which the chief schedules as it
-    is; the chief keeps scheduling meanwhile. `scope`: the distribution strategy's scope,
-    which `schedule` traces in.
-
-    Tracing a K-step closure takes seconds (K copies of the model's step), and a new
-    function is registered on every worker (`TFE_ContextAddFunction`), a call that waits
-    for each worker to answer while it holds the GIL: with a worker hung then, every thread
-    of the chief stopped, the heartbeat's included, until the worker resumed (seen: 30 s of
-    no step and no `worker_unresponsive`). So the trace runs off the chief's thread, only
-    while no worker is named hung (a worker that hangs within the registration's
-    milliseconds still holds it), and `schedule` gets the concrete function: given the
-    plain function it looks the trace up under its own key (the strategy's scope is part
-    of it) and, missing, traced and registered it again on the chief's thread. A trace that
-    fails (a PS lost meanwhile) leaves the looped closure in use."""
-    import contextlib
-    import threading
-
-    from trainer.heartbeat import HEARTBEAT_S, unresponsive
-    from trainer.server import lower_thread_priority
-    from trainer.tfcompat import schedule_specs
-
-    def trace() -> None:
-        try:
-            with (scope or contextlib.nullcontext)():
-                concrete = fn.get_concrete_function(*schedule_specs(args))
-        except Exception as exc:  # the looped closure stays in use
-            print(f"[chief] unrolled closure not traced ({type(exc).__name__}: {exc}); "
-                  "steps stay in a loop", flush=True)
-            return
-        on_ready(concrete)
-
-    def low_priority_trace() -> None:
-        # on a shared host (the local backend) the trace's CPU would come out of the
-        # workers' steps meanwhile; at low priority they keep running the looped closure
-        lower_thread_priority(TRACE_NICE)
-        while unresponsive():  # registering now would wait for the hung worker (above)
-            time.sleep(HEARTBEAT_S)
-        trace()
-
-    if background:
-        threading.Thread(target=low_priority_trace, name="trace-unrolled", daemon=True).start()
-    else:
-        trace()

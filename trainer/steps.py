@@ -9,10 +9,12 @@
   Each step takes a ticket on the PS (`asp_open` sets the stretch's last): steps past it (a
   closure TensorFlow ran again after a worker loss, or one a hung worker finished late)
   are dropped whole, so budgets are exact.
-- BSP one step (`bsp_accumulate`, `bsp_apply`): every worker adds its gradient to the
-  accumulators on the PS; after the chief's barrier one apply on the PS averages them by
-  their count and updates the weights.
-- BSP rounds (`bsp_rounds`, `bsp_open`, `bsp_close`, `bsp_discard`): the barrier of each
+- BSP one step (`bsp_accumulate`): every worker adds its gradient to the packed
+  accumulators on the PS and takes a ticket; the N-th ticket averages them by their count
+  and updates the weights in the same call (`bsp_apply` applies from the chief, for the
+  rare round whose closures were all stale).
+- BSP rounds (`bsp_rounds(K)`, K rounds unrolled; `bsp_open`, `bsp_close`, `bsp_discard`):
+  with one worker, its gradient applied as it comes (`_sole_round`). With N: the barrier of each
   global step held on the PS instead of by the chief: every worker adds its gradient to the
   accumulators, then takes a ticket (`ResourceCountUpTo` on a PS counter: an atomic
   fetch-and-increment); the worker holding the N-th ticket applies the mean of the N
@@ -74,7 +76,7 @@ class PSVariables:
     bsp_tickets: Any
     asp_tickets: Any
     asp_stop: Any
-    accumulators: list[Any]
+    accumulators: list[Any]  # BSP's gradient sums, packed: one per PS (trainer/packing.py)
 
 
 def create_ps_variables(strategy: Any, optimizer: Any) -> PSVariables:
@@ -85,11 +87,10 @@ def create_ps_variables(strategy: Any, optimizer: Any) -> PSVariables:
     def counter(name: str, value: Any = 0, dtype: Any = tf.int64) -> Any:
         return tf.Variable(value, dtype=dtype, trainable=False, name=name)
 
-    accumulators = []
-    for weight in optimizer.variables:
-        with strategy.extended.colocate_vars_with(weight):
-            accumulators.append(tf.Variable(tf.zeros(weight.shape, weight.dtype),
-                                            trainable=False))
+    from trainer.packing import Packing
+
+    accumulators = Packing(optimizer.variables).flat_variables(
+        strategy.extended.colocate_vars_with)
     return PSVariables(
         global_step=counter("global_step"), phase_index=counter("phase_index"),
         bsp_updates=counter("bsp_updates"), bsp_gradients=counter("bsp_gradients"),
@@ -150,7 +151,7 @@ class Steps:
 
     Workers (scheduled by the chief, args `(iterator, worker_id, ...)`, a result vector
     back): `asp(iterator, worker_id, steps)`, `asp_unrolled(K)(iterator, worker_id)`,
-    `bsp_accumulate(iterator, worker_id)`, `bsp_rounds(iterator, worker_id, group)`.
+    `bsp_accumulate(iterator, worker_id)`, `bsp_rounds(K)(iterator, worker_id, group)`.
     Chief, ops on the PS: `asp_open(stop)`, `bsp_apply()`, `bsp_open(group, steps)` -> the
     global step at the group's start, `bsp_close()`, `bsp_discard()` -> global step.
     `workers`: the gradients per BSP round."""
@@ -173,22 +174,24 @@ class Steps:
         with tf.device(v.global_step.device):  # one applier at a time: check, then apply
             self.exclusive = tf.CriticalSection(name="bsp_apply")
         self.quorum = tf.constant(workers, tf.int64)
-        self.pending: list[Any] = []  # the accumulate ops of the BSP round being built
-        self.unrolled: dict[int, Callable] = {}
+        self.flats: list[Any] = []  # the packed gradients of the BSP round being built
+        self.adds: list[Any] = []  # the accumulate ops of the one-step closure being built
+        self.unrolled: dict[int, Callable] = {}  # K -> ASP closure of K steps
+        self.rounds: dict[int, Callable] = {}  # K -> BSP group closure of K rounds
 
         self.asp = tf.function(self._asp_looped)
         self.asp_open = tf.function(self._asp_open)
         self.bsp_accumulate = tf.function(self._bsp_accumulate)
         self.bsp_apply = tf.function(self._bsp_apply)
-        self.bsp_rounds = tf.function(self._bsp_rounds)
         self.bsp_open = tf.function(self._bsp_open)
         self.bsp_close = tf.function(self._bsp_close)
         self.bsp_discard = tf.function(self._bsp_discard)
 
     # --- one step on a worker ---------------------------------------------------------------
 
-    def loss_and_grads(self, batch: Any) -> tuple[Any, list[Any]]:
-        """The loss, and the gradients placed on their variables' parameter servers."""
+    def loss_and_grads(self, batch: Any, packed: bool = False) -> tuple[Any, list[Any]]:
+        """The loss, and the gradients placed on their variables' parameter servers: one
+        tensor per variable, or (`packed`) one flat tensor per PS, as BSP accumulates them."""
         import tensorflow as tf
 
         images, labels = batch
@@ -205,6 +208,8 @@ class Steps:
         for var, value in zip(self.statistics.variables,
                               self.statistics.to_variables(new_stats), strict=True):
             var.assign(value, read_value=False)
+        if packed:
+            return loss, self.weights.pack(grads)
         return loss, self.weights.to_variables(grads)
 
     def current_lr(self) -> Any:
@@ -325,20 +330,42 @@ class Steps:
     # --- BSP, one step per closure ---------------------------------------------------------
 
     def _accumulate_body(self, batch: Any) -> Any:
-        loss, grads = self.loss_and_grads(batch)
-        for acc, grad in zip(self.v.accumulators, grads, strict=True):
-            acc.assign_add(grad)
-        self.v.grad_count.assign_add(1.0)
+        import tensorflow as tf
+
+        v = self.v
+        loss, flats = self.loss_and_grads(batch, packed=True)
+        self.adds = []
+        for acc, flat in zip(v.accumulators, flats, strict=True):
+            with tf.device(acc.device):
+                self.adds.append(acc.assign_add(flat, read_value=False))
+        with tf.device(v.global_step.device):
+            self.adds.append(v.grad_count.assign_add(tf.constant(1.0), read_value=False))
         return loss
 
     def _bsp_accumulate(self, iterator: Any, worker_id: Any) -> Any:
-        loss, seconds = self.timed(iterator, worker_id, self._accumulate_body)
+        """One worker's gradient of the global step the closure starts in, added to the
+        accumulators; the N-th of the step (by its ticket) applies, in the same PS-side call
+        (`apply_accumulated`, which a stale closure's apply, whose step moved meanwhile,
+        leaves alone). The chief's barrier then only waits for the N closures."""
+        import tensorflow as tf
+
+        v = self.v
+        with tf.device(v.global_step.device):
+            expected = v.global_step.read_value()
+        with tf.control_dependencies([expected]):
+            loss, seconds = self.timed(iterator, worker_id, self._accumulate_body)
+        with tf.device(v.global_step.device):
+            with tf.control_dependencies(self.adds):
+                mine = self.ticket(v.bsp_tickets)
+            tf.cond(mine + 1 >= self.quorum, lambda: self.apply_accumulated(expected),
+                    lambda: expected)
         return self.result(loss, worker_id, seconds, 1)
 
     def _bsp_apply(self) -> None:
         import tensorflow as tf
 
-        # on the chief, after the barrier: the only applier of a one-step round
+        # on the chief: what is accumulated, applied now (the one-step closures apply their
+        # own step; this one is for a step whose closures were all stale, and the tests)
         with tf.device(self.v.global_step.device):
             self.apply_accumulated(self.v.global_step.read_value())
 
@@ -367,7 +394,8 @@ class Steps:
             for acc in v.accumulators:
                 with tf.device(acc.device):
                     means.append(acc.read_value() / count)
-            with tf.control_dependencies(self.optimizer.apply(means, self.current_lr())):
+            updates = self.optimizer.apply(self.weights.unpack(means), self.current_lr())
+            with tf.control_dependencies(updates):
                 resets = []
                 for acc in v.accumulators:
                     with tf.device(acc.device):
@@ -393,73 +421,135 @@ class Steps:
 
     # --- BSP rounds: the barrier held on the PS ------------------------------------------
 
+    def bsp_rounds(self, k: int) -> Callable:
+        """The group closure of `k` rounds, unrolled in Python as ASP's closures are (one
+        traced function per K): worker (iterator, worker_id, group) -> result vector."""
+        import tensorflow as tf
+
+        if k not in self.rounds:
+            def rounds_k(iterator: Any, worker_id: Any, group: Any) -> Any:
+                return self._bsp_rounds(iterator, worker_id, group, k)
+
+            self.rounds[k] = tf.function(rounds_k)
+        return self.rounds[k]
+
+    def _bsp_rounds(self, iterator: Any, worker_id: Any, group: Any, k: int) -> Any:
+        """`k` rounds of the open group `group`. What crosses per round: the weights in (one
+        tensor per PS) and the gradients out (one per PS); with several workers also the
+        round's outcome back (one int64 pair) and the step out, and, for a worker that
+        waits at the barrier, one int64 pair per poll."""
+        import tensorflow as tf
+
+        v, zero = self.v, tf.constant(0.0, tf.float64)
+        with tf.device(v.global_step.device):
+            group_on_ps = tf.identity(group)  # crosses once, not once per round
+            joined = self.ticket(v.bsp_joined)  # a rerun of a lost worker's closure comes late
+            with tf.control_dependencies([joined]):
+                step = v.global_step.read_value()
+            admitted = joined < self.quorum
+        with tf.device(v.global_step.device if self.workers == 1 else None):
+            rounds = tf.constant(0, tf.int64)  # counted where `ended` is
+        loss, total, ended = zero, zero, step
+        for _ in range(k):
+            with tf.control_dependencies([ended]):  # after the previous round ended
+                loss, seconds = self.timed(iterator, worker_id, self._rounds_body)
+            total += seconds
+            outcome = self.ps_round(self.flats, step, group_on_ps, admitted)
+            if self.workers > 1:  # on the worker: it polls from there
+                ended = self.wait_round(step, group, outcome)
+                rounds += tf.cast(ended > step, tf.int64)
+            else:  # the only worker applies every round: nothing to wait for, nothing crosses
+                with tf.device(v.global_step.device):
+                    ended = outcome[0]
+                    rounds += tf.cast(ended > step, tf.int64)
+            step = ended
+        return self.result(loss, worker_id,
+                           total / tf.cast(tf.maximum(rounds, 1), tf.float64), rounds)
+
     def _rounds_body(self, batch: Any) -> Any:
-        loss, grads = self.loss_and_grads(batch)
-        self.pending[:] = [acc.assign_add(grad, read_value=False)
-                           for acc, grad in zip(self.v.accumulators, grads, strict=True)]
-        self.pending.append(self.v.grad_count.assign_add(1.0, read_value=False))
+        loss, self.flats = self.loss_and_grads(batch, packed=True)
         return loss
 
-    def wait_round(self, step: Any, group: Any) -> Any:
+    def ps_round(self, flats: list[Any], step: Any, group: Any, admitted: Any) -> Any:
+        """The PS's part of a round, in one call: if the closure is admitted, the group
+        `group` open, the global step still `step` and below the group's stop, add the
+        gradients to the accumulators (masked: one add per PS either way), take a ticket,
+        and, from the N-th ticket on, apply (`apply_accumulated`, which lets one applier of
+        the round through); one worker applies at once (`_sole_round`). Returns the int64
+        pair [global step after, open group]."""
+        import tensorflow as tf
+
+        v = self.v
+        # checked once the gradients are on the PS: a worker that hangs before sending them
+        # must not find the round open by a check made before it hung
+        with tf.device(v.global_step.device), tf.control_dependencies(flats):
+            go = tf.logical_and(admitted, tf.equal(v.bsp_group.read_value(), group))
+            go = tf.logical_and(go, tf.logical_and(
+                tf.equal(v.global_step.read_value(), step), step < v.bsp_stop.read_value()))
+        if self.workers == 1:
+            return self._sole_round(flats, go)
+        adds = []
+        for acc, flat in zip(v.accumulators, flats, strict=True):
+            with tf.device(acc.device):
+                adds.append(acc.assign_add(tf.where(go, flat, tf.zeros_like(flat)),
+                                           read_value=False))
+        with tf.device(v.global_step.device):
+            adds.append(v.grad_count.assign_add(tf.cast(go, tf.float32), read_value=False))
+
+            def contribute() -> Any:
+                mine = self.ticket(v.bsp_tickets)
+                # from the N-th ticket on, every gradient of the round is in; a stale
+                # closure's ticket may come first, so every such holder tries
+                return tf.cond(mine + 1 >= self.quorum,
+                               lambda: self.apply_accumulated(step, group), lambda: step)
+
+            with tf.control_dependencies(adds):
+                after = tf.cond(go, contribute, lambda: step)
+            return tf.stack([after, v.bsp_group.read_value()])
+
+    def _sole_round(self, flats: list[Any], go: Any) -> Any:
+        """`ps_round` of the only worker: its gradient is the round's mean, so it is applied
+        as it comes, masked by `go` as ASP's steps are by their ticket (no accumulator, no
+        ticket, no lock: no other applier can be admitted to the open group); one update
+        and one step, or, not `go`, nothing."""
+        import tensorflow as tf
+
+        v = self.v
+        updates = self.optimizer.apply(self.weights.unpack(flats), self.current_lr(), go)
+        with tf.device(v.global_step.device):
+            counted = tf.cast(go, tf.int64)
+            with tf.control_dependencies(updates):
+                counters = [v.bsp_gradients.assign_add(counted, read_value=False),
+                            v.bsp_updates.assign_add(counted, read_value=False)]
+            with tf.control_dependencies(counters):
+                after = v.global_step.assign_add(counted)
+            return tf.stack([after, v.bsp_group.read_value()])
+
+    def wait_round(self, step: Any, group: Any, outcome: Any) -> Any:
         """Poll the PS until the applier moved the global step past `step` or the chief
-        closed the group; returns the step seen. The pause doubles from BARRIER_POLL_S to
-        BARRIER_POLL_MAX_S, so a short wait costs little latency and a long one (a
-        straggler) few RPCs. Not a blocking dequeue on the PS: a call blocked for a while
-        draws gRPC keepalive pings without data, which TF's servers answer with GOAWAY "too
-        many pings" (measured: the run failed)."""
+        closed the group; returns the step seen. `outcome` (ps_round's pair) is the first
+        look: the applier, or a closure of a closed group, does not poll. The pause doubles
+        from BARRIER_POLL_S to BARRIER_POLL_MAX_S, so a short wait costs little latency and
+        a long one (a straggler) few RPCs. Not a blocking dequeue on the PS: a call blocked
+        for a while draws gRPC keepalive pings without data, which TF's servers answer with
+        GOAWAY "too many pings" (measured: the run failed)."""
         import tensorflow as tf
 
         v = self.v
 
-        def waiting(seen: Any, open_group: Any, pause: Any) -> Any:
-            return tf.logical_and(tf.equal(seen, step), tf.equal(open_group, group))
+        def waiting(seen: Any, pause: Any) -> Any:
+            return tf.logical_and(tf.equal(seen[0], step), tf.equal(seen[1], group))
 
-        def poll(seen: Any, open_group: Any, pause: Any) -> tuple[Any, Any, Any]:
-            with tf.control_dependencies([seen, open_group]):
+        def poll(seen: Any, pause: Any) -> tuple[Any, Any]:
+            with tf.control_dependencies([seen]):
                 slept = tfcompat.sleep(pause)
-            with tf.control_dependencies([slept]):
-                return (v.global_step.read_value(), v.bsp_group.read_value(),
-                        tf.minimum(pause * 2.0, BARRIER_POLL_MAX_S))
+            with tf.device(v.global_step.device), tf.control_dependencies([slept]):
+                now = tf.stack([v.global_step.read_value(), v.bsp_group.read_value()])
+            return now, tf.minimum(pause * 2.0, BARRIER_POLL_MAX_S)
 
-        with tf.control_dependencies([step]):
-            first = (v.global_step.read_value(), v.bsp_group.read_value(),
-                     tf.constant(BARRIER_POLL_S, tf.float64))
-        seen, _, _ = tf.while_loop(waiting, poll, first)
-        return seen
-
-    def _bsp_rounds(self, iterator: Any, worker_id: Any, group: Any) -> Any:
-        import tensorflow as tf
-
-        v, quorum = self.v, self.quorum
-        joined = self.ticket(v.bsp_joined)  # a rerun of a lost worker's closure comes late
-        with tf.control_dependencies([joined]):
-            step = v.global_step.read_value()
-            stop, open_group = v.bsp_stop.read_value(), v.bsp_group.read_value()
-        go = tf.logical_and(tf.logical_and(joined < quorum, tf.equal(open_group, group)),
-                            step < stop)
-        zero = tf.constant(0.0, tf.float64)
-
-        def round_(go: Any, step: Any, rounds: Any, loss: Any, total: Any) -> tuple:
-            with tf.control_dependencies([go, step]):  # after the previous round ended
-                loss, seconds = self.timed(iterator, worker_id, self._rounds_body)
-            with tf.control_dependencies([*self.pending, loss]):
-                mine = self.ticket(v.bsp_tickets)
-            # from the N-th ticket on, every gradient of the round is in the accumulators; a
-            # stale closure's ticket may come first, so every such holder tries: the apply's
-            # check lets one through (`apply_accumulated`), the others then find it moved
-            after = tf.cond(mine + 1 >= quorum, lambda: self.apply_accumulated(step, group),
-                            lambda: self.wait_round(step, group))
-            with tf.control_dependencies([after]):
-                stop, open_group = v.bsp_stop.read_value(), v.bsp_group.read_value()
-            moved = after > step
-            go = tf.logical_and(tf.logical_and(moved, after < stop),
-                                tf.equal(open_group, group))
-            return go, after, rounds + tf.cast(moved, tf.int64), loss, total + seconds
-
-        _, _, rounds, loss, total = tf.while_loop(
-            lambda go, *_: go, round_, (go, step, tf.constant(0, tf.int64), zero, zero))
-        return self.result(loss, worker_id,
-                           total / tf.cast(tf.maximum(rounds, 1), tf.float64), rounds)
+        seen, _ = tf.while_loop(waiting, poll,
+                                (outcome, tf.constant(BARRIER_POLL_S, tf.float64)))
+        return seen[0]
 
     def _bsp_open(self, group: Any, steps: Any) -> Any:
         import tensorflow as tf
@@ -481,9 +571,11 @@ class Steps:
 
         v = self.v
         # called only when every closure of the group has ended: nothing races the resets
-        resets = [acc.assign(tf.zeros_like(acc), read_value=False) for acc in v.accumulators]
+        resets = []
+        for acc in v.accumulators:
+            with tf.device(acc.device):
+                resets.append(acc.assign(tf.zeros(acc.shape, acc.dtype), read_value=False))
         resets += [v.grad_count.assign(0.0, read_value=False),
                    v.bsp_tickets.assign(0, read_value=False)]
         with tf.control_dependencies(resets):
             return v.global_step.read_value()
-

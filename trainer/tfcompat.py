@@ -34,7 +34,7 @@ eager op kind's first use on the chief runs as a small function registered the s
 (the first checkpoint's save counter and save ops). `install()` makes the chief's eager ops
 run as kernels (`TFE_ContextSetRunEagerOpAsFunction`), and the trainer traces its functions
 before training or, the unrolled closure, in a thread while no worker is named hung
-(trainer/asp.py `prepare_unrolled`).
+(trainer/closures.py `prepare_unrolled`).
 
 Which closure a worker runs is not public either: `install()` records it
 (`Worker._process_closure`), so that the chief can tell a closure held by a hung worker

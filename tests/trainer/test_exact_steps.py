@@ -2,7 +2,8 @@
 
 In process (one device stands in for the parameter server, as in test_packing.py): BSP's
 apply placed wholly on the PS (so a worker killed while it runs cannot leave it half done),
-one update and one step per round, a BSP group run by one worker ends exactly at its stop,
+one update and one step per round, a BSP group run by one worker ends exactly at its stop
+(a group of K rounds opened for fewer applies only those),
 and ASP steps past the stretch's stop (a closure run twice, or late) change nothing. The
 multi-process tests (test_trainer_cluster.py, test_trainer_hang.py) kill and hang real
 workers."""
@@ -81,11 +82,11 @@ def test_a_group_applies_exactly_its_rounds_and_a_closed_one_nothing() -> None:
     iterator, worker = _dataset(), tf.constant(0, tf.int32)
     group = tf.constant(7, tf.int64)
     start = int(steps.bsp_open(group, tf.constant(3, tf.int64)))
-    result = steps.bsp_rounds(iterator, worker, group).numpy()
+    result = steps.bsp_rounds(3)(iterator, worker, group).numpy()
     assert start == 0 and int(result[3]) == 3
     assert int(v.global_step.numpy()) == int(v.bsp_updates.numpy()) == 3
     steps.bsp_close()
-    result = steps.bsp_rounds(iterator, worker, group).numpy()
+    result = steps.bsp_rounds(3)(iterator, worker, group).numpy()
     assert int(result[3]) == 0
     assert int(v.global_step.numpy()) == int(v.bsp_updates.numpy()) == 3
 
@@ -114,3 +115,16 @@ def test_asp_steps_past_the_stop_are_dropped_whole() -> None:
     steps.asp_open(tf.constant(5, tf.int64))  # the next stretch: two more steps
     steps.asp(iterator, worker, tf.constant(4, tf.int64))
     assert int(v.global_step.numpy()) == 5
+
+
+def test_the_last_gradient_of_a_one_step_round_applies_it() -> None:
+    """One-step rounds of two workers: the first closure only accumulates, the second (the
+    round's second ticket) applies the mean in the same call; no apply from the chief."""
+    steps, v, _, _ = _steps(2)
+    iterator = _dataset()
+    steps.bsp_accumulate(iterator, tf.constant(0, tf.int32))
+    assert int(v.global_step.numpy()) == 0 and float(v.grad_count.numpy()) == 1.0
+    steps.bsp_accumulate(iterator, tf.constant(1, tf.int32))
+    assert int(v.global_step.numpy()) == int(v.bsp_updates.numpy()) == 1
+    assert int(v.bsp_gradients.numpy()) == 2 and float(v.grad_count.numpy()) == 0.0
+    assert all(not acc.numpy().any() for acc in v.accumulators)
