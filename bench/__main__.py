@@ -16,8 +16,10 @@ next to a baseline taken in the same run where one exists:
   from a parameter-server kill to training resumed from a checkpoint (min / median / max over
   RECOVERY_REPEATS runs), and the in-place BSP→ASP switch overhead, each next to the papers'
   figures;
-* ``python -m bench --only startup`` (or ``ps_kill``, ``asp1``) measures just that piece and
-  prints its markdown instead of writing the document;
+* ``python -m bench --only startup`` (or ``ps_kill``, ``asp1``, ``protocols``) measures just
+  that piece and prints its markdown instead of writing the document; ``protocols`` is BSP
+  against ASP (1 and 2 workers, PROTOCOL_REPEATS rounds, each round's four runs back to back
+  so that each ratio compares runs under the same load) and the in-place switch;
 * the sections of the modules in EXTRA_SECTIONS (each `section() -> list[str]`, measuring when
   called), appended in order; a missing module or a failing section leaves a note instead.
 """
@@ -44,6 +46,7 @@ BENCH_STEPS = 1500  # global steps per throughput run: long enough to amortise s
 BASELINE_STEPS = 1500
 ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONUNBUFFERED": "1"}
 RECOVERY_REPEATS = int(os.environ.get("BENCH_RECOVERY_REPEATS", "3"))  # chaos runs (~1 min each)
+PROTOCOL_REPEATS = int(os.environ.get("BENCH_PROTOCOL_REPEATS", "3"))  # rounds of 4 runs + 1
 ASP1_REPEATS = int(os.environ.get("BENCH_ASP1_REPEATS", "3"))  # ASP 1-worker runs (~40 s each)
 STEADY_FROM = 0.2  # a run's rate after warm-up: from the report at this fraction of its steps
 IMPORT_REPEATS = 3
@@ -99,6 +102,15 @@ def measure_tf_import() -> list[float]:
     return times
 
 
+def throughput_run(tag: str, protocol: str, workers: int) -> tuple[float, Path, dict]:
+    """One throughput run of BENCH_STEPS global steps (no checkpoint, no evaluation before
+    the end): (command wall seconds, run dir, summary)."""
+    wall, run_dir = run_orchestrator(tag, [
+        f"sync={protocol}", f"cluster.workers={workers}", f"job.train_steps={BENCH_STEPS}",
+        "job.eval_frequency=0", "job.checkpoint_frequency=0"])
+    return wall, run_dir, json.loads((run_dir / "summary.json").read_text())
+
+
 def measure_throughput() -> tuple[list[tuple], list[float], list[Path], list[tuple]]:
     """The throughput runs: (rows, first-step delays, run dirs, ASP-1 pairs). ASP with 1
     worker runs ASP1_REPEATS times, each after its own baseline measurement (pairs of
@@ -115,11 +127,7 @@ def measure_throughput() -> tuple[list[tuple], list[float], list[Path], list[tup
                     baseline = measure_baseline()
                 tag = f"{protocol}_{workers}w" + (f"_{attempt}" if attempt else "")
                 print(f"cluster run {tag} ...", flush=True)
-                wall, run_dir = run_orchestrator(tag, [
-                    f"sync={protocol}", f"cluster.workers={workers}",
-                    f"job.train_steps={BENCH_STEPS}", "job.eval_frequency=0",
-                    "job.checkpoint_frequency=0"])
-                summary = json.loads((run_dir / "summary.json").read_text())
+                wall, run_dir, summary = throughput_run(tag, protocol, workers)
                 delays.append(first_step_delay(run_dir))
                 run_dirs.append(run_dir)
                 if baseline is not None:
@@ -313,6 +321,71 @@ def startup_lines(delays: list[float], run_dirs: list[Path], imports: list[float
     return [*lines, ""]
 
 
+def measure_protocols() -> list[dict[str, Any]]:
+    """PROTOCOL_REPEATS rounds; each round runs ASP and BSP with 1 and 2 workers back to
+    back (the order alternates between rounds) and one BSP→ASP switch run. Per round: the
+    steady global steps/s and the accuracy of each configuration, and the switch overhead."""
+    rounds = []
+    configs = [("asp", 1), ("bsp", 1), ("asp", 2), ("bsp", 2)]
+    for attempt in range(PROTOCOL_REPEATS):
+        found: dict[str, Any] = {}
+        for protocol, workers in configs if attempt % 2 == 0 else configs[::-1]:
+            tag = f"proto_{protocol}{workers}_{attempt}"
+            print(f"round {attempt + 1}/{PROTOCOL_REPEATS}: {tag} ...", flush=True)
+            _, run_dir, summary = throughput_run(tag, protocol, workers)
+            found[f"{protocol}{workers}"] = (steady_rate(run_dir), summary["final_accuracy"])
+        _, run_dir = run_orchestrator(f"proto_switch_{attempt}", [
+            "cluster.workers=2", "sync=switch", "job.train_steps=600",
+            "job.checkpoint_frequency=0", "job.eval_frequency=0"])
+        found["switch_s"] = json.loads((run_dir / "summary.json").read_text()).get(
+            "switch_overhead_s")
+        rounds.append(found)
+    return rounds
+
+
+def protocol_lines(rounds: list[dict[str, Any]]) -> list[str]:
+    """BSP against ASP: each ratio taken within a round (the same load), min / median / max."""
+    def spread(values: list[float], fmt: str = "{:.2f}") -> str:
+        values = [x for x in values if x is not None]
+        if not values:
+            return "n/a"
+        return " / ".join(fmt.format(x) for x in (min(values), statistics.median(values),
+                                                  max(values)))
+
+    def rate(key: str) -> list[float]:
+        return [r[key][0] for r in rounds]
+
+    def accuracy(key: str) -> list[float]:
+        return [r[key][1] for r in rounds]
+
+    one = [r["bsp1"][0] / r["asp1"][0] for r in rounds]
+    # examples/s: a BSP global step is one batch per worker, an ASP global step one batch
+    two = [2 * r["bsp2"][0] / r["asp2"][0] for r in rounds]
+    return [
+        "## BSP against ASP",
+        "",
+        f"{len(rounds)} rounds; each runs ASP and BSP with 1 and 2 workers back to back "
+        f"(digits CNN, batch 64, {BENCH_STEPS} global steps, steady rate after "
+        f"{STEADY_FROM:.0%} of the steps) and one BSP→ASP switch run of 2 workers; ratios "
+        "are taken within a round. min / median / max.",
+        "",
+        "| figure | min / median / max | goal |",
+        "|---|---|---|",
+        f"| ASP 1 worker, global steps/s | {spread(rate('asp1'), '{:.1f}')} | |",
+        f"| BSP 1 worker, global steps/s | {spread(rate('bsp1'), '{:.1f}')} | |",
+        f"| **BSP 1 worker / ASP 1 worker, global steps/s** | {spread(one)} | ≥ 0.9 |",
+        f"| ASP 2 workers, examples/s | {spread([64 * x for x in rate('asp2')], '{:.0f}')} | |",
+        f"| BSP 2 workers, examples/s | {spread([128 * x for x in rate('bsp2')], '{:.0f}')} | |",
+        f"| **BSP 2 workers / ASP 2 workers, examples/s** | {spread(two)} | ≥ 0.8 |",
+        f"| BSP→ASP switch overhead, s | {spread([r['switch_s'] for r in rounds], '{:.3f}')} "
+        "| < 0.2 |",
+        *(f"| accuracy, {k[:3].upper()} {k[3]} worker{'s' if k[3] != '1' else ''} | "
+          f"{spread(accuracy(k), '{:.3f}')} | ≥ 0.97 |" for k in ("asp1", "bsp1", "asp2",
+                                                                  "bsp2")),
+        "",
+    ]
+
+
 def steady_rate(run_dir: Path, steps: int = BENCH_STEPS) -> float:
     """Global steps/s of a run after its warm-up: from the first progress report at or after
     STEADY_FROM of `steps` to the last report."""
@@ -429,10 +502,12 @@ def only(piece: str) -> list[str]:
                 "job.eval_frequency=0", "job.checkpoint_frequency=0"])
             pairs.append(asp1_pair(run_dir, base))
         return asp1_lines(pairs)
+    if piece == "protocols":
+        return protocol_lines(measure_protocols())
     raise SystemExit(f"--only: one of {', '.join(PIECES)} (got {piece!r})")
 
 
-PIECES = ("startup", "ps_kill", "asp1")
+PIECES = ("startup", "ps_kill", "asp1", "protocols")
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:

@@ -97,7 +97,7 @@ class StragglerSpec:
     (`start_s` <= t < `end_s`, t = seconds since the chief's train_start; `end_s` None = until
     the end) or the step window (`start_step` <= global step < `end_step`) holds. A window
     whose start is None is not used. The delay is added inside the step on the worker
-    (trainer/protocols.py), so it shows up in that worker's `worker_steps` timings.
+    (trainer/steps.py), so it shows up in that worker's `worker_steps` timings.
     """
 
     workers: list[int]

@@ -81,7 +81,7 @@ ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONUNBUFFERED": "1"}
 
 
 def write_cifar10(root: Path, seed: int = 0) -> Path:
-    """CIFAR-10's binary layout (trainer/problems.py CIFAR_LAYOUTS): 5 train batches and a test
+    """CIFAR-10's binary layout (trainer/data.py DATASETS): 5 train batches and a test
     batch of records `label byte + 3072 channel-major pixel bytes`, with random content."""
     rng = np.random.default_rng(seed)
     folder = root / "cifar-10-batches-bin"
