@@ -1,7 +1,9 @@
 """Entry point: ``python -m orchestrator [+experiment=NAME] [overrides] [-m sweeps]``, or the
 console script ``transient-orchestrator``.
 
-Thin on purpose: compose (Hydra) → validate → plan → dry run or run. A config error prints one
+Thin on purpose: compose (Hydra) → validate → plan → predict → dry run, or play the plan: for
+real (:func:`orchestrator.runtime.run.execute_run`) or in the model
+(:func:`orchestrator.simulate.run.execute_sim`), as the backend's class declares (``simulated``). A config error prints one
 line, ``config error: <field>: <problem> (<allowed>)``, and exits 2 with no traceback. A failed
 run exits 1; Ctrl-C / SIGTERM clean up and exit 130. Experiments and config groups come from
 the user's repository first (:mod:`orchestrator.user_repo`), then from the packaged config
@@ -13,6 +15,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -42,12 +45,14 @@ def run_one(cfg: DictConfig) -> dict[str, Any] | None:
 def _run_one(cfg: DictConfig) -> dict[str, Any] | None:
     from hydra.core.hydra_config import HydraConfig
 
-    from orchestrator import data, results, sweep
+    from orchestrator import results, sweep
     from orchestrator.display import cost_text, make_console, render_plan, say_provider_note
-    from orchestrator.run import before_provisioning, execute_run, planned_experiment
+    from orchestrator.plan import load_and_plan
+    from orchestrator.runtime import data
+    from orchestrator.runtime.run import before_provisioning
     from orchestrator.simulate.band import predict_band
 
-    exp, plan = planned_experiment(cfg)
+    exp, plan = load_and_plan(cfg)
     plan.prediction = predict_band(exp, plan)  # None when no fitted model covers this setup
     hc = HydraConfig.get()
     overrides = list(hc.overrides.task)
@@ -68,7 +73,7 @@ def _run_one(cfg: DictConfig) -> dict[str, Any] | None:
     assert isinstance(resolved, dict)
     csv_dir = Path(hc.sweep.dir) if multirun else run_dir
     try:
-        summary = execute_run(exp, plan, run_dir, resolved, title,
+        summary = player(exp)(exp, plan, run_dir, resolved, title,
                               sweep_id=sweep.sweep_id(hc.sweep.dir) if multirun else None)
     except KeyboardInterrupt:  # released and recorded: its row says so too
         summary = results.read_summary(run_dir)
@@ -77,9 +82,24 @@ def _run_one(cfg: DictConfig) -> dict[str, Any] | None:
         raise
     sweep.append_run_row(csv_dir / sweep.RUNS_CSV, overrides, run_dir, summary)
     _report(summary, run_dir, cost_text(summary["cost_usd"], plan))
-    if summary["status"] != "completed":
+    if summary["status"] != results.STATUS_COMPLETED:
         sweep.failed_runs.append(str(run_dir))
     return summary
+
+
+def player(exp: Any) -> Callable[..., dict[str, Any]]:
+    """Who plays the plan: the simulation for a backend that declares itself ``simulated``
+    (``provider=sim``), the real run for every other. Both take ``(cfg, plan, run_dir,
+    resolved_config, title, sweep_id=)``, write the same run directory and return its summary."""
+    from provisioning.registry import provider_class
+
+    if provider_class(exp.provider.name).simulated:
+        from orchestrator.simulate.run import execute_sim
+
+        return execute_sim
+    from orchestrator.runtime.run import execute_run
+
+    return execute_run
 
 
 def _report(summary: dict[str, Any], run_dir: Path, cost: str) -> None:
@@ -138,9 +158,10 @@ def main() -> None:
     )
 
     register_configs()
+    from hydra_plugins.transient_launcher import register_plugins
     from orchestrator import user_repo
 
-    user_repo.register_plugins()  # the user's repository before the packaged config
+    register_plugins()  # the user's repository before the packaged config
     user_full_error = os.environ.get("HYDRA_FULL_ERROR") == "1"
     os.environ["HYDRA_FULL_ERROR"] = "1"  # let exceptions reach us so we can format them
     signal.signal(signal.SIGTERM, _on_sigterm)

@@ -102,7 +102,8 @@ def prepare(config: Any, loader: Any, job_overrides: Sequence[Sequence[str]],
     from omegaconf import open_dict
 
     from orchestrator.config.errors import ConfigError
-    from orchestrator.run import before_provisioning, planned_experiment
+    from orchestrator.plan import load_and_plan
+    from orchestrator.runtime.run import before_provisioning
     from orchestrator.simulate.models import NoModelError, SimModels
     from orchestrator.simulate.queue import predict_time_s
     from orchestrator.sweep import point_error_exit
@@ -119,7 +120,7 @@ def prepare(config: Any, loader: Any, job_overrides: Sequence[Sequence[str]],
                 # resolved here: ${now:} and ${pid:} would give another folder in the child
                 sweep_config.hydra.sweep.dir = str(sweep_config.hydra.sweep.dir)
                 sweep_config.hydra.sweep.subdir = str(sweep_config.hydra.sweep.subdir)
-            exp, plan = planned_experiment(_task(sweep_config))
+            exp, plan = load_and_plan(_task(sweep_config))
             if not exp.dry_run:
                 before_provisioning(exp)
             try:
@@ -144,7 +145,7 @@ def prepare(config: Any, loader: Any, job_overrides: Sequence[Sequence[str]],
 def _check_queue(exp: Any, first: Any, point: Point) -> None:
     """One queue setting per sweep, a policy a real sweep can follow, and a run that fits."""
     from orchestrator.config.errors import ConfigError
-    from orchestrator.simulate.config import QueuePolicy
+    from orchestrator.config.simulate import QueuePolicy
 
     for name in ("policy", "quota_gpus", "max_concurrent"):
         mine, theirs = getattr(exp.queue, name), getattr(first.queue, name)

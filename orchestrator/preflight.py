@@ -16,8 +16,6 @@ from dataclasses import asdict
 
 from orchestrator.config.schema import ExperimentConfig
 
-#: Providers that run on this machine (or nowhere): a preflight would only repeat the run's start.
-LOCAL_PROVIDERS = ("local", "sim")
 #: Seconds the local step may take (model build + one step; ResNet-32 on 2 CPU cores ≈ 20 s).
 PREFLIGHT_TIMEOUT_S = 300.0
 

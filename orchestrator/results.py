@@ -93,6 +93,23 @@ TRANSIENT_SUMMARY_FIELDS = (
     "stragglers_injected",  # int, straggler episodes injected
 )
 
+# The prediction beside the measurement (null when the run had none).
+PREDICTION_SUMMARY_FIELDS = (
+    "predicted",  # the plan's simulated band (orchestrator.simulate.band)
+    "prediction_error",  # {field: (predicted median - measured) / measured}, completed runs
+)
+
+# Set by a simulated run (provider=sim); null for a real one.
+SIM_SUMMARY_FIELDS = (
+    "sim_seed",  # int, the simulation's seed
+    "sim_speed_factor",  # {gpu: factor}, how far this run's speed model is off, as drawn
+    "accuracy_source",  # str, where the simulated final accuracy comes from
+)
+
+#: Every field of summary.json, in order: :class:`orchestrator.record.RunSummary`'s fields.
+ALL_SUMMARY_FIELDS = (*SUMMARY_FIELDS, *TRANSIENT_SUMMARY_FIELDS, *PREDICTION_SUMMARY_FIELDS,
+                      *SIM_SUMMARY_FIELDS)
+
 
 def write_atomic(path: Path, text: str) -> None:
     """Write via a temporary file and rename, so a crash never leaves half a file."""
@@ -294,73 +311,27 @@ class RunRecorder:
         self.lock.release()
 
 
-def killed_summary(run_dir: Path) -> dict[str, Any]:
-    """The summary of a run whose orchestrator died before writing one, from what is on disk:
-    plan.json, trainer_spec.json, the events' times and the last metrics row."""
-    run_dir = Path(run_dir)
-    plan = _read_json(run_dir / PLAN_FILE)
-    spec = _read_json(run_dir / SPEC_FILE)
-    times, step, accuracy = [], 0, None
-    for line in _read_lines(run_dir / EVENTS_FILE):
-        try:
-            times.append(float(json.loads(line)[EVENT_TIME]))
-        except (ValueError, KeyError, TypeError):
-            continue  # a torn last line: the writer was killed mid-line
-    for row in csv.DictReader(_read_lines(run_dir / METRICS_FILE)):
-        if (row.get("global_step") or "").isdigit():
-            step = max(step, int(row["global_step"]))
-        if row.get("eval_accuracy"):
-            accuracy = float(row["eval_accuracy"])
-    wall = (max(times) - min(times)) if times else 0.0
-    summary: dict[str, Any] = {
-        "schema_version": SCHEMA_VERSION,
-        "run_id": spec.get("run_id") or run_dir.name,
-        "status": STATUS_KILLED,
-        "experiment": plan.get("experiment"),
-        "provider": plan.get("provider"),
-        "protocol": ">".join(p.get("protocol", "?") for p in plan.get("phases", [])) or None,
-        "workers": plan.get("workers"),
-        "parameter_servers": plan.get("parameter_servers"),
-        "global_steps": step,
-        "wall_time_s": round(wall, 3),
-        "train_time_s": None,
-        "final_accuracy": accuracy,
-        "steps_per_sec": None,
-        "cost_usd": round(float(plan.get("hourly_usd") or 0.0) * wall / 3600.0, 6),
-        "error": "the orchestrator was killed before the run ended (no summary was written); "
-                 "times and steps are the last ones recorded",
-    }
-    summary.update({k: ([] if k == "phases" else 0) for k in TRANSIENT_SUMMARY_FIELDS})
-    return summary
-
-
 def read_summary(run_dir: Path) -> dict[str, Any] | None:
     """The run's summary.json, None when there is none (or it cannot be read)."""
-    return _read_json(Path(run_dir) / SUMMARY_FILE) or None
+    return read_json_object(Path(run_dir) / SUMMARY_FILE) or None
 
 
 def run_status(run_dir: Path) -> str:
     """completed | failed | interrupted | killed from summary.json; ``running`` while a live
     process owns the directory; ``killed`` when the owner died without writing a summary."""
-    summary = _read_json(Path(run_dir) / SUMMARY_FILE)
+    summary = read_json_object(Path(run_dir) / SUMMARY_FILE)
     if summary.get("status"):
         return str(summary["status"])
     return STATUS_RUNNING if is_locked(run_dir) else STATUS_KILLED
 
 
-def _read_json(path: Path) -> dict[str, Any]:
+def read_json_object(path: Path) -> dict[str, Any]:
+    """A JSON object from a file; {} when it is missing, unreadable or not an object."""
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}
-
-
-def _read_lines(path: Path) -> list[str]:
-    try:
-        return path.read_text().splitlines()
-    except OSError:
-        return []
 
 
 def _plain(value: Any) -> Any:

@@ -15,7 +15,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from orchestrator import results
+from orchestrator import record, results
 
 RUNS_CSV = "runs.csv"
 #: The concurrent launcher's record of when each point was queued, started and ended.
@@ -73,7 +73,7 @@ class SweepValidator(Callback):
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         from hydra import compose
 
-        from orchestrator.config.schema import to_experiment
+        from orchestrator.config.load import to_experiment
         from orchestrator.config.validation import validate
 
         global sweep_size
@@ -150,7 +150,7 @@ def mark_killed(run_dir: Path) -> dict[str, Any] | None:
     try:
         if (run_dir / results.SUMMARY_FILE).exists():
             return None
-        summary = results.killed_summary(run_dir)
+        summary = record.killed_summary(run_dir).to_dict()
         with open(run_dir / results.EVENTS_FILE, "a") as fh:
             fh.write(json.dumps({results.EVENT_TIME: time.time(), results.EVENT_KIND: "killed",
                                  results.EVENT_ROLE: "orchestrator",

@@ -153,23 +153,3 @@ def explain_missing(err: ConfigError, start: Path | None = None) -> ConfigError:
                 hint += f"; found {folder / name}.yml: rename it to {name}.yaml"
     allowed = f"{hint}; {err.allowed}" if err.allowed else hint
     return ConfigError(err.path, err.problem, allowed)
-
-
-def register_plugins() -> None:
-    """Register our Hydra plugins with Hydra directly.
-
-    Hydra finds plugins by scanning the ``hydra_plugins`` namespace package, which an editable
-    install (a path hook, not a folder on ``sys.path``) hides from it when the command runs
-    outside the checkout. Registering them here works for every kind of install; a plugin the
-    scan already found is not registered twice.
-    """
-    from hydra.core.plugins import Plugins
-
-    from hydra_plugins.transient_launcher import parallel, user_repo
-
-    plugins = Plugins.instance()  # scans first, so what it finds is not registered twice
-    known = {f"{c.__module__}.{c.__name__}" for c in plugins.discover()}
-    for clazz in (parallel.ParallelLauncher, user_repo.UserRepoSearchPathPlugin,
-                  user_repo.UserRepoConfigSource):
-        if f"{clazz.__module__}.{clazz.__name__}" not in known:
-            plugins.register(clazz)

@@ -19,6 +19,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from hydra_plugins.transient_launcher import register_plugins
 from orchestrator import user_repo
 from orchestrator.config.errors import ConfigError
 from orchestrator.config.schema import ExperimentConfig
@@ -38,17 +39,17 @@ def compose_experiment(name: str, overrides: Sequence[str] = ()) -> ExperimentCo
     from hydra import compose, initialize_config_module
     from omegaconf.errors import OmegaConfBaseException
 
-    from orchestrator.config.errors import from_omegaconf
     from orchestrator.config.hydra_errors import (
         check_group_overrides,
         config_error_from_hydra,
         exact_item_error,
         explain,
     )
-    from orchestrator.config.schema import register_configs, to_experiment
+    from orchestrator.config.load import from_omegaconf, to_experiment
+    from orchestrator.config.schema import register_configs
 
     register_configs()
-    user_repo.register_plugins()
+    register_plugins()
     check_group_overrides(overrides)
     args = [f"+experiment={name}", *overrides]
     try:

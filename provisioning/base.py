@@ -55,7 +55,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from provisioning.catalog import Market
+from provisioning.catalog import Market, PricingConfig
 from provisioning.launch import (
     PREEMPTION_NOTICE_ENV,
     PREEMPTION_NOTICE_FILE,
@@ -134,12 +134,20 @@ class Provider(abc.ABC):
 
     name: str
     can_revoke: ClassVar[bool] = False
+    #: True for a backend that models the cloud instead of renting it (`sim`): the entry point
+    #: plays the plan in the simulation, which provisions nothing and reads no data.
+    simulated: ClassVar[bool] = False
+    #: True when the hosts are processes on this machine (`local`): no preflight step before
+    #: the run, and a prediction is calibrated on this machine.
+    hosts_here: ClassVar[bool] = False
 
-    #: How the cloud behind this backend sells the transient VMs it creates (GCE: Spot); None
-    #: when no cloud revokes its hosts (local processes, an SSH inventory): a prediction then
-    #: revokes only what the `revocation` model injects. Validation requires the pricing
-    #: catalog's `transient_market` to agree, so a dry run cannot predict another market.
-    transient_market: ClassVar[Market | None] = None
+    @classmethod
+    def transient_market(cls, pricing: PricingConfig) -> Market | None:
+        """How the cloud behind this backend sells the transient VMs it creates (GCE: Spot);
+        None when no cloud revokes its hosts (local processes, an SSH inventory): a prediction
+        then revokes only what the `revocation` model injects. Validation requires `pricing`'s
+        `transient_market` to agree, so a dry run cannot predict another market."""
+        return None
 
     #: False for a stand-in whose hosts cost nothing (local processes): a run's price is then
     #: what the planned cluster would cost, not money spent.

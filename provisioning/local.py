@@ -360,6 +360,7 @@ class LocalProvider(Provider):
 
     name = "local"
     can_revoke = True
+    hosts_here = True
     runner_class: type[LocalHostRunner] = LocalHostRunner
 
     billed = False

@@ -28,6 +28,7 @@ from provisioning.base import (
     ProviderConfig,
     ResourceJournal,
 )
+from provisioning.catalog import Market, PricingConfig
 from provisioning.registry import register_provider
 
 SIM_ADDRESS = "sim"
@@ -36,7 +37,7 @@ SIM_ADDRESS = "sim"
 @dataclass
 class SimProviderConfig(ProviderConfig):
     """`provider=sim`: nothing is provisioned (the simulation's own knobs are `sim.*`,
-    `orchestrator/simulate/config.py`). `ready_timeout_s` is kept for the common schema and
+    `orchestrator/config/simulate.py`). `ready_timeout_s` is kept for the common schema and
     unused: no role starts."""
 
     name: str = "sim"
@@ -48,7 +49,14 @@ class SimProvider(Provider):
 
     name = "sim"
     can_revoke = True
+    simulated = True
     billed = False  # simulated: the cost is what the cluster would cost, nothing is billed
+
+    @classmethod
+    def transient_market(cls, pricing: PricingConfig) -> Market:
+        """The simulated cloud sells transient VMs as the priced one does (preemptible in the
+        papers' 2019 catalog, Spot in today's)."""
+        return Market(pricing.transient_market)
 
     def __init__(self, config: SimProviderConfig | None = None, *,
                  journal: ResourceJournal | None = None) -> None:

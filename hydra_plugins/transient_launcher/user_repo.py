@@ -1,7 +1,7 @@
 """The user's repository on Hydra's config search path, before the packaged config.
 
 Two Hydra plugins (found by Hydra's scan of ``hydra_plugins``, and registered explicitly by
-:func:`orchestrator.user_repo.register_plugins` for installs the scan cannot see):
+:func:`hydra_plugins.transient_launcher.register_plugins` for installs the scan cannot see):
 
 - :class:`UserRepoSearchPathPlugin` puts ``userrepo://<root>`` in front of the packaged config
   (``pkg://orchestrator.conf``) when the command runs inside a user repository

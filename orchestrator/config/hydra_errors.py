@@ -11,7 +11,8 @@ import yaml
 from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
 from omegaconf.errors import OmegaConfBaseException
 
-from orchestrator.config.errors import ConfigError, describe, from_omegaconf
+from orchestrator.config.errors import ConfigError
+from orchestrator.config.load import error_from_message, from_omegaconf
 
 
 def config_error_from_hydra(ex: BaseException) -> ConfigError | None:
@@ -44,7 +45,7 @@ def config_error_from_hydra(ex: BaseException) -> ConfigError | None:
             inner = re.search(r"raised while composing config:\n(.*)", msg)
             object_type = re.search(r"object_type=(\w+)", msg)
             source = re.match(r"In '([^']+)'", msg)
-            return describe(full_key.group(1), inner.group(1) if inner else _first(msg),
+            return error_from_message(full_key.group(1), inner.group(1) if inner else _first(msg),
                             object_type=object_type.group(1) if object_type else None,
                             source=f"{source.group(1)}.yaml" if source else None)
         m = re.search(r"Could not override '([^']+)'", msg)
@@ -97,12 +98,12 @@ def exact_item_error(err: ConfigError, overrides: Sequence[str],
     Hydra merges each YAML file into the schema while composing, and OmegaConf reports an
     error inside a list item without the item's index. So compose again with the schemas
     swapped for empty nodes (nothing is type-checked), then check the list items one by one
-    (:func:`orchestrator.config.schema.to_experiment`). If that does not reproduce the error,
+    (:func:`orchestrator.config.load.to_experiment`). If that does not reproduce the error,
     name the whole list: still a field the user can paste back, never a ``*``.
     """
     if "*" not in err.path:
         return err
-    from orchestrator.config.schema import to_experiment
+    from orchestrator.config.load import to_experiment
 
     try:
         to_experiment(_compose_loose(overrides, extra_search_dir))

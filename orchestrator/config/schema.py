@@ -2,19 +2,20 @@
 
 YAML files in ``conf/<group>/`` and ``experiments/`` choose and fill these dataclasses; Hydra
 checks types while composing and :mod:`orchestrator.config.validation` checks meaning afterwards.
-Convert a composed config once with :func:`to_experiment` so the rest of the code sees real
-dataclasses, never a ``DictConfig``.
+Convert a composed config once with :func:`orchestrator.config.load.to_experiment` so the rest
+of the code sees real dataclasses, never a ``DictConfig``. Data only: this module imports
+neither the loader nor the error translation.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields, is_dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, get_args, get_origin, get_type_hints
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf import MISSING, OmegaConf
 
+from orchestrator.config.simulate import PlannerConfig, QueueConfig, SimConfig
 from orchestrator.config.transient import (
     RecoveryConfig,
     RevocationConfig,
@@ -22,10 +23,9 @@ from orchestrator.config.transient import (
     SyncPolicyConfig,
     register_transient_configs,
 )
-from orchestrator.simulate.config import PlannerConfig, QueueConfig, SimConfig
 from provisioning.base import ProviderConfig
 from provisioning.catalog import PricingConfig
-from provisioning.registry import all_backends, backend, provider_names
+from provisioning.registry import all_backends
 from trainer import layout
 
 
@@ -148,7 +148,7 @@ class ExperimentConfig:
     straggler: StragglerConfig = MISSING
     preflight: bool = True  # remote providers: one local training step first, fail fast
     sim: SimConfig = field(default_factory=SimConfig)  # provider=sim and bands (simulate/)
-    planner: PlannerConfig = field(default_factory=PlannerConfig)  # python -m orchestrator.planner
+    planner: PlannerConfig = field(default_factory=PlannerConfig)  # python -m orchestrator.plan
     queue: QueueConfig = field(default_factory=QueueConfig)  # sweeps under a GPU quota
 
 
@@ -183,121 +183,3 @@ def schedule_phases(sync: SyncConfig) -> list[SyncPhase]:
     return [SyncPhase(Protocol.bsp if digit == "1" else Protocol.asp, fraction, dict(hp))
             for digit, fraction, hp in zip(sync.switch_order, sync.fractions, hparams,
                                            strict=False)]
-
-
-def to_experiment(cfg: DictConfig | dict[str, Any]) -> ExperimentConfig:
-    """Re-merge a composed config into a fresh schema and return real dataclasses.
-
-    Re-merging catches what Hydra lets through: keys added with ``+`` that the schema does not
-    know, and values of the wrong type. Raises :class:`ConfigError` naming the field.
-    """
-    from omegaconf.errors import OmegaConfBaseException
-
-    from orchestrator.config.errors import from_omegaconf
-
-    data = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else cfg
-    assert isinstance(data, dict)
-    data = {k: v for k, v in data.items() if k != "hydra"}
-    check_list_items(ExperimentConfig, data)
-    schema = OmegaConf.structured(ExperimentConfig)
-    provider = data.get("provider")
-    if isinstance(provider, dict) and provider.get("name") in provider_names():
-        check_provider_name(provider)
-        # the backend's own schema (a ProviderConfig subclass) checks its options
-        schema.provider = OmegaConf.structured(backend(provider["name"]).config)
-    elif isinstance(provider, dict):  # an unknown backend: validation names provider.name
-        base = {f.name for f in fields(ProviderConfig)}
-        data["provider"] = {k: v for k, v in provider.items() if k in base}
-    try:
-        merged = OmegaConf.merge(schema, data)
-        obj = OmegaConf.to_object(merged)
-    except OmegaConfBaseException as ex:
-        raise from_omegaconf(ex) from None
-    assert isinstance(obj, ExperimentConfig)
-    return obj
-
-
-def check_provider_name(provider: dict[str, Any]) -> None:
-    """``provider.name=gce`` where ``provider=gce`` was meant: the name picks the schema, but
-    the settings came from the group's option, another backend's; saying their first key is
-    unknown would blame a key the user never wrote. Raises ConfigError naming provider.name."""
-    from orchestrator.config.errors import ConfigError
-
-    name = provider["name"]
-    known = {f.name for f in fields(backend(name).config)}
-    if set(provider) <= known:
-        return
-    owners = [b for b in provider_names() if b != name
-              and set(provider) <= {f.name for f in fields(backend(b).config)}]
-    if owners:
-        raise ConfigError("provider.name", f"'{name}' names another backend than the "
-                          f"provider's settings, which are provider={owners[0]}'s",
-                          f"choose the backend with provider={name}, not provider.name={name}")
-
-
-def check_list_items(schema: type, data: Any, path: str = "") -> None:
-    """Merge every item of a list of dataclasses on its own, so an error names its index.
-
-    OmegaConf checks a list item before attaching it to the list, so its errors carry only the
-    item's own key; this walk gives them the dotted path a user can paste back as an override
-    (``cluster.worker_groups.1.count``). Raises :class:`ConfigError`.
-    """
-    from omegaconf.errors import OmegaConfBaseException
-
-    from orchestrator.config.errors import ConfigError, from_omegaconf, full_key, pasteable
-
-    if not isinstance(data, dict):
-        return
-    hints = get_type_hints(schema)
-    for key, value in data.items():
-        hint = hints.get(key)
-        if hint is None:
-            continue
-        here = f"{path}{key}"
-        inner = [a for a in get_args(hint) if a is not type(None)]
-        if isinstance(hint, type) and is_dataclass(hint):
-            check_list_items(hint, value, here + ".")
-        elif inner and is_dataclass(inner[0]) and get_origin(hint) is not list:
-            check_list_items(inner[0], value, here + ".")  # X | None
-        elif get_origin(hint) in (list, dict) and not is_dataclass(inner[-1]):
-            check_plain_items(hint, value, here)
-        elif get_origin(hint) is list and inner and is_dataclass(inner[0]):
-            if not isinstance(value, list):
-                continue  # the whole-config merge reports the wrong type
-            for i, item in enumerate(value):
-                item_path = f"{here}.{i}"
-                if not isinstance(item, dict):
-                    raise ConfigError(item_path, f"expected a mapping of {inner[0].__name__} "
-                                      f"keys, got '{item}'")
-                try:
-                    OmegaConf.merge(OmegaConf.structured(inner[0]), item)
-                except OmegaConfBaseException as ex:
-                    err = from_omegaconf(ex)
-                    key_in_item = pasteable(full_key(ex))
-                    raise ConfigError(f"{item_path}.{key_in_item}".rstrip("."), err.problem,
-                                      err.allowed) from None
-                check_list_items(inner[0], item, item_path + ".")
-
-
-_SCALARS = {int: "a whole number", float: "a number", str: "a string", bool: "true or false"}
-
-
-def check_plain_items(hint: Any, value: Any, path: str) -> None:
-    """The items of a list or mapping of plain values (``list[float]``, ``dict[str, float]``,
-    ``list[dict[str, float]]``) are of that shape: OmegaConf lets a list through as an item of
-    a ``list[float]`` (``sync.fractions=[[0.5], 0.5]``), which later code would trip over.
-    Raises :class:`ConfigError` naming the item."""
-    from orchestrator.config.errors import ConfigError
-
-    origin, args = get_origin(hint), get_args(hint)
-    if origin not in (list, dict) or not args:
-        if hint in _SCALARS and isinstance(value, list | dict):
-            raise ConfigError(path, f"expected {_SCALARS[hint]}, got a "
-                              f"{'list' if isinstance(value, list) else 'mapping'}",
-                              "write one value here")
-        return
-    if not isinstance(value, list | dict):
-        return  # the merge into the schema reports the wrong type of the whole
-    items = enumerate(value) if isinstance(value, list) else value.items()
-    for key, item in items:
-        check_plain_items(args[-1], item, f"{path}.{key}")

@@ -164,7 +164,7 @@ def validate_market(cfg: ExperimentConfig) -> None:
     cluster's checks: a GPU the cloud no longer offers is the more useful line)."""
     from provisioning.registry import backend
 
-    market = backend(cfg.provider.name).provider.transient_market
+    market = backend(cfg.provider.name).provider.transient_market(cfg.pricing)
     if market is not None and market != cfg.pricing.transient_market:
         raise ConfigError("pricing.transient_market",
                           f"provider={cfg.provider.name} creates {market} VMs, but pricing "
@@ -215,7 +215,7 @@ def validate(cfg: ExperimentConfig) -> None:
 
 def validate_data_dir(cfg: ExperimentConfig) -> None:
     """At run start: a given job.data_dir must hold the problem's files; unset, the problem
-    needs a dataset the run can fetch into the cache (orchestrator/data.py)."""
+    needs a dataset the run can fetch into the cache (orchestrator/runtime/data.py)."""
     from provisioning.base import BadFieldError, url_scheme
     from provisioning.registry import dataset_reader
     from trainer import data

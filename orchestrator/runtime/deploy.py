@@ -38,7 +38,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from orchestrator import data
+from orchestrator.runtime import data
 from provisioning.base import (
     STOP_GRACE_S,
     Cluster,

@@ -15,10 +15,11 @@ import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from orchestrator import data
 from orchestrator.results import RunRecorder
+from orchestrator.runtime import data
 from orchestrator.runtime.control import ControlChannel
 from orchestrator.runtime.deploy import READY_TIMEOUT_S, Deployment
+from orchestrator.transient.recovery import hosts_to_replace
 from provisioning.base import (
     STOP_GRACE_S,
     CheckpointStore,
@@ -168,10 +169,9 @@ class Fleet:
         names the new ones), then deploy. Returns the new hosts. Raises CapacityError,
         DeployError, HostLostError: the caller counts a failed attempt."""
         self.stop_roles()
-        states = self.poll()
-        gone = [h.id for h in self.cluster.hosts
-                if h.id in replace_ids or states.get(h.id) != HostState.RUNNING]
-        new_hosts = self.replace(gone, keep_endpoints=False) if gone else []
+        gone, keep_endpoints = hosts_to_replace(self.cluster, self.poll(), replace_ids,
+                                                restart=True)
+        new_hosts = self.replace(gone, keep_endpoints) if gone else []
         self.control.reset()
         self.deploy()
         return new_hosts

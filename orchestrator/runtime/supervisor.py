@@ -24,8 +24,9 @@ The recovery policies decide; the supervisor acts through the :class:`Fleet`, th
 the current cluster. Every trainer event is recorded with the orchestrator's receipt time
 (``time``) and the role's own clock as ``role_time``; run time is measured on the receipt
 clock. The clock (``now_s``) is seconds since the chief's first ``train_start``; before it,
-seconds since the supervisor started. Trainer events update :class:`RunState`, whose fields
-become the summary.
+seconds since the supervisor started. Every event the supervisor records is folded into
+``run_state`` (:class:`orchestrator.record.RunState`, the one record of the run's numbers, which
+``summarize`` turns into the summary); the supervisor reads it and never edits it.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from typing import Any
 
 from orchestrator import results
 from orchestrator.config.schema import ExperimentConfig
+from orchestrator.record import RunState
 from orchestrator.runtime.control import ControlChannel
 from orchestrator.runtime.deploy import EVENT_PROCESS_EXIT, DeployError, TrainerEvent
 from orchestrator.runtime.fleet import Fleet
@@ -48,6 +50,7 @@ from orchestrator.transient.recovery import (
     RecoveryDecision,
     RecoveryPlanner,
     TrainingProgress,
+    hosts_to_replace,
 )
 from orchestrator.transient.revocation import RevocationSchedule
 from orchestrator.transient.stragglers import InjectionSchedule, StragglerDetector, get_sync_policy
@@ -67,42 +70,13 @@ NOTICE_MARGIN_S = 1.0
 
 
 @dataclass
-class RunState:
-    """What the event stream has told us so far."""
+class LoopState:
+    """What the loop itself needs to know to end: the run's numbers are in ``run_state``."""
 
     start_time: float = field(default_factory=time.time)
-    train_t0: float | None = None  # first train_start: the clock of revocations and stragglers
-    global_step: int = 0
-    train_start: float | None = None
-    train_time_s: float | None = None
-    last_loss: float | None = None
-    last_sps: float | None = None
-    final_accuracy: float | None = None
-    last_checkpoint_step: int | None = None
-    last_checkpoint_s: float = 0.0  # how long the last checkpoint took
-    protocol: str | None = None  # what the chief runs now
     chief_done: bool = False
     evaluator_done: bool = False
     error: str | None = None
-    phases: list[dict[str, Any]] = field(default_factory=list)
-    switch_overhead_s: float = 0.0
-    stragglers_detected: int = 0
-    stragglers_injected: int = 0
-    open_phase: dict[str, Any] | None = None
-
-    def open(self, protocol: str, step: int, when: float) -> None:
-        self.close(step, when)
-        self.open_phase = {"protocol": protocol, "start_step": step, "t": when}
-        self.protocol = protocol
-
-    def close(self, step: int, when: float, wall_s: float | None = None) -> None:
-        if self.open_phase is None:
-            return
-        p = self.open_phase
-        self.phases.append({"protocol": p["protocol"], "start_step": p["start_step"],
-                            "end_step": step,
-                            "wall_s": round(wall_s if wall_s is not None else when - p["t"], 3)})
-        self.open_phase = None
 
 
 def _num(value: Any) -> float | None:
@@ -123,7 +97,8 @@ class Supervisor:
                  poll_interval_s: float = POLL_INTERVAL_S) -> None:
         self.cfg, self.fleet, self.rec, self.progress, self.control = (
             cfg, fleet, rec, progress, control)
-        self.state = RunState()
+        self.state = LoopState()
+        self.run_state = RunState()  # the fold of every event recorded (orchestrator.record)
         self.revocations = revocations
         self.planner = RecoveryPlanner(cfg.cluster.recovery)
         self.injections = InjectionSchedule(cfg.straggler.injections, cfg.straggler.enabled)
@@ -155,12 +130,16 @@ class Supervisor:
 
     # --- clock and records -------------------------------------------------------------------
     def now_s(self) -> float:
-        return time.time() - (self.state.train_t0 or self.state.start_time)
+        return time.time() - (self.run_state.train_t0 or self.state.start_time)
+
+    def emit(self, kind: str, **fields: Any) -> None:
+        """Record an event and fold it into ``run_state``."""
+        self.run_state.apply(self.rec.event(kind, **fields))
 
     def record(self, events: Any) -> None:
-        for e in events if isinstance(events, list | tuple) else [events]:
-            if isinstance(e, RecordedEvent):
-                self.rec.event(e.kind, **e.fields)
+        for event in events if isinstance(events, list | tuple) else [events]:
+            if isinstance(event, RecordedEvent):
+                self.emit(event.kind, **event.fields)
 
     # --- the loop ----------------------------------------------------------------------------
     def follow(self) -> None:
@@ -176,96 +155,77 @@ class Supervisor:
                 next_tick = time.monotonic() + TICK_S
             if self.pending or self.awaiting_restart or self.held or self.replacing:
                 continue
-            s = self.state
-            if s.chief_done and (s.evaluator_done or not self.cfg.cluster.evaluator):
+            state = self.state
+            if state.chief_done and (state.evaluator_done or not self.cfg.cluster.evaluator):
                 return
-            if s.chief_done and eval_deadline is None:
+            if state.chief_done and eval_deadline is None:
                 eval_deadline = time.monotonic() + FINAL_EVAL_TIMEOUT_S
             if eval_deadline is not None and time.monotonic() > eval_deadline:
-                s.error = "evaluator did not report the final accuracy in time"
+                state.error = "evaluator did not report the final accuracy in time"
 
     # --- trainer events ----------------------------------------------------------------------
     def handle(self, event: TrainerEvent) -> None:
-        f, s = event.fields, self.state
+        """A trainer event: record it (folded into ``run_state``), then act on it."""
+        fields, state, run = event.fields, self.state, self.run_state
         at = event.received  # the orchestrator's clock; the role's stays in role_time
-        self.rec.event(event.kind, role=event.role, time_s=at, index=event.index,
-                       role_time=event.time, **f)
-        step = f.get("step")
-        if isinstance(step, int | float) and event.role == "chief":
-            s.global_step = max(s.global_step, int(step))
-        wall = at - s.start_time
+        self.emit(event.kind, role=event.role, time_s=at, index=event.index,
+                  role_time=event.time, **fields)
+        wall = at - state.start_time
         kind = event.kind
         if kind == "train_start":
-            s.train_start = at
-            if s.train_t0 is None:
-                s.train_t0 = at
             self.progress.status("training")
             if self.awaiting_restart is not None:
                 decision = self.awaiting_restart
                 # the new chief skipped a damaged checkpoint (checkpoint_skipped): the steps
-                # after the one it used are lost too
-                resumed = int(f.get("step") or 0)
+                # after the one it used are lost too (the fold counts them as well)
+                resumed = int(fields.get("step") or 0)
                 if decision.resume_step is not None and resumed < decision.resume_step:
                     extra = decision.resume_step - resumed
                     decision = replace(decision, resume_step=resumed,
-                                                   lost_steps=decision.lost_steps + extra)
-                    self.planner.tally.lost_steps += extra
-                    s.last_checkpoint_step = resumed
+                                       lost_steps=decision.lost_steps + extra)
                 self.record(self.planner.end(decision, self.now_s()))
                 self.awaiting_restart = None
         elif kind == "step":
-            s.last_loss, s.last_sps = _num(f.get("loss")), _num(f.get("steps_per_sec"))
-            self.rec.metric(wall, int(f.get("step", 0)), s.last_sps, s.last_loss)
-            self.progress.update(s.global_step, s.last_sps, s.last_loss)
+            self.rec.metric(wall, int(fields.get("step", 0)), run.last_steps_per_sec,
+                            run.last_loss)
+            self.progress.update(run.global_step, run.last_steps_per_sec, run.last_loss)
         elif kind == "eval":
-            s.final_accuracy = _num(f.get("accuracy"))
-            self.rec.metric(wall, int(f.get("step", 0)), eval_accuracy=s.final_accuracy)
-            self.progress.update(accuracy=s.final_accuracy)
-            s.evaluator_done = s.evaluator_done or bool(f.get("final"))
+            self.rec.metric(wall, int(fields.get("step", 0)), eval_accuracy=run.final_accuracy)
+            self.progress.update(accuracy=run.final_accuracy)
+            state.evaluator_done = state.evaluator_done or bool(fields.get("final"))
         elif kind == "checkpoint":
-            s.last_checkpoint_step = int(f.get("step", 0))
-            s.last_checkpoint_s = _num(f.get("duration_s")) or s.last_checkpoint_s
             self.fleet.sync_checkpoints()  # durable before a loss can take the chief's host
         elif kind == "phase_start":  # protocol: in force now; scheduled: the phase's own
-            self.schedule_protocol = str(f.get("scheduled", f.get("protocol")))
-            s.open(str(f.get("protocol")), int(f.get("step", 0)), at)
-        elif kind == "phase_end":
-            s.switch_overhead_s += _num(f.get("switch_s")) or 0.0
-            s.close(int(f.get("step", 0)), at, _num(f.get("wall_s")))
-        elif kind == "protocol_switch":
-            s.switch_overhead_s += _num(f.get("switch_s")) or 0.0
-            s.open(str(f.get("to")), int(f.get("step", 0)), at)
+            self.schedule_protocol = str(fields.get("scheduled", fields.get("protocol")))
         elif kind == "train_end":  # the chief wrote DONE just before
             self.fleet.sync_checkpoints()
-            s.train_time_s = _num(f.get("train_time_s"))
-            s.close(s.global_step, at)
-            self.progress.update(s.global_step)
+            self.progress.update(run.global_step)
         elif kind == "worker_steps":
-            self.observe_worker(int(f.get("worker", -1)), _num(f.get("step_time_s")))
+            self.observe_worker(int(fields.get("worker", -1)), _num(fields.get("step_time_s")))
         elif kind == "preemption_notice" and event.role == "ps" and \
-                f.get("host_id") not in self.noticed_ids:
+                fields.get("host_id") not in self.noticed_ids:
             # a notice we did not send (a cloud's own preemption): checkpoint now
             self.control.request_checkpoint()
-        elif kind == "failure" and event.role == "evaluator" and s.error is None \
+        elif kind == "failure" and event.role == "evaluator" and state.error is None \
                 and self.awaiting_restart is None:
             # chief, PS and worker failures are handled by recovery when their process exits
-            s.error = f"{event.role} {event.index}: {f.get('error')}"
+            state.error = f"{event.role} {event.index}: {fields.get('error')}"
         elif kind == EVENT_PROCESS_EXIT:
             self.on_exit(event)
 
     def on_exit(self, event: TrainerEvent, held: bool = False) -> None:
         """A role's process exited. Unexpected: its host's loss is decided now, or held for
         the provider's word on the cause (:meth:`hold`); ``held`` True: the hold is over."""
-        f, s = event.fields, self.state
-        code = f.get("exit_code")
-        if f.get("expected", True):
+        fields, state = event.fields, self.state
+        code = fields.get("exit_code")
+        if fields.get("expected", True):
             if event.role == "chief" and code == 0:
-                s.chief_done = True
+                state.chief_done = True
             if event.role == "evaluator" and code == 0:
-                s.evaluator_done = True
+                state.evaluator_done = True
             return
         try:
-            host = self.cluster.host(str(f.get("host_id", "")))
+            host = self.cluster.host(str(fields.get("host_id", "")))
         except KeyError:
             return  # a host already replaced out of the cluster
         if self.awaiting_restart is not None:  # the restarted cluster lost a role: next attempt
@@ -332,7 +292,8 @@ class Supervisor:
         lost = {loss.host_id for loss in losses} | self.lost
         alive = sum(1 for h in self.cluster.hosts_for(Role.WORKER)
                     if h.id not in lost and self.running(h))
-        return TrainingProgress(self.state.global_step, self.state.last_checkpoint_step, alive)
+        return TrainingProgress(self.run_state.global_step,
+                                self.run_state.last_checkpoint_step, alive)
 
     def decide(self, hosts: list[Host]) -> None:
         losses = [self.loss_of(h) for h in hosts]
@@ -394,7 +355,7 @@ class Supervisor:
         if self.awaiting_restart is not None and time.monotonic() > self.restart_deadline:
             self.fail_attempt(f"training did not resume within {self.restart_timeout_s:g} s "
                               f"of the restart", [])
-        if self.state.train_t0 is not None and not self.awaiting_restart:
+        if self.run_state.train_t0 is not None and not self.awaiting_restart:
             self.fire_revocations(now)
             self.request_due_checkpoints(now)
         if self.replacing is not None:
@@ -406,22 +367,22 @@ class Supervisor:
             self.execute(decision, now)
             if self.state.error is not None:
                 return
-        if self.state.train_t0 is not None:
+        if self.run_state.train_t0 is not None:
             self.track_injections(now)
             self.apply_policy(now)
 
     def fire_revocations(self, now: float) -> None:
         alive = [h.spec.name for h in self.cluster.hosts if self.running(h)]
-        for event in self.revocations.due(now, self.state.global_step, alive):
+        for event in self.revocations.due(now, self.run_state.global_step, alive):
             host = next(h for h in self.cluster.hosts if h.spec.name == event.host_name)
             # the schedule is the cause of whatever this takes down (the machine's other roles)
             self.revoked_here.update(self.cluster.same_machine([host.id]))
             if event.notice_s > 0:
-                self.rec.event("revocation_notice", host=host.spec.name, host_id=host.id,
-                               role=str(host.role), notice_s=event.notice_s)
+                self.emit("revocation_notice", host=host.spec.name, host_id=host.id,
+                          role=str(host.role), notice_s=event.notice_s)
                 self.noticed_ids.add(host.id)
                 if host.role == Role.PS:  # save what the PS holds as late as is safe
-                    margin = max(NOTICE_MARGIN_S, 2 * self.state.last_checkpoint_s)
+                    margin = max(NOTICE_MARGIN_S, 2 * self.run_state.last_checkpoint_s)
                     self.checkpoint_at.append(now + max(0.0, event.notice_s - margin))
             self.fleet.revoke(host, event.notice_s)
 
@@ -440,9 +401,10 @@ class Supervisor:
     def execute_replace(self, decision: RecoveryDecision, now: float) -> None:
         """Fresh hosts for the gone ones, provisioned off the loop (`finish_replace` starts
         their roles); a role that crashed on a host still running is started again there at
-        once (replacing it would take its machine's other roles down)."""
-        self.refresh_states()
-        ids = [i for i in decision.replace_host_ids if i in {h.id for h in self.cluster.hosts}]
+        once (replacing it would take its machine's other roles down). A replacement keeps
+        the lost hosts' endpoints (`hosts_to_replace`), as `Fleet.begin_replace` does."""
+        ids, _ = hosts_to_replace(self.cluster, self.refresh_states(),
+                                  decision.replace_host_ids, restart=False)
         in_place = [self.cluster.host(i) for i in ids if self.running(self.cluster.host(i))
                     and i not in self.revoked_here]  # a revoked host is never reused
         gone = [i for i in ids if i not in {h.id for h in in_place}]
@@ -509,18 +471,16 @@ class Supervisor:
         for host in new_hosts:
             self.revocations.on_replacement(host.spec.name, now)
         self.record(self.planner.replaced(decision, new_hosts, now))
-        self.state.protocol = None
         for other in [d for d in self.pending if d.action == Action.replace]:
             self.pending.remove(other)
             self.record(self.planner.end(other, now))
 
     def track_injections(self, now: float) -> None:
-        delays = self.injections.delays_at(now, self.state.global_step)
+        delays = self.injections.delays_at(now, self.run_state.global_step)
         for worker in sorted(set(delays) - self.injected):
-            self.state.stragglers_injected += 1
-            self.rec.event("straggler_injection_start", worker=worker, delay_s=delays[worker])
+            self.emit("straggler_injection_start", worker=worker, delay_s=delays[worker])
         for worker in sorted(self.injected - set(delays)):
-            self.rec.event("straggler_injection_end", worker=worker)
+            self.emit("straggler_injection_end", worker=worker)
         self.injected = set(delays)
 
     def observe_worker(self, worker: int, step_time_s: float | None) -> None:
@@ -528,7 +488,6 @@ class Supervisor:
             return
         event = self.detector.observe(worker, step_time_s, self.now_s())
         if event is not None:
-            self.state.stragglers_detected += event.kind == "straggler_start"
             self.record(event)
 
     def apply_policy(self, now: float) -> None:
@@ -539,11 +498,3 @@ class Supervisor:
             self.record(decision.event)
         if decision.changed:
             self.control.set_protocol(decision.protocol if decision.override else None)
-
-    # --- summary -----------------------------------------------------------------------------
-    def summary_extras(self) -> dict[str, Any]:
-        s = self.state
-        return {**self.planner.tally.to_summary(), "phases": list(s.phases),
-                "switch_overhead_s": round(s.switch_overhead_s, 3),
-                "stragglers": s.stragglers_detected,
-                "stragglers_injected": s.stragglers_injected}

@@ -112,8 +112,9 @@ def predict_band(cfg: ExperimentConfig, plan: RunPlan) -> dict[str, Any] | None:
     dry run only uses a cached one. A local run of a GPU cluster (CPU processes standing in)
     keeps the GPU cluster's band, marked ``stand_in``: it predicts the cloud run, not this one."""
     from orchestrator.simulate import calibrate
+    from provisioning.registry import provider_class
 
-    if cfg.provider.name == "sim" and not cfg.dry_run:
+    if provider_class(cfg.provider.name).simulated and not cfg.dry_run:
         return None
     models = calibrate.with_gpu_calibrations(SimModels.load(), cfg)
     cal = None
@@ -146,22 +147,3 @@ def predict_band(cfg: ExperimentConfig, plan: RunPlan) -> dict[str, Any] | None:
     if cal is None and calibrate.applies(cfg):
         band["stand_in"] = True  # GPU hosts played by local CPU processes
     return band
-
-
-#: Measured summary fields compared with the band's median.
-COMPARED = ("wall_time_s", "train_time_s")
-
-
-def prediction_error(band: dict[str, Any] | None, summary: dict[str, Any]
-                     ) -> dict[str, float] | None:
-    """``(predicted median − measured) / measured`` per compared field (+0.10: predicted 10 %
-    too long), for a completed run with a band of this very run; None otherwise."""
-    if (not band or "unavailable" in band or band.get("stand_in")
-            or summary.get("status") != "completed"):
-        return None
-    out = {}
-    for name in COMPARED:
-        measured = summary.get(name)
-        if measured and name in band:
-            out[name] = round((band[name]["p50"] - measured) / measured, 4)
-    return out or None

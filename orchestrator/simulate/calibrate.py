@@ -50,7 +50,9 @@ def cache_file() -> Path:
 
 def applies(cfg: ExperimentConfig) -> bool:
     """Calibration predicts runs whose workers are processes on this machine."""
-    return cfg.provider.name == "local"
+    from provisioning.registry import provider_class
+
+    return provider_class(cfg.provider.name).hosts_here
 
 
 def cache_key(cfg: ExperimentConfig) -> str:

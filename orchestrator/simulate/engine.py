@@ -39,6 +39,7 @@ from orchestrator import results
 from orchestrator.config.schema import ExperimentConfig, Protocol
 from orchestrator.config.transient import GCE_NOTICE_S, RevocationModel
 from orchestrator.plan import HostPlan, RunPlan
+from orchestrator.record import fold, summarize
 from orchestrator.simulate.models import CPU, SimModels
 from orchestrator.transient.recovery import (
     Action,
@@ -47,6 +48,7 @@ from orchestrator.transient.recovery import (
     RecoveryDecision,
     RecoveryPlanner,
     TrainingProgress,
+    hosts_to_replace,
 )
 from orchestrator.transient.revocation import (
     LifetimeModel,
@@ -56,7 +58,7 @@ from orchestrator.transient.revocation import (
     zone_to_region,
 )
 from orchestrator.transient.stragglers import InjectionSchedule, StragglerDetector, get_sync_policy
-from provisioning.base import ClusterRequest, Host, HostState, Role
+from provisioning.base import ClusterRequest, Host, Role
 from provisioning.catalog import PREEMPTIBLE_CAP_H, Market
 from provisioning.sim import SimProvider
 
@@ -74,18 +76,15 @@ def cloud_market(cfg: ExperimentConfig) -> tuple[Market | None, float | None]:
     transient VM ends whatever its lifetime (None: never).
 
     Not a setting of its own, so a plan cannot be simulated on another market than the one it
-    would run on: ``provider=sim`` simulates the priced cloud (``pricing.transient_market``:
-    preemptible in the papers' 2019 catalog, Spot in today's); a real backend names the VMs it
-    creates (``Provider.transient_market``: GCE makes Spot VMs, and validation holds the pricing
+    would run on (``Provider.transient_market``): ``provider=sim`` simulates the priced cloud
+    (``pricing.transient_market``: preemptible in the papers' 2019 catalog, Spot in today's); a
+    real backend names the VMs it creates (GCE makes Spot VMs, and validation holds the pricing
     to it), and None for backends no cloud revokes (local processes, an SSH inventory), whose
     runs lose only what the ``revocation`` model injects. Preemptible VMs end at 24 h; a Spot VM
     ends at the provider's max run duration when one is set."""
-    from provisioning.registry import backend
+    from provisioning.registry import provider_class
 
-    if cfg.provider.name == "sim":
-        market: Market | None = Market(cfg.pricing.transient_market)
-    else:
-        market = backend(cfg.provider.name).provider.transient_market
+    market = provider_class(cfg.provider.name).transient_market(cfg.pricing)
     if market is None:
         return None, None
     cap_s = cfg.provider.transient_lifetime_cap_s()
@@ -195,10 +194,6 @@ class Simulation:
         self.wake = self.env.event()
         self.sched_wake = self.env.event()
         self.done = self.env.event()
-        self.switch_overhead = 0.0
-        self.phases: list[dict[str, Any]] = []
-        self.stragglers_detected = 0
-        self.stragglers_injected = 0
         self.train_end: float | None = None
 
     # --- set-up -------------------------------------------------------------------------
@@ -231,7 +226,7 @@ class Simulation:
             if event is not None:
                 self.record(event.kind, **event.fields)
 
-    def kick(self) -> None:
+    def rate_changed(self) -> None:
         """Wake the trainer: the state changed, so the current segment's rate is stale."""
         old, self.wake = self.wake, self.env.event()
         old.succeed()
@@ -282,7 +277,7 @@ class Simulation:
 
     def startup(self) -> Any:
         rng = stream(self.seed, "startup")
-        self.record("provision", hosts=len(self.plan.hosts), provider="sim")
+        self.record("provision", hosts=len(self.plan.hosts), provider=self.plan.provider)
         ready = 0.0
         for h in self.plan.hosts:
             self.bill_start(h.name)
@@ -350,9 +345,14 @@ class Simulation:
                             train_time_s=round(self.env.now - (self.t0 or 0.0), 3))
                 break
             if step >= end:
-                self.phase_end()
+                protocol = self.plan.phases[self.phase + 1].protocol
+                cost = self.switch_cost(protocol)
+                # the switch's time is on the phase_end, as the trainer records it, unless a
+                # protocol_switch says it (a control override in force that the schedule ends)
+                announced = self.override is not None and self.override != protocol
+                self.phase_end(switch_s=0.0 if announced else cost)
                 self.phase += 1
-                yield from self.switch(self.plan.phases[self.phase].protocol)
+                yield from self.switch(protocol, cost)
                 self.phase_start(self.step)
                 continue
             if any(step % f == 0 for f in self.checkpoint_steps()):
@@ -365,14 +365,14 @@ class Simulation:
         self.record("checkpoint", role="chief", step=self.last_ckpt,
                     duration_s=round(self.ckpt_s, 3), reason=reason)
 
-    def switch(self, protocol: str) -> Any:
+    def switch_cost(self, protocol: str) -> float:
         """In place (ours): the switch ends when one step of the new protocol is applied."""
-        before = self.protocol()
         times = [t for t, _ in self.worker_times()] or [0.0]
-        cost = (self.models.bsp_step_s(times) if protocol == Protocol.bsp.value
-                else min(times))
+        return self.models.bsp_step_s(times) if protocol == Protocol.bsp.value else min(times)
+
+    def switch(self, protocol: str, cost: float) -> Any:
+        before = self.protocol()
         yield self.env.timeout(cost)
-        self.switch_overhead += cost
         if before != protocol:
             self.record("protocol_switch", role="chief", step=int(self.step),
                         switch_s=round(cost, 3), reason="schedule",
@@ -384,13 +384,11 @@ class Simulation:
         self.record("phase_start", role="chief", protocol=self.protocol(),
                     step=self._phase_step, phase=self.phase)
 
-    def phase_end(self) -> None:
+    def phase_end(self, switch_s: float = 0.0) -> None:
         wall = round(self.env.now - self._phase_t, 3)
         protocol = self.plan.phases[self.phase].protocol
-        self.phases.append({"protocol": protocol, "start_step": self._phase_step,
-                            "end_step": round(self.step), "wall_s": wall})
         self.record("phase_end", role="chief", protocol=protocol, step=round(self.step),
-                    phase=self.phase, wall_s=wall, switch_s=0.0)
+                    phase=self.phase, wall_s=wall, switch_s=round(switch_s, 3))
 
     def metric(self) -> None:
         self.metrics.append({"wall_time_s": round(self.env.now, 3),
@@ -429,7 +427,7 @@ class Simulation:
                 h.role == "chief" and h.colocate_with == name for h in self.plan.hosts)
             if chief_vm and event.notice_s >= self.ckpt_s:
                 self.ckpt_request = True  # the chief checkpoints on its own host's notice
-                self.kick()
+                self.rate_changed()
             yield self.env.timeout(event.notice_s)
         if name not in self.alive or self.done.triggered:
             return
@@ -454,14 +452,14 @@ class Simulation:
                 self.record_all([self.detector.forget(host.index, self.now_s())])
             if decision.action == Action.fail:
                 self.error = decision.reason
-                self.kick()
+                self.rate_changed()
             elif decision.action == Action.restart:
                 self.paused = True
                 self.step = float(decision.resume_step or 0)
                 self.env.process(self.complete(decision, restart=True))
             elif decision.action == Action.replace:
                 self.env.process(self.complete(decision, restart=False))
-        self.kick()
+        self.rate_changed()
 
     def provision_delay(self, host: HostPlan) -> float:
         """A replacement's request-to-ready time: CM-DARE's replacement servers for GPU hosts,
@@ -497,21 +495,18 @@ class Simulation:
             self.paused = False
             self.record("train_start", role="chief", step=int(self.step),
                         workers=len(self.worker_times()), resumed_from=decision.resume_step)
-        self.kick()
+        self.rate_changed()
 
     def replace_hosts(self, decision: RecoveryDecision, restart: bool) -> list[Host]:
-        """What the real run's Fleet does with the provider (the simulated cloud always has
-        capacity): a replacement keeps the lost host's endpoint (a worker joining the live
-        job); a restart replaces every host that is not running, at any endpoint."""
+        """What the real run's Fleet does with the provider, by the same rule
+        (:func:`orchestrator.transient.recovery.hosts_to_replace`); the simulated cloud always
+        has capacity."""
         known = {h.id for h in self.cluster.hosts}
-        ids = [i for i in decision.replace_host_ids if i in known]
-        if restart:
-            states = self.provider.poll(self.cluster)
-            ids = [h.id for h in self.cluster.hosts
-                   if h.id in ids or states.get(h.id) != HostState.RUNNING]
+        ids, keep_endpoints = hosts_to_replace(self.cluster, self.provider.poll(self.cluster),
+                                               decision.replace_host_ids, restart)
         if not ids:
             return []
-        self.cluster = self.provider.replace(self.cluster, ids, keep_endpoints=not restart)
+        self.cluster = self.provider.replace(self.cluster, ids, keep_endpoints)
         return [h for h in self.cluster.hosts if h.id not in known]
 
     # --- stragglers and the sync policy ---------------------------------------------------
@@ -533,12 +528,11 @@ class Simulation:
             return
         self.advance()
         for worker in sorted(set(delays) - set(self.delays)):
-            self.stragglers_injected += 1
             self.record("straggler_injection_start", worker=worker, delay_s=delays[worker])
         for worker in sorted(set(self.delays) - set(delays)):
             self.record("straggler_injection_end", worker=worker)
         self.delays = delays
-        self.kick()
+        self.rate_changed()
         self.env.process(self.detect())
 
     def detect(self) -> Any:
@@ -553,7 +547,6 @@ class Simulation:
                     event = self.detector.observe(h.index, self.base_step_s[h.name]
                                                   + self.delays.get(h.index, 0.0), self.now_s())
                     if event is not None:
-                        self.stragglers_detected += event.kind == "straggler_start"
                         self.record(event.kind, **event.fields)
         self.apply_policy()
         pol = self.cfg.sync.policy
@@ -575,14 +568,17 @@ class Simulation:
             if before != self.protocol():
                 times = [t for t, _ in self.worker_times()] or [0.0]
                 cost = min(times)  # in place: one step of the new protocol (paid in rate)
-                self.switch_overhead += cost
                 self.record("protocol_switch", role="chief", step=int(self.step),
                             switch_s=round(cost, 3), reason="control",
                             **{"from": before, "to": self.protocol()})
-            self.kick()
+            self.rate_changed()
 
     # --- the end --------------------------------------------------------------------------
     def finish(self) -> None:
+        if self.error is not None:  # where training stopped (a completed run's train_end says)
+            self.record("step", role="chief", step=round(self.step))
+        elif self.train_end is not None:
+            self.record_final_accuracy()
         for name in list(self.billing_since):
             self.bill_stop(name)
         self.record("teardown")
@@ -602,49 +598,34 @@ class Simulation:
                 total += host.hourly_usd * max(0.0, min(end, hi) - max(start, lo))
         return total / 3600.0
 
-    def result(self) -> SimResult:
+    def record_final_accuracy(self) -> None:
+        """The evaluator's final ``eval`` of a completed run: the accuracy the fitted models
+        give this setup (none when they cannot), and where it comes from (``source``)."""
         cfg, plan = self.cfg, self.plan
+        transient = any(h.transient for h in plan.hosts if h.role == "worker")
+        bsp = sum(p.bsp_equivalent_steps for p in plan.phases if p.protocol == "bsp")
+        budget = sum(p.bsp_equivalent_steps for p in plan.phases)
+        found = self.models.accuracy(self.hparam, cfg.job.problem, plan.workers,
+                                     bsp / budget if budget else 0.0, round(budget), transient)
+        if found is not None:
+            accuracy, source = found
+            self.record("eval", role="evaluator", step=round(self.step), accuracy=accuracy,
+                        final=True, source=source)
+
+    def result(self) -> SimResult:
+        """The run as the real one records it: events, metrics, and the summary made from the
+        events by the one builder (:func:`orchestrator.record.summarize`)."""
         completed = self.error is None and self.train_end is not None
-        train_time = (self.train_end or self.env.now) - (self.t0 or 0.0)
-        accuracy = None
-        acc_source = None
-        if completed:
-            transient = any(h.transient for h in plan.hosts if h.role == "worker")
-            bsp = sum(p.bsp_equivalent_steps for p in plan.phases if p.protocol == "bsp")
-            budget = sum(p.bsp_equivalent_steps for p in plan.phases)
-            found = self.models.accuracy(self.hparam, cfg.job.problem, plan.workers,
-                                         bsp / budget if budget else 0.0, round(budget),
-                                         transient)
-            if found is not None:
-                accuracy, acc_source = found
-        steps = round(self.step)
-        tally = self.planner.tally.to_summary()
-        summary = {
-            "schema_version": results.SCHEMA_VERSION,
-            "run_id": f"{cfg.name}-sim-{self.seed}",
-            "status": results.STATUS_COMPLETED if completed else results.STATUS_FAILED,
-            "experiment": cfg.name,
-            "provider": "sim",
-            "protocol": ">".join(p.protocol for p in plan.phases),
-            "workers": plan.workers,
-            "parameter_servers": plan.parameter_servers,
-            "global_steps": steps,
-            "wall_time_s": round(self.env.now, 3),
-            "train_time_s": round(train_time, 3),
-            "final_accuracy": accuracy,
-            "steps_per_sec": round(steps / train_time, 4) if train_time > 0 else None,
-            "cost_usd": round(self.cost_usd(), 6),
-            "error": self.error,
-            **tally,
-            "phases": self.phases,
-            "switch_overhead_s": round(self.switch_overhead, 3),
-            "stragglers": self.stragglers_detected,
-            "stragglers_injected": self.stragglers_injected,
-            "sim_seed": self.seed,
-            "sim_speed_factor": {g: round(f, 4) for g, f in self.speed_factor.items()},
-            "accuracy_source": acc_source,
-        }
-        return SimResult(summary, self.events, self.metrics)
+        state = fold({results.EVENT_TIME: event["t"], **event} for event in self.events)
+        # a simulated run is its own prediction: the plan's band is not compared with it
+        plan = {**self.plan.to_dict(), "prediction": None}
+        summary = summarize(
+            state, plan, run_id=f"{self.cfg.name}-sim-{self.seed}",
+            status=results.STATUS_COMPLETED if completed else results.STATUS_FAILED,
+            wall_s=self.env.now, cost_usd=self.cost_usd(), error=self.error,
+            ended_at=self.env.now, sim_seed=self.seed,
+            sim_speed_factor={g: round(f, 4) for g, f in self.speed_factor.items()})
+        return SimResult(summary.to_dict(), self.events, self.metrics)
 
 
 def simulate(cfg: ExperimentConfig, plan: RunPlan, seed: int | None = None,

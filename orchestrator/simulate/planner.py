@@ -30,9 +30,9 @@ from typing import TYPE_CHECKING, Any
 
 from orchestrator.config.errors import CONFIG_ERROR_EXIT_CODE, ConfigError
 from orchestrator.config.schema import ExperimentConfig, Protocol, SyncPhase
+from orchestrator.config.simulate import Objective, PlannerConfig
 from orchestrator.config.transient import OnRevocation
 from orchestrator.simulate.band import simulate_many, summarize_runs
-from orchestrator.simulate.config import Objective, PlannerConfig
 from orchestrator.simulate.models import NoModelError, SimModels
 
 if TYPE_CHECKING:

@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from orchestrator.config.schema import ExperimentConfig
+from orchestrator.config.simulate import QueuePolicy
 from orchestrator.plan import RunPlan, estimate_train_time_s
-from orchestrator.simulate.config import QueuePolicy
 from orchestrator.simulate.models import SimModels
 
 _EPS = 1e-9

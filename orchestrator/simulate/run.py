@@ -1,6 +1,6 @@
 """``provider=sim``: simulate a planned run and write it as a run directory of the real schema.
 
-Called by :func:`orchestrator.run.execute_run` when ``cfg.provider.name == "sim"``. Writes the
+The player the entry point picks for a backend that declares itself ``simulated``. Writes the
 same files a real run writes (``config.yaml``, ``plan.json``, ``events.jsonl``, ``metrics.csv``,
 ``summary.json``; the sweep's ``runs.csv`` is appended by the entry point as for any run), so
 ``python -m analysis`` reads simulated and measured runs alike. Event times are unix seconds
@@ -16,6 +16,7 @@ from typing import Any
 from orchestrator import results
 from orchestrator.config.schema import ExperimentConfig
 from orchestrator.plan import RunPlan
+from orchestrator.record import RunState, make_run_id, summarize
 from orchestrator.simulate.engine import SimResult, simulate
 from orchestrator.simulate.models import NoModelError
 
@@ -45,21 +46,19 @@ def write_run(result: SimResult, run_dir: Path, resolved_config: dict[str, Any],
 
 
 def execute_sim(cfg: ExperimentConfig, plan: RunPlan, run_dir: Path,
-                resolved_config: dict[str, Any]) -> dict[str, Any]:
+                resolved_config: dict[str, Any], title: str = "",
+                sweep_id: str | None = None) -> dict[str, Any]:
     """Simulate and record one run; returns its summary (status failed with the reason when
-    the fitted models cannot predict this setup)."""
-    from orchestrator.run import make_run_id
-
+    the fitted models cannot predict this setup). The signature of the real player
+    (:func:`orchestrator.runtime.run.execute_run`); ``title`` and ``sweep_id`` are unused: nothing is
+    shown while it runs, and nothing is provisioned that a sweep would label."""
     try:
         result = simulate(cfg, plan)
         result.summary["run_id"] = make_run_id(cfg.name)
     except NoModelError as ex:
-        summary = {k: None for k in (*results.SUMMARY_FIELDS, *results.TRANSIENT_SUMMARY_FIELDS)}
-        summary.update(schema_version=results.SCHEMA_VERSION, run_id=f"{cfg.name}-sim",
-                       status=results.STATUS_FAILED, experiment=cfg.name, provider="sim",
-                       protocol=">".join(p.protocol for p in plan.phases), workers=plan.workers,
-                       parameter_servers=plan.parameter_servers, global_steps=0,
-                       wall_time_s=0.0, cost_usd=0.0, error=f"cannot simulate: {ex}")
-        result = SimResult(summary)
+        summary = summarize(RunState(), plan.to_dict(), run_id=make_run_id(cfg.name),
+                            status=results.STATUS_FAILED, wall_s=0.0, cost_usd=0.0,
+                            error=f"cannot simulate: {ex}")
+        result = SimResult(summary.to_dict())
     write_run(result, run_dir, resolved_config, plan)
     return result.summary

@@ -32,7 +32,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from orchestrator import sweep as hydra_sweep
 from orchestrator.config.errors import CONFIG_ERROR_EXIT_CODE, ConfigError
 from orchestrator.config.schema import ExperimentConfig
-from orchestrator.simulate.config import QueueConfig
+from orchestrator.config.simulate import QueueConfig
 from orchestrator.simulate.queue import QueuedRun, Schedule, compare, markdown, predict_time_s
 
 #: Config groups: an override of one of these selects a YAML file, so it needs a compose.

@@ -49,11 +49,12 @@ def compose(overrides: list[str]) -> Any:
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
-    from orchestrator.config.schema import register_configs, to_experiment
+    from orchestrator.config.load import to_experiment
+    from orchestrator.config.schema import register_configs
     from orchestrator.paths import CONF_DIR
 
     register_configs()
-    from orchestrator.user_repo import register_plugins
+    from hydra_plugins.transient_launcher import register_plugins
 
     register_plugins()  # the user's experiments and groups, as the CLI finds them
     # scoped: Hydra is left as found, so later compose_experiment calls can initialize it

@@ -33,12 +33,12 @@ from __future__ import annotations
 
 import abc
 import enum
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from orchestrator.config.transient import RecoveryConfig
-from provisioning.base import Host, HostId, Role
+from provisioning.base import Cluster, Host, HostId, HostState, Role
 from trainer.registry import Registry
 
 EVENT_REVOCATION_NOTICE = "revocation_notice"  # host, host_id, role, notice_s (loop records it)
@@ -281,6 +281,23 @@ class RestartFromCheckpoint(RecoveryPolicy):
                                 attempt=self.restarts, events=tuple(events))
 
 
+def hosts_to_replace(cluster: Cluster, states: Mapping[HostId, HostState],
+                     replace_ids: Sequence[HostId], restart: bool) -> tuple[list[HostId], bool]:
+    """Which hosts a recovery swaps for fresh ones, and whether they keep their endpoints.
+
+    The one rule of both players (the real run's :class:`orchestrator.runtime.fleet.Fleet` and
+    the simulation): the hosts the decision names that are still in ``cluster``; a restart also
+    every host that is not RUNNING by ``states`` (the provider's last answer), at any endpoint
+    (the new spec names the new ones); a replacement keeps the lost host's endpoint (a worker
+    joins the live job at the address the others know)."""
+    known = {host.id for host in cluster.hosts}
+    named = [host_id for host_id in replace_ids if host_id in known]
+    if not restart:
+        return named, True
+    return [host.id for host in cluster.hosts
+            if host.id in named or states.get(host.id) != HostState.RUNNING], False
+
+
 # --- routing and bookkeeping ---------------------------------------------------------------
 
 #: Roles whose loss takes the whole training cluster down (TF's coordinator tolerates worker
@@ -288,36 +305,9 @@ class RestartFromCheckpoint(RecoveryPolicy):
 RESTART_ROLES = (Role.PS, Role.CHIEF)
 
 
-@dataclass
-class RecoveryTally:
-    """Counts for ``summary.json``, taken from the very events recorded, so the two agree."""
-
-    revocations: int = 0
-    replacements: int = 0
-    recoveries: int = 0
-    restarts: int = 0
-    lost_steps: int = 0
-
-    def count(self, events: Sequence[RecordedEvent]) -> None:
-        for event in events:
-            if event.kind == EVENT_REVOCATION:
-                self.revocations += 1
-            elif event.kind == EVENT_REPLACEMENT_READY:
-                self.replacements += 1
-            elif event.kind == EVENT_RECOVERY_START:
-                self.lost_steps += int(event.fields.get("lost_steps", 0))
-                self.restarts += event.fields.get("action") == Action.restart.value
-            elif event.kind == EVENT_RECOVERY_END:
-                self.recoveries += 1
-
-    def to_summary(self) -> dict[str, int]:
-        return {"revocations": self.revocations, "replacements": self.replacements,
-                "recoveries": self.recoveries, "restarts": self.restarts,
-                "lost_steps": self.lost_steps}
-
-
 class RecoveryPlanner:
-    """Routes losses to policies and keeps the tally of every event it hands out.
+    """Routes losses to policies; the events it hands out are the run's record of recovery
+    (:class:`orchestrator.record.RunState` counts them for the summary).
 
     Routing: any PS or chief among the losses → one ``restart_from_checkpoint`` decision for
     all of them (a restart re-deploys every role, and replaces every gone host, workers too);
@@ -330,7 +320,6 @@ class RecoveryPlanner:
         self.policies = {name: get_recovery_policy(name, cfg)
                          for name in (str(cfg.on_revocation), ReplacePolicy.name,
                                       RestartFromCheckpoint.name)}
-        self.tally = RecoveryTally()
 
     def decide(self, losses: Sequence[HostLoss], progress: TrainingProgress,
                now_s: float) -> list[RecoveryDecision]:
@@ -346,8 +335,6 @@ class RecoveryPlanner:
                 groups.setdefault(name, []).append(loss)
         decisions = [self.policies[name].recover(group, progress, now_s)
                      for name, group in groups.items()]
-        for decision in decisions:
-            self.tally.count(decision.events)
         return decisions
 
     def retry_restart(self, losses: Sequence[HostLoss], progress: TrainingProgress,
@@ -356,7 +343,6 @@ class RecoveryPlanner:
         roles: the cluster is not training, so only a restart brings it back), or the failure
         once ``max_restarts`` attempts were made."""
         decision = self.policies[RestartFromCheckpoint.name].recover(losses, progress, now_s)
-        self.tally.count(decision.events)
         return decision
 
     def replaced(self, decision: RecoveryDecision, new_hosts: Sequence[Host],
@@ -368,7 +354,6 @@ class RecoveryPlanner:
                                 {"host": h.spec.name, "host_id": h.id, "role": str(h.role),
                                  "endpoint": h.endpoint, "wait_s": round(now_s - lost_at, 3)})
                   for h in new_hosts]
-        self.tally.count(events)
         return events
 
     def replacement_failed(self, decision: RecoveryDecision, error: str) -> list[RecordedEvent]:
@@ -376,7 +361,6 @@ class RecoveryPlanner:
         events = [RecordedEvent(EVENT_REPLACEMENT_FAILED,
                                 {"hosts": [loss.host_name for loss in decision.losses],
                                  "error": error})]
-        self.tally.count(events)
         return events
 
     def attempt_failed(self, decision: RecoveryDecision, reason: str,
@@ -386,7 +370,6 @@ class RecoveryPlanner:
         event = RecordedEvent(EVENT_RECOVERY_ATTEMPT_FAILED, {
             "policy": decision.policy, "attempt": decision.attempt, "reason": reason,
             "duration_s": round(now_s - min(loss.at_s for loss in decision.losses), 3)})
-        self.tally.count([event])
         return event
 
     def end(self, decision: RecoveryDecision, now_s: float, ok: bool = True) -> RecordedEvent:
@@ -396,5 +379,4 @@ class RecoveryPlanner:
         event = RecordedEvent(EVENT_RECOVERY_END, {
             "policy": decision.policy, "action": action, "lost_steps": decision.lost_steps,
             "duration_s": round(now_s - min(loss.at_s for loss in decision.losses), 3)})
-        self.tally.count([event])
         return event

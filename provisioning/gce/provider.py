@@ -73,7 +73,7 @@ from provisioning.base import (
     ResourceJournal,
     url_scheme,
 )
-from provisioning.catalog import Market
+from provisioning.catalog import Market, PricingConfig
 from provisioning.gce.body import (
     VmRequest,
     label_value,
@@ -99,7 +99,10 @@ class GceProvider(GceInstances, Provider):
     None; tests pass one bound to a fake). Runners come from the SSH backend (`gce/ssh.py`)."""
 
     name = "gce"
-    transient_market = Market.spot  # instance_body: provisioningModel SPOT for transient hosts
+
+    @classmethod
+    def transient_market(cls, pricing: PricingConfig) -> Market:
+        return Market.spot  # instance_body: provisioningModel SPOT for transient hosts
 
     def __init__(self, config: GceConfig | None = None, journal: ResourceJournal | None = None,
                  api: Any = None, sweep_id: str | None = None, clock: Callable[[], float] = time.monotonic,

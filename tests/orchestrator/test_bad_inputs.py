@@ -21,8 +21,9 @@ from typing import Any, get_args, get_origin, get_type_hints
 import pytest
 
 from orchestrator.config.errors import ConfigError
+from orchestrator.config.load import to_experiment
 from orchestrator.config.ranges import RANGES, Range
-from orchestrator.config.schema import ExperimentConfig, to_experiment
+from orchestrator.config.schema import ExperimentConfig
 from orchestrator.config.validation import validate
 from orchestrator.plan import make_plan
 from orchestrator.validate import compose_experiment, validate_files

@@ -15,7 +15,6 @@ from typing import Any
 
 import pytest
 
-from orchestrator.runtime.supervisor import Supervisor
 from provisioning.base import Cluster, HostId, HostState, Role
 from provisioning.local import LocalProvider
 from tests.orchestrator.test_supervisor import RUN_LIMIT_S, FakeRun
@@ -99,7 +98,7 @@ def test_a_preemption_whose_process_exit_arrives_first_is_a_revocation(lagging_r
     assert held == [True], "the exit was decided before the provider answered"
     assert run.supervisor.state.error is None, run.supervisor.state.error
     assert losses(events) == [("revocation", "worker-1", "revoked")]
-    assert _summary(run.supervisor)["revocations"] == 1
+    assert run.supervisor.run_state.revocations == 1
     assert [e["host"] for e in events if e["kind"] == "replacement_ready"] == ["worker-1"]
 
 
@@ -111,7 +110,7 @@ def test_the_injected_schedule_is_the_cause_whatever_the_provider_says(lagging_r
     events = run.follow()
     assert run.supervisor.state.error is None, run.supervisor.state.error
     assert losses(events) == [("revocation", "worker-0", "revoked")]
-    assert _summary(run.supervisor)["revocations"] == 1
+    assert run.supervisor.run_state.revocations == 1
     assert not run.supervisor.held
 
 
@@ -127,8 +126,4 @@ def test_a_crash_on_a_host_the_provider_still_runs_is_a_crash(lagging_run):
     events = run.follow(crash_worker)
     assert run.supervisor.state.error is None, run.supervisor.state.error
     assert losses(events) == [("server_failure", "worker-1", "crashed")]
-    assert _summary(run.supervisor)["revocations"] == 0
-
-
-def _summary(supervisor: Supervisor) -> dict[str, Any]:
-    return supervisor.summary_extras()
+    assert run.supervisor.run_state.revocations == 0

@@ -25,7 +25,8 @@ REPO = Path(__file__).resolve().parents[2]
 ENV = {**{k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"},
        "PYTHONPATH": str(REPO)}
 
-# A stand-in orchestrator: records a run the way execute_run does, then waits to be killed.
+# A stand-in orchestrator: records a run the way execute_run does (each trainer event, and the
+# metrics row the supervisor writes for it), then waits to be killed.
 OWNER = """
 import sys, time
 from orchestrator import results
@@ -34,8 +35,11 @@ rec.write_config({"name": "owned", "job": {"train_steps": 100}})
 rec.write_json(results.PLAN_FILE, {"experiment": "owned", "provider": "local", "workers": 2,
                "parameter_servers": 1, "hourly_usd": 3.6, "phases": [{"protocol": "asp"}]})
 rec.write_json(results.SPEC_FILE, {"run_id": "owned-1"})
-rec.event("train_start", role="chief")
+rec.event("train_start", role="chief", step=0)
+rec.event("step", role="chief", step=40, steps_per_sec=40.0, loss=0.5)
 rec.metric(1.0, 40, 40.0, 0.5)
+rec.event("step", role="chief", step=80, steps_per_sec=40.0, loss=0.4)
+rec.event("eval", role="evaluator", step=80, accuracy=0.91)
 rec.metric(2.0, 80, 40.0, 0.4, 0.91)
 print("ready", flush=True)
 time.sleep(600)

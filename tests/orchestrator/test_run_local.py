@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.orchestrator.proc_utils import live_processes_mentioning
+from tests.orchestrator.test_record import refold
 
 pytestmark = pytest.mark.slow
 
@@ -57,6 +58,8 @@ def check_run_dir(run_dir: Path) -> dict:
     assert list(rows[0]) == ["wall_time_s", "global_step", "steps_per_sec", "loss",
                              "eval_accuracy"]
     assert any(r["eval_accuracy"] for r in rows)
+    # the one record: the fold of the events on disk gives back every number of the summary
+    assert refold(run_dir) == summary
     return summary
 
 

@@ -17,10 +17,10 @@ import pytest
 
 from orchestrator import results
 from orchestrator.plan import make_plan
-from orchestrator.run import build_trainer_spec, cluster_request
 from orchestrator.runtime.control import ControlChannel
 from orchestrator.runtime.fleet import Fleet
 from orchestrator.runtime.progress import RunProgress
+from orchestrator.runtime.run import build_trainer_spec, cluster_request
 from orchestrator.runtime.supervisor import Supervisor
 from orchestrator.transient.revocation import RevocationSchedule
 from orchestrator.validate import compose_experiment
@@ -175,8 +175,9 @@ def ps_revoked_at_step(step: int, *more: str) -> list[str]:
 def test_a_run_completes_with_receipt_times_and_the_role_clock(fake_run):
     run = fake_run()
     events = run.follow()
-    state = run.supervisor.state
-    assert state.error is None and state.global_step == 40 and state.final_accuracy == 0.9
+    state = run.supervisor.run_state
+    assert run.supervisor.state.error is None
+    assert state.global_step == 40 and state.final_accuracy == 0.9
     steps = [e for e in events if e["kind"] == "step"]
     assert len(steps) == 40 and all("role_time" in e for e in steps)
     assert all(e["time"] >= e["role_time"] - 1.0 for e in steps)  # receipt, not before sending

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.orchestrator.proc_utils import live_processes_mentioning
+from tests.orchestrator.test_record import refold
 from tests.orchestrator.test_run_local import orchestrate, read_events
 
 pytestmark = pytest.mark.slow
@@ -51,6 +52,7 @@ def test_chaos_workers_and_the_parameter_server_are_killed(repo_root: Path,
     # times meet the PS's step on a fast or a loaded machine) fails that attempt and the next
     # one goes on: each failed attempt is recorded, and the restarts count them all
     assert summary["restarts"] == 1 + kinds["recovery_attempt_failed"] <= 2
+    assert refold(run_dir) == summary  # every number of the summary is the events' fold
     revoked = [e for e in events if e["kind"] == "revocation"]
     assert sorted(e["role"] for e in revoked) == ["chief", "evaluator", "ps", "worker", "worker"]
     # every recovery closed: ended, or its attempt failed and the next one started

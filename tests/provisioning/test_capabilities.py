@@ -120,8 +120,8 @@ def test_the_run_start_asks_the_backend_for_credentials_and_its_dataset(
     """The orchestrator's run-start steps through the hooks: the credentials problem is one
     config error naming the field; the dataset is fetched into the cache by the backend whose
     scheme it is; one the backend cannot fetch is one data error line."""
-    from orchestrator import data as data_step
     from orchestrator.config.validation import validate_run_start
+    from orchestrator.runtime import data as data_step
     from tests.provisioning.test_gce_storage import cifar10_bin, read_tree
 
     def config(url: str):  # type: ignore[no-untyped-def]

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.plan import make_plan
-from orchestrator.run import build_trainer_spec
+from orchestrator.runtime.run import build_trainer_spec
 from orchestrator.validate import compose_experiment
 from provisioning.base import BadRequestError, Cluster, Host
 from provisioning.gce.body import GPU_NAMESPACE, gpu_check_script

@@ -180,7 +180,7 @@ def test_a_gs_data_dir_is_downloaded_once_into_the_cache(emulator: str, tmp_path
     """The run's data step with job.data_dir=gs://...: the objects land in the data cache, the
     run reads them from there; a second run downloads only what changed; a bucket without the
     problem's files is one data error line."""
-    from orchestrator import data as data_step
+    from orchestrator.runtime import data as data_step
     from orchestrator.validate import compose_experiment
     from provisioning.gce.storage import cached_copy
     from trainer.data import find_cifar_files

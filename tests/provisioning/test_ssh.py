@@ -351,7 +351,7 @@ def test_dataset_is_staged_only_to_the_machines_that_read_it(ssh_testbed: SshTes
                                                             tmp_path) -> None:
     """The chief and evaluator read the dataset (they ship arrays to the workers): their
     machine gets a copy under its work dir, a worker-only machine none."""
-    from orchestrator import data
+    from orchestrator.runtime import data
     from orchestrator.runtime.deploy import Deployment
 
     dataset = tmp_path / "cifar10"

@@ -11,8 +11,9 @@ from rich.console import Console
 
 from orchestrator.display import render_plan
 from orchestrator.plan import make_plan
+from orchestrator.record import prediction_error
 from orchestrator.simulate import calibrate
-from orchestrator.simulate.band import predict_band, prediction_error
+from orchestrator.simulate.band import predict_band
 from orchestrator.simulate.models import SimModels
 from orchestrator.simulate.validate import compose
 
@@ -88,10 +89,10 @@ def test_prediction_error_is_computed_from_the_band_and_the_measurement() -> Non
 
 
 def test_summary_of_a_real_run_carries_the_prediction() -> None:
-    from orchestrator.run import make_summary
+    from orchestrator.runtime.run import make_summary
 
     cfg = compose(["+experiment=cifar10_res32", "sim.repeats=3"])
     plan = make_plan(cfg)
     plan.prediction = predict_band(cfg, plan)
-    summary = make_summary(cfg, plan, "run-1", "failed", time.time(), None, "stopped")
+    summary = make_summary(plan, "run-1", "failed", time.time(), None, "stopped")
     assert summary["predicted"] == plan.prediction and summary["predicted"]["runs"] == 3

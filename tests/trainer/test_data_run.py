@@ -16,9 +16,9 @@ import pytest
 from cifar_server import ArchiveServer, make_archive, refused_url
 from test_data import REPO, capture, check_arrays, fetch_served, use_archive
 
-from orchestrator import data as data_step
 from orchestrator.config.errors import ConfigError
 from orchestrator.config.validation import validate_data_dir
+from orchestrator.runtime import data as data_step
 from orchestrator.validate import compose_experiment
 from provisioning.base import ClusterRequest, HostSpec, Role
 from provisioning.local import LocalProvider

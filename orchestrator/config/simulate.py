@@ -1,7 +1,8 @@
 """Config schemas of the simulator, the planner and the quota queue (top-level ``sim``,
 ``planner`` and ``queue`` keys of :class:`orchestrator.config.schema.ExperimentConfig`).
 
-Kept here, beside the code that reads them; ``schema.py`` only mounts them. Every default is a
+Kept in ``config/`` with the other schemas (data only: the config room never imports the
+simulation that reads them); ``schema.py`` mounts them. Every default is a
 choice of the user interface (how many repeats, which objective), not a model figure.
 """
 
@@ -50,7 +51,7 @@ class SimConfig:
 
 @dataclass
 class PlannerConfig:
-    """``python -m orchestrator.planner``: the search space and the objective."""
+    """``python -m orchestrator.plan``: the search space and the objective."""
 
     deadline_h: float | None = None  # hours; P(finish before it) is reported; null = none
     budget_usd: float | None = None  # configurations whose mean cost exceeds it are dropped

@@ -1,7 +1,8 @@
 """Turn a validated experiment into a RunPlan: hosts, prices, phases and step targets.
 
 The plan is what the dry run prints and what ``plan.json`` records, so a run can later be
-compared against what was predicted.
+compared against what was predicted. ``python -m orchestrator.plan`` is the planner
+(:mod:`orchestrator.plan.__main__`), which searches over plans; this module only makes one.
 """
 
 from __future__ import annotations
@@ -178,11 +179,11 @@ def lone_worker_cannot_survive(cfg: ExperimentConfig, hosts: list[HostPlan]) -> 
     if (len(workers) != 1 or not workers[0].transient
             or cfg.cluster.recovery.on_revocation != OnRevocation.shrink):
         return False
-    if cfg.revocation.model != RevocationModel.none or cfg.provider.name == "sim":
+    if cfg.revocation.model != RevocationModel.none:
         return True
-    from provisioning.registry import backend
+    from provisioning.registry import provider_class
 
-    return backend(cfg.provider.name).provider.transient_market is not None
+    return provider_class(cfg.provider.name).transient_market(cfg.pricing) is not None
 
 
 def make_plan(cfg: ExperimentConfig) -> RunPlan:
@@ -231,7 +232,19 @@ def make_plan(cfg: ExperimentConfig) -> RunPlan:
     )
 
 
-if __name__ == "__main__":  # python -m orchestrator.plan: the planner (orchestrator/simulate/)
-    from orchestrator.simulate.planner import main
+def load_and_plan(cfg: Any) -> tuple[ExperimentConfig, RunPlan]:
+    """A composed task config (Hydra's, without its ``hydra`` node) as validated dataclasses
+    and its plan; ConfigError for anything wrong with it."""
+    from omegaconf.errors import OmegaConfBaseException
 
-    main()
+    from orchestrator.config.load import from_omegaconf, to_experiment
+    from orchestrator.config.validation import validate
+
+    try:
+        experiment = to_experiment(cfg)
+    except OmegaConfBaseException as ex:
+        raise from_omegaconf(ex) from ex
+    validate(experiment)
+    plan = make_plan(experiment)
+    experiment.provider = experiment.provider.for_plan(plan.est_train_time_s)  # gce: VMs' life
+    return experiment, plan

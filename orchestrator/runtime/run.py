@@ -10,7 +10,6 @@ from __future__ import annotations
 import sys
 import time
 import traceback
-import uuid
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -18,55 +17,31 @@ from typing import Any
 from orchestrator import results
 from orchestrator.config.schema import ExperimentConfig
 from orchestrator.plan import RunPlan
-from orchestrator.preflight import LOCAL_PROVIDERS, run_preflight
+from orchestrator.preflight import run_preflight
+from orchestrator.record import RunState, make_run_id, summarize
 from orchestrator.runtime.control import ControlChannel
 from orchestrator.runtime.fleet import Fleet
 from orchestrator.runtime.progress import RunProgress
-from orchestrator.runtime.supervisor import RunState, Supervisor
-from orchestrator.simulate.band import prediction_error
+from orchestrator.runtime.supervisor import Supervisor
 from orchestrator.transient.revocation import RevocationSchedule
 from orchestrator.transient.stragglers import InjectionSchedule
 from provisioning.base import Cluster, ClusterRequest, Role
 from provisioning.journal import JOURNAL_FILE, Journal
-from provisioning.registry import get_provider
+from provisioning.registry import get_provider, provider_class
 from trainer.layout import CHECKPOINT_DIR, CLUSTER_JOBS, CONTROL_FILE
 from trainer.spec import JobSpec, PhaseSpec, StragglerSpec, TrainerSpec
-
-
-def planned_experiment(cfg: Any) -> tuple[ExperimentConfig, RunPlan]:
-    """A composed task config (Hydra's, without its ``hydra`` node) as validated dataclasses
-    and its plan; ConfigError for anything wrong with it."""
-    from omegaconf.errors import OmegaConfBaseException
-
-    from orchestrator.config.errors import from_omegaconf
-    from orchestrator.config.schema import to_experiment
-    from orchestrator.config.validation import validate
-    from orchestrator.plan import make_plan
-
-    try:
-        exp = to_experiment(cfg)
-    except OmegaConfBaseException as ex:
-        raise from_omegaconf(ex) from ex
-    validate(exp)
-    plan = make_plan(exp)
-    exp.provider = exp.provider.for_plan(plan.est_train_time_s)  # e.g. gce: the VMs' life
-    return exp, plan
 
 
 def before_provisioning(cfg: ExperimentConfig) -> None:
     """What a real run checks and fetches before anything is provisioned: cloud credentials
     (before a download), then the dataset (a bad ``job.data_dir`` or a failed download stops
-    here). A simulated run provisions nothing and reads no data."""
-    from orchestrator import data
+    here). A simulated run (its backend ``simulated``) provisions nothing and reads no data."""
     from orchestrator.config.validation import validate_run_start
+    from orchestrator.runtime import data
 
-    if cfg.provider.name != "sim":
+    if not provider_class(cfg.provider.name).simulated:
         validate_run_start(cfg)
         data.prepare(cfg)
-
-
-def make_run_id(name: str) -> str:
-    return f"{name}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
 
 
 def build_trainer_spec(cfg: ExperimentConfig, plan: RunPlan, cluster: Cluster, run_id: str,
@@ -113,7 +88,6 @@ def straggler_specs(cfg: ExperimentConfig) -> list[StragglerSpec]:
 
 def cluster_request(plan: RunPlan, run_id: str, run_dir: Path,
                     sweep_id: str | None = None) -> ClusterRequest:
-    # each host's work dir is hosts/<id>/ below run_dir
     return ClusterRequest(run_id=run_id, hosts=plan.host_specs(), workdir=run_dir,
                           sweep_id=sweep_id)
 
@@ -121,16 +95,14 @@ def cluster_request(plan: RunPlan, run_id: str, run_dir: Path,
 def execute_run(cfg: ExperimentConfig, plan: RunPlan, run_dir: Path,
                 resolved_config: dict[str, Any], title: str,
                 sweep_id: str | None = None) -> dict[str, Any]:
-    """Run one experiment in ``run_dir`` and return its summary (also written to disk).
+    """Run one experiment for real in ``run_dir`` and return its summary (also written to
+    disk). One of the two players of a plan (the other: :func:`orchestrator.simulate.run.
+    execute_sim`, same signature); the entry point picks one from the backend's class.
 
     Never raises for a failed training run: the status says so. KeyboardInterrupt (Ctrl-C,
     SIGTERM via the entry point) is recorded as ``interrupted`` and re-raised after clean-up.
     ``sweep_id`` (a sweep point's) reaches the provider on the cluster request.
     """
-    if cfg.provider.name == "sim":  # simulated: nothing is provisioned (orchestrator/simulate)
-        from orchestrator.simulate.run import execute_sim
-
-        return execute_sim(cfg, plan, run_dir, resolved_config)
     run_dir.mkdir(parents=True, exist_ok=True)
     rec = results.RunRecorder(run_dir)
     run_id = make_run_id(cfg.name)
@@ -154,7 +126,7 @@ def execute_run(cfg: ExperimentConfig, plan: RunPlan, run_dir: Path,
             rec.event("provision", hosts=len(plan.hosts), provider=provider.name,
                       sweep_id=sweep_id,
                       planned_revocations=[e.to_record() for e in revocations.pending])
-            if cfg.preflight and provider.name not in LOCAL_PROVIDERS:
+            if cfg.preflight and not provider.hosts_here:
                 run_preflight(cfg)  # one local training step before paying for servers
             cluster = provider.acquire(cluster_request(plan, run_id, run_dir, sweep_id))
             fleet = Fleet(provider, cluster, run_dir,
@@ -186,7 +158,7 @@ def execute_run(cfg: ExperimentConfig, plan: RunPlan, run_dir: Path,
             if not (run_dir / results.ERROR_FILE).exists():
                 rec.write_error(error + "\n")
         _release(fleet, rec)
-        summary = make_summary(cfg, plan, run_id, status, started, supervisor, error)
+        summary = make_summary(plan, run_id, status, started, supervisor, error)
         rec.write_summary(summary)
         rec.close()
         if fleet is not None:
@@ -214,34 +186,15 @@ def _release(fleet: Fleet | None, rec: results.RunRecorder) -> None:
                 raise
 
 
-def make_summary(cfg: ExperimentConfig, plan: RunPlan, run_id: str, status: str,
+def make_summary(plan: RunPlan, run_id: str, status: str,
                  started: float, supervisor: Supervisor | None,
                  error: str | None) -> dict[str, Any]:
-    """The summary fields (results.SUMMARY_FIELDS) plus the transient-run extras."""
-    wall = time.time() - started
-    state = supervisor.state if supervisor is not None else RunState()
-    train_time = state.train_time_s
-    if train_time is None and state.train_start is not None:
-        train_time = time.time() - state.train_start
-    extras = supervisor.summary_extras() if supervisor is not None else {}
-    summary = {
-        "schema_version": results.SCHEMA_VERSION,
-        "run_id": run_id,
-        "status": status,
-        "experiment": cfg.name,
-        "provider": cfg.provider.name,
-        "protocol": ">".join(p.protocol for p in plan.phases),
-        "workers": plan.workers,
-        "parameter_servers": plan.parameter_servers,
-        "global_steps": state.global_step,
-        "wall_time_s": round(wall, 3),
-        "train_time_s": None if train_time is None else round(train_time, 3),
-        "final_accuracy": state.final_accuracy,
-        "steps_per_sec": (round(state.global_step / train_time, 4) if train_time else None),
-        "cost_usd": round(plan.hourly_usd * wall / 3600.0, 6),
-        "error": error,
-        **extras,
-        "predicted": plan.prediction,  # the plan's simulated band, beside the measurement
-    }
-    summary["prediction_error"] = prediction_error(plan.prediction, summary)
-    return summary
+    """The real run's summary: the fold of the events the supervisor recorded (none when it
+    never started), with the plan priced for the wall time (the cluster's price from the
+    command's start to the teardown's end)."""
+    ended = time.time()
+    wall = ended - started
+    state = supervisor.run_state if supervisor is not None else RunState()
+    return summarize(state, plan.to_dict(), run_id=run_id, status=status, wall_s=wall,
+                     cost_usd=plan.hourly_usd * wall / 3600.0, error=error,
+                     ended_at=ended).to_dict()

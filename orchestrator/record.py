@@ -1,0 +1,345 @@
+"""The run record: what a run's events add up to, and the one ``summary.json`` they make.
+
+Both players of a plan, the real run (:mod:`orchestrator.runtime`) and the model
+(:mod:`orchestrator.simulate`), record the same events (``events.jsonl``); this module is the
+only code that turns events into a summary:
+
+1. :class:`RunState` is a fold over the events: ``state.apply(event)`` for each record, in order,
+   as written (``{"time", "kind", "role", ...fields}``). The real run folds each event as it
+   records it; the simulation folds the events it produced; a run whose orchestrator was killed
+   is folded from its ``events.jsonl`` on disk (:func:`fold_events_file`), the same code.
+2. :func:`summarize` turns the state, the plan and what only the player knows (status, wall time,
+   cost, error) into a frozen :class:`RunSummary`, whose fields are ``summary.json``'s
+   (``results.SUMMARY_FIELDS`` + ``TRANSIENT_SUMMARY_FIELDS`` + ``PREDICTION_SUMMARY_FIELDS``
+   + ``SIM_SUMMARY_FIELDS``), read back by :mod:`analysis.runs`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from orchestrator import results
+from orchestrator.transient.recovery import (
+    EVENT_RECOVERY_END,
+    EVENT_RECOVERY_START,
+    EVENT_REPLACEMENT_READY,
+    EVENT_REVOCATION,
+    Action,
+)
+
+#: Measured summary fields compared with the prediction band's median (``prediction_error``).
+PREDICTION_COMPARED = ("wall_time_s", "train_time_s")
+
+
+def make_run_id(name: str) -> str:
+    """A run's id: the experiment's name, the start time and a random suffix (unique even for
+    runs started in the same second, as a sweep's are)."""
+    return f"{name}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+
+
+def prediction_error(band: dict[str, Any] | None, summary: dict[str, Any]
+                     ) -> dict[str, float] | None:
+    """``(predicted median − measured) / measured`` per compared field (+0.10: predicted 10 %
+    too long), for a completed run with a band of this very run; None otherwise."""
+    if (not band or "unavailable" in band or band.get("stand_in")
+            or summary.get("status") != results.STATUS_COMPLETED):
+        return None
+    errors = {}
+    for name in PREDICTION_COMPARED:
+        measured = summary.get(name)
+        if measured and name in band:
+            errors[name] = round((band[name]["p50"] - measured) / measured, 4)
+    return errors or None
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) \
+        else None
+
+
+@dataclass
+class RunState:
+    """What a run's events have said so far: a fold, changed only by :meth:`apply`.
+
+    Global steps are the chief's (a worker's own count is not the run's). Times are the events'
+    ``time`` (the orchestrator's receipt clock, unix seconds; the simulation's clock for a
+    simulated run). The recovery counts are taken from the very events the recovery planner
+    hands out, so the summary and the event log agree."""
+
+    first_at: float | None = None  # the first event's time (the run's start as recorded)
+    last_at: float | None = None  # the last event's time
+    global_step: int = 0
+    train_t0: float | None = None  # the first train_start: the clock of revocations, stragglers
+    train_start: float | None = None  # the latest train_start (a restart starts training again)
+    train_time_s: float | None = None  # as the chief reported it in train_end
+    last_loss: float | None = None
+    last_steps_per_sec: float | None = None
+    final_accuracy: float | None = None
+    accuracy_source: str | None = None  # where a simulated run's accuracy comes from
+    last_checkpoint_step: int | None = None
+    last_checkpoint_s: float = 0.0  # how long the last checkpoint took
+    protocol: str | None = None  # what the chief runs now
+    phases: list[dict[str, Any]] = field(default_factory=list)
+    open_phase: dict[str, Any] | None = None
+    switch_overhead_s: float = 0.0
+    stragglers_detected: int = 0
+    stragglers_injected: int = 0
+    revocations: int = 0
+    replacements: int = 0
+    recoveries: int = 0
+    restarts: int = 0
+    lost_steps: int = 0
+    resume_step: int | None = None  # a restart under way resumes here (its recovery_start)
+    error: str | None = None  # the last failure event's
+
+    def apply(self, event: Mapping[str, Any]) -> None:
+        """Fold one event record (as written to events.jsonl) into the state."""
+        kind = event.get(results.EVENT_KIND)
+        role = event.get(results.EVENT_ROLE)
+        at = _number(event.get(results.EVENT_TIME))
+        if at is not None:
+            self.first_at = at if self.first_at is None else min(self.first_at, at)
+            self.last_at = at if self.last_at is None else max(self.last_at, at)
+        step = event.get("step")
+        if isinstance(step, int | float) and role == "chief":
+            self.global_step = max(self.global_step, int(step))
+        handler = _HANDLERS.get(str(kind))
+        if handler is not None:
+            handler(self, event, at)
+
+    # --- the handlers, one per event kind ------------------------------------------------
+    def _train_start(self, event: Mapping[str, Any], at: float | None) -> None:
+        self.train_start = at
+        if self.train_t0 is None:
+            self.train_t0 = at
+        resumed = int(event.get("step") or 0)
+        # the new chief skipped a damaged checkpoint: the steps after the one it used are lost
+        if self.resume_step is not None and resumed < self.resume_step:
+            self.lost_steps += self.resume_step - resumed
+            self.last_checkpoint_step = resumed
+        self.resume_step = None
+
+    def _step(self, event: Mapping[str, Any], at: float | None) -> None:
+        self.last_loss = _number(event.get("loss"))
+        self.last_steps_per_sec = _number(event.get("steps_per_sec"))
+
+    def _eval(self, event: Mapping[str, Any], at: float | None) -> None:
+        self.final_accuracy = _number(event.get("accuracy"))
+        self.accuracy_source = event.get("source")
+
+    def _checkpoint(self, event: Mapping[str, Any], at: float | None) -> None:
+        self.last_checkpoint_step = int(event.get("step", 0))
+        self.last_checkpoint_s = _number(event.get("duration_s")) or self.last_checkpoint_s
+
+    def _phase_start(self, event: Mapping[str, Any], at: float | None) -> None:
+        self._open(str(event.get("protocol")), int(event.get("step", 0)), at)
+
+    def _phase_end(self, event: Mapping[str, Any], at: float | None) -> None:
+        self.switch_overhead_s += _number(event.get("switch_s")) or 0.0
+        self._close(int(event.get("step", 0)), at, _number(event.get("wall_s")))
+
+    def _protocol_switch(self, event: Mapping[str, Any], at: float | None) -> None:
+        self.switch_overhead_s += _number(event.get("switch_s")) or 0.0
+        self._open(str(event.get("to")), int(event.get("step", 0)), at)
+
+    def _train_end(self, event: Mapping[str, Any], at: float | None) -> None:
+        self.train_time_s = _number(event.get("train_time_s"))
+        self._close(self.global_step, at)
+
+    def _straggler_start(self, event: Mapping[str, Any], at: float | None) -> None:
+        self.stragglers_detected += 1
+
+    def _straggler_injection_start(self, event: Mapping[str, Any], at: float | None) -> None:
+        self.stragglers_injected += 1
+
+    def _revocation(self, event: Mapping[str, Any], at: float | None) -> None:
+        self.revocations += 1
+
+    def _replacement_ready(self, event: Mapping[str, Any], at: float | None) -> None:
+        self.replacements += 1
+
+    def _recovery_start(self, event: Mapping[str, Any], at: float | None) -> None:
+        self.lost_steps += int(event.get("lost_steps", 0))
+        if event.get("action") == Action.restart.value:
+            self.restarts += 1
+            resume = event.get("resume_step")
+            self.resume_step = None if resume is None else int(resume)
+
+    def _recovery_end(self, event: Mapping[str, Any], at: float | None) -> None:
+        self.recoveries += 1
+
+    def _failure(self, event: Mapping[str, Any], at: float | None) -> None:
+        error = event.get("error")
+        self.error = None if error is None else str(error)
+
+    # --- phases ----------------------------------------------------------------------------
+    def _open(self, protocol: str, step: int, at: float | None) -> None:
+        self._close(step, at)
+        self.open_phase = {"protocol": protocol, "start_step": step, "t": at}
+        self.protocol = protocol
+
+    def _close(self, step: int, at: float | None, wall_s: float | None = None) -> None:
+        if self.open_phase is None:
+            return
+        opened = self.open_phase
+        if wall_s is None:
+            wall_s = (at or 0.0) - (opened["t"] or at or 0.0)
+        self.phases.append({"protocol": opened["protocol"], "start_step": opened["start_step"],
+                            "end_step": step, "wall_s": round(wall_s, 3)})
+        self.open_phase = None
+
+
+_HANDLERS = {
+    "train_start": RunState._train_start,
+    "step": RunState._step,
+    "eval": RunState._eval,
+    "checkpoint": RunState._checkpoint,
+    "phase_start": RunState._phase_start,
+    "phase_end": RunState._phase_end,
+    "protocol_switch": RunState._protocol_switch,
+    "train_end": RunState._train_end,
+    "straggler_start": RunState._straggler_start,
+    "straggler_injection_start": RunState._straggler_injection_start,
+    EVENT_REVOCATION: RunState._revocation,
+    EVENT_REPLACEMENT_READY: RunState._replacement_ready,
+    EVENT_RECOVERY_START: RunState._recovery_start,
+    EVENT_RECOVERY_END: RunState._recovery_end,
+    "failure": RunState._failure,
+}
+
+
+def fold(events: Iterable[Mapping[str, Any]]) -> RunState:
+    """The state the events add up to."""
+    state = RunState()
+    for event in events:
+        state.apply(event)
+    return state
+
+
+def fold_events_file(path: Path) -> RunState:
+    """The state of a run from its ``events.jsonl`` on disk (a torn last line, left by a writer
+    killed mid-line, is skipped)."""
+    events = []
+    try:
+        lines = Path(path).read_text().splitlines()
+    except OSError:
+        lines = []
+    for line in lines:
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(event, dict):
+            events.append(event)
+    return fold(events)
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """``summary.json``: one field per documented summary field, in the documented order."""
+
+    schema_version: int
+    run_id: str
+    status: str
+    experiment: str | None
+    provider: str | None
+    protocol: str | None
+    workers: int | None
+    parameter_servers: int | None
+    global_steps: int
+    wall_time_s: float
+    train_time_s: float | None
+    final_accuracy: float | None
+    steps_per_sec: float | None
+    cost_usd: float
+    error: str | None
+    revocations: int
+    replacements: int
+    recoveries: int
+    restarts: int
+    lost_steps: int
+    phases: list[dict[str, Any]]
+    switch_overhead_s: float
+    stragglers: int
+    stragglers_injected: int
+    predicted: dict[str, Any] | None = None
+    prediction_error: dict[str, float] | None = None
+    sim_seed: int | None = None
+    sim_speed_factor: dict[str, float] | None = None
+    accuracy_source: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def summarize(state: RunState, plan: Mapping[str, Any], *, run_id: str, status: str,
+              wall_s: float, cost_usd: float, error: str | None, ended_at: float | None = None,
+              sim_seed: int | None = None, sim_speed_factor: dict[str, float] | None = None
+              ) -> RunSummary:
+    """The summary of a run: the fold of its events, its plan (``RunPlan.to_dict()``, or
+    plan.json as read back) and what only the player knows: the status, the wall time, the
+    cost (the real run prices the plan for ``wall_s``, the simulation bills host by host) and
+    the error. ``ended_at`` (the time the run ended, on the events' clock): a run that never
+    reported ``train_end`` has trained from its last ``train_start`` until then; None: unknown.
+    """
+    train_time = state.train_time_s
+    if train_time is None and state.train_start is not None and ended_at is not None:
+        train_time = ended_at - state.train_start
+    phases = plan.get("phases") or []
+    prediction = plan.get("prediction")
+    summary = RunSummary(
+        schema_version=results.SCHEMA_VERSION,
+        run_id=run_id,
+        status=status,
+        experiment=plan.get("experiment"),
+        provider=plan.get("provider"),
+        protocol=">".join(str(p.get("protocol", "?")) for p in phases) or None,
+        workers=plan.get("workers"),
+        parameter_servers=plan.get("parameter_servers"),
+        global_steps=state.global_step,
+        wall_time_s=round(wall_s, 3),
+        train_time_s=None if train_time is None else round(train_time, 3),
+        final_accuracy=state.final_accuracy,
+        steps_per_sec=round(state.global_step / train_time, 4) if train_time else None,
+        cost_usd=round(cost_usd, 6),
+        error=error,
+        revocations=state.revocations,
+        replacements=state.replacements,
+        recoveries=state.recoveries,
+        restarts=state.restarts,
+        lost_steps=state.lost_steps,
+        phases=[dict(p) for p in state.phases],
+        switch_overhead_s=round(state.switch_overhead_s, 3),
+        stragglers=state.stragglers_detected,
+        stragglers_injected=state.stragglers_injected,
+        predicted=prediction,
+        sim_seed=sim_seed,
+        sim_speed_factor=sim_speed_factor,
+        accuracy_source=state.accuracy_source,
+    )
+    errors = prediction_error(prediction, {"status": status, "wall_time_s": summary.wall_time_s,
+                                           "train_time_s": summary.train_time_s})
+    return summary if errors is None else replace(summary, prediction_error=errors)
+
+
+def killed_summary(run_dir: Path) -> RunSummary:
+    """The summary of a run whose orchestrator died before writing one: the fold of the events
+    on disk, with plan.json and trainer_spec.json (its run id). The wall time runs from the
+    first event to the last; nothing was billed after the last one that anyone knows of."""
+    run_dir = Path(run_dir)
+    plan = results.read_json_object(run_dir / results.PLAN_FILE)
+    spec = results.read_json_object(run_dir / results.SPEC_FILE)
+    state = fold_events_file(run_dir / results.EVENTS_FILE)
+    wall = (state.last_at - state.first_at) if state.first_at is not None \
+        and state.last_at is not None else 0.0
+    return summarize(
+        state, plan, run_id=spec.get("run_id") or run_dir.name, status=results.STATUS_KILLED,
+        wall_s=wall, cost_usd=float(plan.get("hourly_usd") or 0.0) * wall / 3600.0,
+        error="the orchestrator was killed before the run ended (no summary was written); "
+              "times and steps are the last ones recorded")
