@@ -14,7 +14,7 @@ import pytest
 from tests.orchestrator.proc_utils import live_processes_mentioning
 from tests.orchestrator.test_run_local import orchestrate, read_events
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.tf_cluster]
 
 CHAOS_STEPS = 3200
 

@@ -40,7 +40,8 @@ from tests.testbed.fixtures import host_python
 # by each chief and evaluator. Measured 550-650 CPU-seconds (27 min wall on the 2-core machine
 # at load ~26 from other work), so about 5 min on an idle 2-core machine at best; the cap
 # leaves room for a loaded one.
-pytestmark = [pytest.mark.slow, pytest.mark.headline, pytest.mark.timeout(1800)]
+pytestmark = [pytest.mark.slow, pytest.mark.headline, pytest.mark.tf_cluster,
+              pytest.mark.namespaces, pytest.mark.timeout(1800)]
 
 REPO = Path(__file__).resolve().parents[2]
 WORKERS = (4, 8, 16)
