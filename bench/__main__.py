@@ -15,8 +15,10 @@ order:
 * the sections of the modules in EXTRA_SECTIONS (each `section() -> list[str]`, measuring when
   called), appended in order; a missing module or a failing section leaves a note instead.
 
-``python -m bench --only startup`` (or ``ps_kill``, ``asp1``) measures just that piece and
-prints its markdown instead of writing the document. The local runs share ``bench/runs.py``.
+``python -m bench --only startup`` (or ``ps_kill``, ``asp1``, ``protocols``) measures just that
+piece and prints its markdown instead of writing the document; ``protocols``
+(``bench/protocols.py``) is BSP against ASP, only measured on its own. The local runs share
+``bench/runs.py``.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import sys
 import time
 
 from bench.dry_runs import dry_run_lines, measure_dry_runs
+from bench.protocols import measure_protocols, protocol_lines
 from bench.recovery import measure_transient, transient_lines
 from bench.runs import OUT_DIR, ROOT
 from bench.startup import measure_startup_runs, measure_tf_import, startup_lines
@@ -43,7 +46,7 @@ from bench.throughput import (
 DOC = ROOT / "docs" / "benchmarks.md"
 EXTRA_SECTIONS = ("bench.dispatch", "bench.ssh", "bench.hosts", "bench.sim", "bench.gce",
                   "bench.gce_real")
-PIECES = ("startup", "ps_kill", "asp1")
+PIECES = ("startup", "ps_kill", "asp1", "protocols")
 
 
 def only(piece: str) -> list[str]:
@@ -55,6 +58,8 @@ def only(piece: str) -> list[str]:
         return transient_lines(measure_transient())
     if piece == "asp1":
         return asp1_lines(measure_asp1())
+    if piece == "protocols":
+        return protocol_lines(measure_protocols())
     raise SystemExit(f"--only: one of {', '.join(PIECES)} (got {piece!r})")
 
 

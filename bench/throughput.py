@@ -46,6 +46,14 @@ def asp1_pair(run_dir: Path, baseline: float) -> tuple[float, float, float]:
     return summary_of(run_dir)["steps_per_sec"], steady_rate(run_dir), baseline
 
 
+def throughput_run(tag: str, protocol: str, workers: int) -> tuple[float, Path, dict]:
+    """One throughput run of BENCH_STEPS global steps (no checkpoint, no evaluation before
+    the end): (command wall seconds, run dir, summary)."""
+    wall, run_dir = run_orchestrator(tag, [
+        f"sync={protocol}", f"cluster.workers={workers}", *QUIET_RUN])
+    return wall, run_dir, summary_of(run_dir)
+
+
 def measure_throughput() -> tuple[list[tuple], list[float], list[Path], list[tuple]]:
     """The throughput runs: (rows, first-step delays, run dirs, ASP-1 pairs). ASP with 1
     worker runs ASP1_REPEATS times, each after its own baseline measurement (pairs of
@@ -63,9 +71,7 @@ def measure_throughput() -> tuple[list[tuple], list[float], list[Path], list[tup
                     baseline = measure_baseline()
                 tag = f"{protocol}_{workers}w" + (f"_{attempt}" if attempt else "")
                 print(f"cluster run {tag} ...", flush=True)
-                wall, run_dir = run_orchestrator(tag, [
-                    f"sync={protocol}", f"cluster.workers={workers}", *QUIET_RUN])
-                summary = summary_of(run_dir)
+                wall, run_dir, summary = throughput_run(tag, protocol, workers)
                 delays.append(first_step_delay(run_dir))
                 run_dirs.append(run_dir)
                 if baseline is not None:
@@ -81,8 +87,7 @@ def measure_asp1() -> list[tuple[float, float, float]]:
     pairs = []
     for attempt in range(ASP1_REPEATS):
         base = measure_baseline()
-        _, run_dir = run_orchestrator(f"asp1_{attempt}", [
-            "sync=asp", "cluster.workers=1", *QUIET_RUN])
+        _, run_dir, _ = throughput_run(f"asp1_{attempt}", "asp", 1)
         pairs.append(asp1_pair(run_dir, base))
     return pairs
 
