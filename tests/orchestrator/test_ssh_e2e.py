@@ -32,7 +32,7 @@ from tests.orchestrator.test_run_local import check_run_dir, read_events
 from tests.testbed import SshTestBed, TestHost
 from tests.testbed.fixtures import provider_options, ssh_testbed  # noqa: F401
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.tf_cluster]
 
 ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONUNBUFFERED": "1"}
 # preflight (one local TF step before provisioning) is tested on its own; here it only costs time

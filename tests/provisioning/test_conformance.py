@@ -29,7 +29,7 @@ from provisioning.base import (
 )
 from provisioning.journal import ResourceKind, clean_up, list_unreleased
 from provisioning.registry import make_config, provider_class, provider_names
-from tests.provisioning.backends import BACKENDS, SLOW_BACKENDS, Bed
+from tests.provisioning.backends import BACKEND_MARKS, BACKENDS, Bed
 from tests.testbed.fixtures import ssh_testbed  # noqa: F401 (the gce bed's hosts)
 
 WAIT_S = 10.0
@@ -60,8 +60,9 @@ REPORT = textwrap.dedent(
 )
 
 
-@pytest.fixture(params=[pytest.param(name, marks=[pytest.mark.slow] if name in SLOW_BACKENDS
-                                     else []) for name in sorted(BACKENDS)])
+@pytest.fixture(params=[pytest.param(name, marks=[getattr(pytest.mark, mark)
+                                                  for mark in BACKEND_MARKS[name]])
+                        for name in sorted(BACKENDS)])
 def bed(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Bed]:
     with BACKENDS[request.param](tmp_path, request) as made:
         yield made

@@ -62,7 +62,7 @@ from tests.testbed.isolated import IsolatedTestBed, skip_reason
 # processes (19 for 16 workers) on 17 isolated hosts, ResNet-32 built by each chief and
 # evaluator. The cap leaves room for a loaded 2-core machine.
 pytestmark = [pytest.mark.slow, pytest.mark.headline, pytest.mark.isolated,
-              pytest.mark.timeout(2400)]
+              pytest.mark.tf_cluster, pytest.mark.timeout(2400)]
 
 REPO = Path(__file__).resolve().parents[2]
 WORKERS = (4, 8, 16)

@@ -21,7 +21,7 @@ from trainer_harness import HUNG_S, LocalCluster, Role, hang, make_spec, reporte
 from trainer.checkpoints import checkpoint_paths
 from trainer.spec import PhaseSpec, StragglerSpec, TrainerSpec
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.tf_cluster]
 WORKERS = 2
 
 
