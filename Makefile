@@ -1,9 +1,11 @@
-# One command sets up and runs the local default; one passes the tests (README "Quick start").
-#   make run    set up what is missing, then train the embedded default (digits_local)
-#   make test   set up what is missing (isolated hosts' images too), then run the whole test
-#               suite but the headline sweep
-#   make ci     what CI runs (.ci/run): dry-run every committed experiment, lint, test, gce-fake
-#   make gce-fake  the headline sweep on a fake Google Cloud (README "Running on Google Cloud")
+# One command sets up and runs the local default; one passes the tests (README "Two commands").
+#   make run        set up what is missing, then train the embedded default (digits_local)
+#   make test       set up what is missing (isolated hosts' images too), then run the whole test
+#                   suite but the headline sweep, listing the 25 slowest tests
+#   make test-fast  the tier to run while working: no TensorFlow cluster, no root or namespaces,
+#                   nothing slow (markers in pyproject.toml; docs/contributing.md)
+#   make ci         what CI runs (.ci/run): dry-run every committed experiment, lint, test, gce-fake
+#   make gce-fake   the headline sweep on a fake Google Cloud (docs/gce.md)
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -51,11 +53,14 @@ test: bytecode
 	$(MAKE) --no-print-directory isolated-images
 	$(PY) -m pytest -m "not headline" --durations=25 $(PYTEST_ARGS)
 
+# Tiers by what a test needs (pyproject.toml markers): the fast one leaves out every marked test
+FAST_TIER := not (slow or tf_cluster or namespaces or isolated or headline)
+
 test-fast: setup
-	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+	$(PY) -m pytest -m "$(FAST_TIER)" --durations=10 $(PYTEST_ARGS)
 
 # The headline sweep (+experiment=cifar10_res32 -m cluster.workers=4,8,16) end to end against
-# the fake Compute API, namespace sshd hosts as its VMs and the GCS emulator (root, sshd, ip)
+# the fake Compute API, isolated hosts from a baked image as its VMs and the GCS emulator (root)
 gce-fake: bytecode
 	bash .ci/testbed-deps
 	$(MAKE) --no-print-directory isolated-images

@@ -6,7 +6,7 @@ global step rate the cluster reaches is the chief's ceiling: a real cluster of N
 with step time t needs N / t steps/s, so the largest cluster one chief can feed at step time
 t is about rate × t workers. Measured here for 1, 2, 4 and 8 local workers, with one step
 per closure and with several (`job.steps_per_closure`), through the trainer's own ASP runner
-(trainer/protocols.py).
+(trainer/asp.py).
 
 Each worker count runs in its own process (`python -m bench.dispatch WORKERS`): one PS and
 the workers are in-process `tf.distribute.Server`s of that process, the chief is its main
@@ -39,7 +39,7 @@ def measure(workers: int) -> dict[str, Any]:
     import tensorflow as tf
 
     from provisioning.local import reserve_port
-    from trainer.protocols import asp_runner
+    from trainer.asp import AspRunner
 
     # in-process servers share this process's inter-op pool; a worker's function blocks a
     # thread on its PS RPC, so a pool as small as the core count deadlocks them
@@ -86,7 +86,7 @@ def measure(workers: int) -> dict[str, Any]:
     rates: dict[str, list[float]] = {}
     for mode in ("1", str(MANY), f"{MANY}u"):
         k = int(mode.rstrip("u"))
-        run = asp_runner(coordinator, step, (iterator, worker_id), workers, k,
+        run = AspRunner(coordinator, step, (iterator, worker_id), workers, k,
                          unrolled=unrolled if mode.endswith("u") else None)
         run.warm()  # traces the step (and, unrolled, the K-step closure) before the clock
         run(4 * k * workers)  # warm up

@@ -9,12 +9,16 @@ script, the install) of one fresh isolated host
 - a second run on the same host (its environment cached),
 - from a "baked" image: the index host's disk snapshotted into an image layer (what a cloud's
   `images.insert` from a set-up VM's disk gives), 1 host and 16 hosts set up in parallel,
-and the bytes the orchestrator copies to a host on each path. One measurement each (a TF
+and the bytes the orchestrator copies to a host on each path; for the baked hosts also the CPU
+seconds their setups used here and on the hosts (the floor of the 16-host time on this machine's
+cores: what is left once nothing waits in series), and the last `make gce-fake`'s figures. One measurement each (a TF
 install is minutes of the 2 shared cores); needs what the isolated bed needs, else says why.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
 import tempfile
 import time
@@ -23,6 +27,34 @@ from pathlib import Path
 GOAL_PARALLEL_RATIO = 1.5
 GOAL_CACHED_S = 5.0
 MANY = 16
+
+
+def _cpu_s(pids: list[int]) -> float:
+    """CPU seconds of `pids` and of their reaped children (/proc/PID/stat utime, stime,
+    cutime, cstime): a host's sessions, counted by the host's own processes."""
+    total = 0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # gone: its time is in the parent that reaped it
+        total += sum(int(f) for f in fields[11:15])
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def _headline_lines() -> list[str]:
+    """The last passing `make gce-fake` on this machine (the test writes its figures; a bench
+    run does not repeat the 10-minute sweep)."""
+    path = Path(__file__).resolve().parent.parent / ".bench" / "gce-fake.json"
+    if not path.exists():
+        return ["The headline on the fake (`make gce-fake`) has not passed on this machine yet.",
+                ""]
+    t = json.loads(path.read_text())
+    return [f"The headline on the fake (`make gce-fake`: `+experiment=cifar10_res32 -m "
+            f"cluster.workers=4,8,16`, isolated hosts, a baked image), last passed "
+            f"{t['date']}: the bake {t['bake_s']:.0f} s, the 3-cluster sweep "
+            f"{t['sweep_s']:.0f} s ({t['cores']} cores, load average {t['load']} at its end).",
+            ""]
 
 
 def section() -> list[str]:
@@ -48,6 +80,8 @@ def section() -> list[str]:
                                                         "3.13"))
             house = scratch / "wheelhouse"
 
+            cpu: dict[str, float] = {}  # of the last set_up: orchestrator, hosts
+
             def set_up(hosts: list, **keys: object) -> tuple[float, list]:
                 options = {"hosts": bed.inventory(hosts), "known_hosts": str(bed.known_hosts),
                            "stop_grace_s": 1.0, "index_url": url, **keys}
@@ -57,10 +91,15 @@ def section() -> list[str]:
                     hosts=[HostSpec(f"worker-{i}", "worker") for i in range(len(hosts))]))
                 try:
                     runners = [provider.runner(h) for h in cluster.hosts]
+                    pids = [p for h in hosts for p in bed.pids(h)]
+                    host_cpu, own_cpu = _cpu_s(pids), time.process_time()
                     start = time.perf_counter()
                     for runner in runners:
                         runner.setup()  # the first sets every host up in parallel
-                    return time.perf_counter() - start, [r.machine.environment for r in runners]
+                    wall = time.perf_counter() - start
+                    cpu.update(orchestrator=time.process_time() - own_cpu, hosts=_cpu_s(
+                        [p for h in hosts for p in bed.pids(h)]) - host_cpu)
+                    return wall, [r.machine.environment for r in runners]
                 finally:
                     provider.release(cluster)
 
@@ -91,8 +130,11 @@ def section() -> list[str]:
             for host in [one, *many]:
                 bed.wait_login(host)
             baked_s, (env,) = set_up([one])
+            one_cpu = dict(cpu)
             assert not env.deps_installed  # the image's venv is used as it is
+            load_before = os.getloadavg()[0]
             many_s, envs = set_up(many)
+            many_cpu, load_after = dict(cpu), os.getloadavg()[0]
             assert not any(e.deps_installed for e in envs)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
@@ -129,5 +171,17 @@ def section() -> list[str]:
         f"{MANY} VMs would each use their own: the parallel ratio on this machine is CPU-bound "
         "and says nothing about network waits (there are none left to overlap).",
         "",
+        f"Where the time goes (CPU seconds, this process's threads and the hosts' processes): "
+        f"1 baked host {one_cpu['orchestrator']:.3f} s here + {one_cpu['hosts']:.3f} s on the "
+        f"host; {MANY} baked hosts {many_cpu['orchestrator']:.2f} s here + "
+        f"{many_cpu['hosts']:.2f} s on the hosts, {sum(many_cpu.values()) / MANY * 1000:.0f} ms "
+        f"per host. On {os.cpu_count()} cores that is a floor of "
+        f"{sum(many_cpu.values()) / (os.cpu_count() or 1):.2f} s for the {MANY} setups, "
+        f"{many_s / (sum(many_cpu.values()) / (os.cpu_count() or 1)):.1f} × of it measured "
+        f"(load average {load_before:.1f} before, {load_after:.1f} after, from other work too): "
+        f"the setups run in parallel ({MANY} threads, one SSH connection each), and what is "
+        f"left is CPU, which {MANY} VMs would not share.",
+        "",
+        *_headline_lines(),
     ]
     return lines

@@ -82,7 +82,7 @@ def _run_one(cfg: DictConfig) -> dict[str, Any] | None:
         title = f"run {hc.job.num + 1}/{total} {exp.name} " + " ".join(overrides)
     if exp.dry_run:
         render_plan(plan, make_console(), title=f"Plan: {title} (dry run: nothing provisioned)",
-                    data=data.describe(exp))
+                    data=data.describe(exp), provider_config=exp.provider)
         return None
     before_provisioning(exp)
     say_provider_note(plan, make_console(), once=True)

@@ -8,7 +8,8 @@ from rich.console import Console
 from rich.table import Table
 
 from orchestrator.plan import RunPlan
-from provisioning.registry import provider_class
+from provisioning.base import ProviderConfig
+from provisioning.registry import make_config, provider_class
 
 #: Off a terminal rich would wrap at 80 columns; tables get this much room there instead.
 PIPE_WIDTH = 120
@@ -67,8 +68,10 @@ def cost_text(cost_usd: float, plan: RunPlan) -> str:
 
 
 def render_plan(plan: RunPlan, console: Console | None = None, title: str | None = None,
-                data: str | None = None) -> None:
-    """Print the plan: hosts with placement and price, phases, estimates, the data, risks."""
+                data: str | None = None, provider_config: ProviderConfig | None = None) -> None:
+    """Print the plan: hosts with placement and price, what the backend would create (with
+    `provider_config`, the run's provider section; None: the backend's defaults), phases,
+    estimates, the data, risks."""
     console = console or make_console()
     hosts = Table(title=title or f"Plan: {plan.experiment} (provider {plan.provider}, "
                   f"prices {plan.catalog})", title_justify="left")
@@ -84,7 +87,7 @@ def render_plan(plan: RunPlan, console: Console | None = None, title: str | None
                   f"{plan.hourly_usd:.4f}")
     console.print(hosts)
 
-    render_preview(plan, console)
+    render_preview(plan, console, provider_config)
 
     phases = Table(title="Phases (global-step targets)", title_justify="left")
     for col in ("#", "protocol", "start step", "end step", "BSP-equiv. steps", "hparams"):
@@ -143,9 +146,14 @@ def render_estimate(plan: RunPlan, console: Console) -> None:
                       f"   P(completes) {b['p_complete']:.0%}")
 
 
-def render_preview(plan: RunPlan, console: Console) -> None:
-    """What the plan's backend would create (`Provider.preview`; gce: its VMs per zone)."""
-    preview = provider_class(plan.provider).preview(plan.host_specs())
+def render_preview(plan: RunPlan, console: Console,
+                   provider_config: ProviderConfig | None = None) -> None:
+    """What the plan's backend would create (`Provider.preview`; gce: its VMs per zone) and
+    its notes (gce: the pre-create checks). `provider_config` None: the backend's defaults,
+    fitted to the plan."""
+    if provider_config is None:
+        provider_config = make_config(plan.provider, {}).for_plan(plan.est_train_time_s)
+    preview = provider_class(plan.provider).preview(plan.host_specs(), provider_config)
     if preview is None:
         return
     table = Table(title=preview.title, title_justify="left")
@@ -154,3 +162,5 @@ def render_preview(plan: RunPlan, console: Console) -> None:
     for row in preview.rows:
         table.add_row(*row)
     console.print(table)
+    for note in preview.notes:
+        console.print(f"  {note}", highlight=False, markup=False)

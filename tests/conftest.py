@@ -1,4 +1,5 @@
-"""Shared fixtures: keep TensorFlow quiet and give tests the repository paths."""
+"""Shared fixtures and the test tiers: keep TensorFlow quiet, give tests the repository paths,
+and mark each test by what it needs (docs/contributing.md)."""
 
 from __future__ import annotations
 
@@ -18,11 +19,21 @@ def repo_root() -> Path:
 
 
 #: Fixtures whose tests run on isolated hosts (tests/testbed/isolated.py): such a test is marked
-#: `isolated` by what it uses, so `-m "not isolated"` deselects it without a list to keep.
+#: `isolated` (and `namespaces`) by what it uses, so `-m "not isolated"` deselects it without a
+#: list to keep.
 _ISOLATED_FIXTURES = frozenset({"isolated_bed", "module_isolated_bed", "isolated_index"})
+#: Fixtures whose tests run on the SSH test bed (tests/testbed: sshd hosts in network
+#: namespaces, root): marked `namespaces`. A test that builds a bed itself, or gets one through
+#: `request.getfixturevalue` (the conformance suite's ssh and gce beds), is marked where it does.
+_NAMESPACE_FIXTURES = frozenset({"ssh_testbed", "ssh_provider_config"})
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        if _ISOLATED_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+        fixtures = set(getattr(item, "fixturenames", ()))
+        if fixtures & _ISOLATED_FIXTURES:
             item.add_marker(pytest.mark.isolated)
+        # isolated hosts are namespaces too: `-m "not namespaces"` leaves out everything that
+        # needs root and Linux namespaces, whichever bed it runs on
+        if fixtures & _NAMESPACE_FIXTURES or item.get_closest_marker("isolated"):
+            item.add_marker(pytest.mark.namespaces)

@@ -10,7 +10,7 @@ its own gRPC channel, with a deadline of UNRESPONSIVE_S; when the deadline passe
 `worker_responsive` `{"worker", "silent_s"}` says when it answers again (SIGCONT, a host
 that thawed). A worker that refuses connections is lost, not hung: the coordinator reports
 that (`worker_failure`). `unresponsive()` is the set of workers silent now: the chief's
-drains do not wait for the closures they hold (trainer/protocols.py).
+drains do not wait for the closures they hold (trainer/waits.py).
 
 Its own channel, not TensorFlow's: a remote eager op issued from a second thread of the
 chief corrupted the coordinator's requests ("Unable to parse request").

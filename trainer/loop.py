@@ -9,7 +9,7 @@ Run each role locally (same spec file, one terminal each; `trainer/spec.py` buil
 
 The model, the optimizer state and the step counters live on the parameter servers; the
 chief only schedules closures (`ClusterCoordinator`) and never holds the weights. Both
-protocols (trainer/protocols.py) use the same PS variables, so a switch is an in-place
+protocols (trainer/steps.py) use the same PS variables, so a switch is an in-place
 change of the step function and of two hyperparameter variables: no restart, no new
 coordinator. It happens at a phase boundary, or when the orchestrator overrides the
 protocol through the control file (trainer/control.py).
@@ -30,7 +30,7 @@ Events (besides step/worker_steps/worker_failure/worker_rejoined, trainer/meter.
 - `protocol_switch` `{"from", "to", "step", "switch_s", "detect_s", "reason": "control"}`.
 - `steps_per_closure` `{"steps", "auto", "protocol", "step_time_s"}`: global steps per
   worker closure, fixed by the job for both protocols (`auto` false, `protocol` null) or
-  chosen per protocol from its first steps' median on-worker step time (trainer/protocols.py).
+  chosen per protocol from its first steps' median on-worker step time (trainer/closures.py).
 - `checkpoint` `{"step", "path", "duration_s", "reason"}`, reason one of "schedule" (the
   job's checkpoint/eval frequency), "control", "notice" (this host's preemption notice),
   "final".
@@ -45,33 +45,27 @@ import logging
 import socket
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from trainer import control, events, layout, tfcompat
+from trainer.asp import AspRunner
+from trainer.bsp import BspRunner
 from trainer.checkpoints import checkpoint_paths, restore_newest
+from trainer.closures import Runner
 from trainer.heartbeat import start_heartbeats
 from trainer.meter import Meter, WorkerFailureEvents, watch_rejoins
 from trainer.models import build_model
 from trainer.optim import PSOptimizer, lr_at
 from trainer.problems import get_problem, train_dataset
-from trainer.protocols import (
-    BSP_CLOSED,
-    Membership,
-    asp_runner,
-    bsp_runner,
-    build_steps,
-    per_worker_ids,
-)
 from trainer.spec import PhaseSpec, TrainerSpec
 from trainer.startup import STARTUP, import_tensorflow
+from trainer.steps import PSVariables, Steps, create_ps_variables, per_worker_ids
+from trainer.waits import Membership
 
 SERVER_WAIT_S = 120.0  # how long to wait for ps/worker ports before giving up
 DONE_MARKER = layout.DONE_MARKER
-
-
-class _Vars:
-    """The PS variables shared by both protocols (attributes set in `train`)."""
 
 
 def train(spec: TrainerSpec) -> None:
@@ -117,66 +111,81 @@ def train(spec: TrainerSpec) -> None:
 
 def _train(spec: TrainerSpec, tf: Any, strategy: Any, coordinator: Any,
            notice: control.NoticeWatcher, arrays: Any, membership: Membership) -> None:
-    job, workers = spec.job, spec.num_workers
-    ckpt_dir = Path(spec.layout.checkpoints)  # the checkpoint store the spec names
-    save_every = [f for f in (job.checkpoint_frequency, job.eval_frequency) if f > 0]
-    budget = control.Budget(spec.phases, workers)
-    channel = control.ControlChannel(spec.control_path)
-
-    # data: the arrays (loaded in `train`) are shipped inside the per-worker dataset function
+    """Connect the data, build the model on the PS, restore, trace, train every phase,
+    finish: each step named below."""
     STARTUP.mark("connect")
-    iterator = iter(coordinator.create_per_worker_dataset(
-        lambda: train_dataset(arrays, job.batch_size)))
-    worker_ids = per_worker_ids(coordinator, workers)
+    args = worker_inputs(spec, coordinator, arrays)
+    model, optimizer, v = build_on_ps(spec, tf, strategy, arrays)
+    STARTUP.mark("model")
+    checkpoints = Checkpoints(spec, tf, model, optimizer, v)
+    STARTUP.mark("restore")
+    steps = Steps(strategy, model, optimizer, spec.job, v, spec.stragglers, spec.num_workers)
+    runners = make_runners(spec, coordinator, steps, args, membership)
+    loop = TrainingLoop(spec, tf, v, optimizer, steps, runners, checkpoints, notice)
+    loop.warm()
+    STARTUP.mark("trace")
+    loop.run_phases()
+    loop.finish()
 
-    # model, optimizer and counters: all variables on the PS
+
+def worker_inputs(spec: TrainerSpec, coordinator: Any, arrays: Any) -> tuple[Any, Any]:
+    """Every worker closure's first two arguments: the per-worker dataset's iterator (the
+    arrays, loaded in `train`, are shipped inside the dataset function) and the worker ids."""
+    iterator = iter(coordinator.create_per_worker_dataset(
+        lambda: train_dataset(arrays, spec.job.batch_size)))
+    return iterator, per_worker_ids(coordinator)
+
+
+def build_on_ps(spec: TrainerSpec, tf: Any, strategy: Any,
+                arrays: Any) -> tuple[Any, PSOptimizer, PSVariables]:
+    """The model, the optimizer and the counters: all variables on the PS."""
+    job = spec.job
     tf.keras.utils.set_random_seed(job.seed)
-    v = _Vars()
     with strategy.scope():
         model = build_model(job.model, job.hparam_set, arrays.input_shape, arrays.num_classes)
         optimizer = PSOptimizer(job, model.trainable_variables, strategy)
+        v = create_ps_variables(strategy, optimizer)
+    return model, optimizer, v
 
-        def counter(name: str, value: Any = 0, dtype: Any = tf.int64) -> Any:
-            return tf.Variable(value, dtype=dtype, trainable=False, name=name)
 
-        v.global_step, v.phase_index = counter("global_step"), counter("phase_index")
-        v.bsp_updates, v.bsp_gradients = counter("bsp_updates"), counter("bsp_gradients")
-        v.units_used = counter("budget_units_used", -1)  # -1: not in an old checkpoint
-        v.grad_count = counter("grad_count", 0.0, tf.float32)
-        v.train_epoch = counter("train_epoch", 0.0, tf.float64)  # not checkpointed
-        # the BSP group's state (trainer/protocols.py), not checkpointed either
-        v.bsp_group, v.bsp_stop = counter("bsp_group", BSP_CLOSED), counter("bsp_stop")
-        v.bsp_joined, v.bsp_tickets = counter("bsp_joined"), counter("bsp_tickets")
-        # ASP's step tickets and the stretch's last one (trainer/protocols.py), not
-        # checkpointed: every stretch sets them
-        v.asp_tickets, v.asp_stop = counter("asp_tickets"), counter("asp_stop")
-        v.accumulators = []  # not checkpointed: a restarted cluster starts them at zero
-        for p in optimizer.variables:
-            with strategy.extended.colocate_vars_with(p):
-                v.accumulators.append(tf.Variable(tf.zeros(p.shape, p.dtype),
-                                                  trainable=False))
+class Checkpoints:
+    """The run's checkpoints: resume is the normal path (a fresh run just finds nothing to
+    restore). Names, not addresses, identify variables: a new cluster at new addresses
+    restores. Restores the newest that restores (`resumed_from`, None when fresh)."""
 
-    STARTUP.mark("model")
+    def __init__(self, spec: TrainerSpec, tf: Any, model: Any, optimizer: PSOptimizer,
+                 v: PSVariables) -> None:
+        self.dir = Path(spec.layout.checkpoints)  # the checkpoint store the spec names
+        self.checkpoint = tf.train.Checkpoint(
+            model=model, step=v.global_step, phase=v.phase_index, bsp_updates=v.bsp_updates,
+            bsp_gradients=v.bsp_gradients, budget_units=v.units_used,
+            **optimizer.checkpoint_items())
+        self.manager = tf.train.CheckpointManager(self.checkpoint, str(self.dir),
+                                                  max_to_keep=spec.job.keep_checkpoints)
+        self.resumed_from = restore_newest(
+            lambda path: self.checkpoint.restore(path).assert_existing_objects_matched(),
+            checkpoint_paths(self.dir))
+        if self.resumed_from:
+            print(f"[chief] resumed from {self.resumed_from}", flush=True)
+        (self.dir / DONE_MARKER).unlink(missing_ok=True)  # a longer run resumed from a done one
+        self.dir.mkdir(parents=True, exist_ok=True)
+        (self.dir / "trainer_spec.json").write_text(json.dumps(spec.to_dict(), indent=2))
 
-    # checkpoint: resume is the normal path (a fresh run just finds nothing to restore).
-    # Names, not addresses, identify variables: a new cluster at new addresses restores.
-    checkpoint = tf.train.Checkpoint(
-        model=model, step=v.global_step, phase=v.phase_index, bsp_updates=v.bsp_updates,
-        bsp_gradients=v.bsp_gradients, budget_units=v.units_used,
-        **optimizer.checkpoint_items())
-    manager = tf.train.CheckpointManager(checkpoint, str(ckpt_dir),
-                                         max_to_keep=job.keep_checkpoints)
-    resumed_from = restore_newest(
-        lambda path: checkpoint.restore(path).assert_existing_objects_matched(),
-        checkpoint_paths(ckpt_dir))
-    if resumed_from:
-        print(f"[chief] resumed from {resumed_from}", flush=True)
-    (ckpt_dir / DONE_MARKER).unlink(missing_ok=True)  # a longer run resumed from a done one
-    ckpt_dir.mkdir(parents=True, exist_ok=True)
-    (ckpt_dir / "trainer_spec.json").write_text(json.dumps(spec.to_dict(), indent=2))
+    def save(self, step: int) -> str:
+        return self.manager.save(checkpoint_number=step)
 
-    STARTUP.mark("restore")
-    steps = build_steps(strategy, model, optimizer, job, v, spec.stragglers, workers)
+    def mark_done(self, record: dict[str, Any]) -> None:
+        """DONE tells the evaluator to finish: written, then renamed (the evaluator polls)."""
+        done = self.dir / (DONE_MARKER + ".tmp")
+        done.write_text(json.dumps(record) + "\n")
+        done.replace(self.dir / DONE_MARKER)
+
+
+def make_runners(spec: TrainerSpec, coordinator: Any, steps: Steps, args: tuple,
+                 membership: Membership) -> dict[str, Any]:
+    """One runner per protocol over the same steps and arguments; an explicit steps per
+    closure is announced now, an automatic one when each runner has chosen it."""
+    job, workers = spec.job, spec.num_workers
 
     def chosen(protocol: str) -> Callable[[int, float], None]:
         def emit(steps: int, step_time_s: float) -> None:
@@ -187,155 +196,197 @@ def _train(spec: TrainerSpec, tf: Any, strategy: Any, coordinator: Any,
     if job.steps_per_closure:
         events.emit("steps_per_closure", steps=job.steps_per_closure, auto=False,
                     protocol=None, step_time_s=None)
-    args = (iterator, worker_ids)
-    runners = {"asp": asp_runner(coordinator, steps.asp, args, workers,
-                                 job.steps_per_closure, chosen("asp"), steps.asp_unrolled),
-               "bsp": bsp_runner(coordinator, steps, args, workers, job.steps_per_closure,
-                                 membership, chosen("bsp"))}
-    writer = tf.summary.create_file_writer(spec.layout.tensorboard("train"))
-    meter = Meter(spec, int(v.global_step.numpy()), writer, lambda s: lr_at(
-        s, job, float(optimizer.learning_rate.numpy())))
+    return {"asp": AspRunner(coordinator, steps.asp, args, workers, job.steps_per_closure,
+                             chosen("asp"), steps.asp_unrolled),
+            "bsp": BspRunner(coordinator, steps, args, workers, job.steps_per_closure,
+                             membership, chosen("bsp"))}
 
-    def read_step() -> int:
-        return int(v.global_step.numpy())  # one small RPC to the PS
 
-    class P:  # progress: global step, budget units used, protocol in force
-        step = read_step()
+@dataclass
+class Progress:
+    """Where training stands: the global step, the budget units used, the protocol in force."""
+
+    step: int
+    units: int
+    protocol: str = ""
+
+
+class TrainingLoop:
+    """The phases, their stretches between checkpoints, switches and the side channels."""
+
+    def __init__(self, spec: TrainerSpec, tf: Any, v: PSVariables, optimizer: PSOptimizer,
+                 steps: Steps, runners: dict[str, Any], checkpoints: Checkpoints,
+                 notice: control.NoticeWatcher) -> None:
+        self.spec, self.tf, self.v, self.optimizer = spec, tf, v, optimizer
+        self.steps, self.runners, self.checkpoints, self.notice = (
+            steps, runners, checkpoints, notice)
+        job = spec.job
+        self.budget = control.Budget(spec.phases, spec.num_workers)
+        self.channel = control.ControlChannel(spec.control_path)
+        self.save_every = [f for f in (job.checkpoint_frequency, job.eval_frequency) if f > 0]
+        self.writer = tf.summary.create_file_writer(spec.layout.tensorboard("train"))
+        self.meter = Meter(spec, int(v.global_step.numpy()), self.writer, lambda s: lr_at(
+            s, job, float(optimizer.learning_rate.numpy())))
+        step = self.read_step()
         units = int(v.units_used.numpy())
-        protocol = ""
+        self.progress = Progress(step, units if units >= 0 else self.budget.units_at_step(step))
+        self.pending: list[str] = []  # checkpoint reasons requested by the side channels
+        self.scheduled = ""  # the protocol the current phase schedules
+        self.train_started = 0.0
+        self.acting = 0.0  # when the loop could last act on a control request
+        self.previous_phase: dict[str, Any] | None = None  # its `phase_end` fields
 
-    if P.units < 0:
-        P.units = budget.units_at_step(P.step)
+    def read_step(self) -> int:
+        return int(self.v.global_step.numpy())  # one small RPC to the PS
 
-    def account(results: list[Any] | None = None) -> None:
+    def runner(self, protocol: str) -> Runner:
+        return self.runners[protocol]
+
+    def warm(self) -> None:
+        """The steps' traces before the clock starts, so that the first step, a later switch
+        and time-based events (straggler episodes, revocations) do not pay for them: the ASP
+        step always (any run may be switched to it), the BSP group when the schedule has
+        BSP."""
+        self.runners["asp"].warm()
+        # traced now, not mid-run (a hung worker, trainer/tfcompat.py)
+        self.steps.asp_open(self.tf.constant(self.progress.step, self.tf.int64))
+        if any(p.protocol == "bsp" for p in self.spec.phases):
+            self.runners["bsp"].warm(groups=self.spec.job.steps_per_closure != 1)
+
+    def run_phases(self) -> None:
+        self.train_started = self.acting = time.time()
+        self.v.train_epoch.assign(self.train_started)
+        self.channel.start()
+        events.emit("train_start", step=self.progress.step, workers=self.spec.num_workers,
+                    resumed_from=self.checkpoints.resumed_from)
+        self.meter.restart(self.progress.step)
+        for index, phase in enumerate(self.spec.phases):
+            if self.progress.units >= self.budget.ends[index]:
+                continue  # finished before the checkpoint we resumed from
+            self.run_phase(index, phase)
+
+    def run_phase(self, index: int, phase: PhaseSpec) -> None:
+        """Switch in place at the phase's start (two variable writes), then stretches until
+        the phase's budget is used up."""
+        progress = self.progress
+        self.scheduled = phase.protocol
+        switch_started = time.time()
+        apply_phase_hparams(phase, self.spec, self.optimizer)
+        self.v.phase_index.assign(index)
+        phase_started, phase_start_step = time.time(), progress.step
+        switched = self.switch_to(self.channel.state.protocol or self.scheduled)
+        STARTUP.done("first_step")
+        if self.previous_phase:
+            events.emit("phase_end", **self.previous_phase,
+                        switch_s=round(switched - switch_started, 3))
+        events.emit("phase_start", protocol=progress.protocol, scheduled=self.scheduled,
+                    step=phase_start_step, phase=index, hparams=phase.hparams)
+        while progress.units < self.budget.ends[index]:
+            wanted = self.channel.state.protocol or self.scheduled
+            if wanted != progress.protocol:  # control override (or its release)
+                self.switch_by_control(wanted)
+                continue
+            self.run_stretch(index)
+        self.previous_phase = {"protocol": progress.protocol, "step": progress.step,
+                               "phase": index, "wall_s": round(time.time() - phase_started, 3)}
+
+    def switch_by_control(self, wanted: str) -> None:
+        """Switch in place to the protocol the control file asks for; `switch_s` counts
+        from `self.acting`, when the loop could first act on the request."""
+        before, step = self.progress.protocol, self.progress.step
+        switched = self.switch_to(wanted)
+        events.emit("protocol_switch", step=step, switch_s=round(switched - self.acting, 3),
+                    detect_s=round(max(0.0, self.channel.seen_at - self.channel.mtime), 3),
+                    reason="control", **{"from": before, "to": wanted})
+
+    def run_stretch(self, index: int) -> None:
+        """Train up to the next checkpoint/eval boundary or the budget's end (or until a
+        side channel asks for action), then checkpoint as due."""
+        progress, budget = self.progress, self.budget
+        run = self.runner(progress.protocol)
+        stop = self.next_stop(progress.step, progress.step + budget.steps_left(
+            progress.units, index, progress.protocol))
+        remaining, interrupted = stop - progress.step, False
+        self.open_stretch(stop)
+        while remaining > 0:
+            scheduled_now, results = run(remaining)
+            remaining -= scheduled_now
+            self.meter.observe(self.read_step, results)  # reads step/loss only when due
+            if self.side_channels():
+                interrupted = remaining > 0
+                break
+        self.account(run.drain())
+        last = index == len(self.spec.phases) - 1 and progress.units >= budget.ends[index]
+        if not interrupted and not last and any(stop % f == 0 for f in self.save_every):
+            self.save_checkpoint("schedule")  # the evaluator picks up every checkpoint
+        for reason in dict.fromkeys(self.pending):
+            self.save_checkpoint(reason)
+        # a switch's switch_s counts from here
+        self.acting = time.time() if self.pending else self.channel.seen_at
+        self.pending.clear()
+
+    def account(self, results: list[Any] | None = None) -> None:
         """After a drain: charge the steps applied since the last call to the budget."""
-        meter.add(results or [])
-        step = read_step()
-        P.units += (step - P.step) * budget.weight(P.protocol)
-        P.step = step
+        self.meter.add(results or [])
+        step = self.read_step()
+        progress = self.progress
+        progress.units += (step - progress.step) * self.budget.weight(progress.protocol)
+        progress.step = step
 
-    def save_checkpoint(reason: str) -> str:
+    def save_checkpoint(self, reason: str) -> str:
         started = time.time()
-        v.units_used.assign(P.units)
-        path = manager.save(checkpoint_number=P.step)
-        events.emit("checkpoint", step=P.step, path=path, reason=reason,
+        self.v.units_used.assign(self.progress.units)
+        path = self.checkpoints.save(self.progress.step)
+        events.emit("checkpoint", step=self.progress.step, path=path, reason=reason,
                     duration_s=round(time.time() - started, 3))
         return path
 
-    def next_stop(step: int, end_step: int) -> int:
-        return min([end_step] + [(step // f + 1) * f for f in save_every])
+    def next_stop(self, step: int, end_step: int) -> int:
+        return min([end_step] + [(step // f + 1) * f for f in self.save_every])
 
-    pending: list[str] = []  # checkpoint reasons requested by the side channels
-
-    def side_channels() -> bool:
+    def side_channels(self) -> bool:
         """Poll the control file and the notice; True when the loop must act now."""
-        if notice.take():
-            pending.append("notice")
-        if channel.poll() is not None and channel.take_checkpoint_request():
-            pending.append("control")
-        return bool(pending) or (channel.state.protocol or scheduled) != P.protocol
+        if self.notice.take():
+            self.pending.append("notice")
+        if self.channel.poll() is not None and self.channel.take_checkpoint_request():
+            self.pending.append("control")
+        return bool(self.pending) or (
+            (self.channel.state.protocol or self.scheduled) != self.progress.protocol)
 
-    def open_stretch(stop: int) -> None:
+    def open_stretch(self, stop: int) -> None:
         """ASP: steps past global step `stop` are dropped on the PS, so a closure run twice
         (at-least-once, after a worker loss) or finished late (a hung worker's) never takes
         the run past its budget; BSP needs nothing (one update per global step)."""
-        if P.protocol == "asp":
-            steps.asp_open(tf.constant(stop, tf.int64))
+        if self.progress.protocol == "asp":
+            self.steps.asp_open(self.tf.constant(stop, self.tf.int64))
 
-    def switch_to(protocol: str) -> float:
+    def switch_to(self, protocol: str) -> float:
         """Run one step of `protocol` (the switch ends when it has applied one)."""
-        P.protocol = protocol
-        open_stretch(P.step + 1)
-        _, results = runners[protocol](1)
-        account(results)
+        self.progress.protocol = protocol
+        self.open_stretch(self.progress.step + 1)
+        _, results = self.runner(protocol)(1)
+        self.account(results)
         return time.time()
 
-    # The steps' traces before the clock starts, so that the first step, a later switch and
-    # time-based events (straggler episodes, revocations) do not pay for them: the ASP step
-    # always (any run may be switched to it), the BSP group when the schedule has BSP.
-    runners["asp"].warm()  # type: ignore[attr-defined]
-    steps.asp_open(tf.constant(P.step, tf.int64))  # traced now (a hung worker, tfcompat.py)
-    if any(p.protocol == "bsp" for p in spec.phases):
-        runners["bsp"].warm(groups=job.steps_per_closure != 1)  # type: ignore[attr-defined]
-    STARTUP.mark("trace")
-    train_started = time.time()
-    v.train_epoch.assign(train_started)
-    start_step = P.step
-    channel.start()
-    events.emit("train_start", step=start_step, workers=workers, resumed_from=resumed_from)
-    meter.restart(start_step)
-    previous_phase: dict[str, Any] | None = None
-    acting = train_started
-    for index, phase in enumerate(spec.phases):
-        if P.units >= budget.ends[index]:
-            continue  # finished before the checkpoint we resumed from
-        scheduled = phase.protocol
-
-        # phase switch at the phase's budget end: in place, two variable writes
-        switch_started = time.time()
-        apply_phase_hparams(phase, spec, optimizer)
-        v.phase_index.assign(index)
-        phase_started, phase_start_step = time.time(), P.step
-        switched = switch_to(channel.state.protocol or scheduled)
-        STARTUP.done("first_step")
-        if previous_phase:
-            events.emit("phase_end", **previous_phase,
-                        switch_s=round(switched - switch_started, 3))
-        events.emit("phase_start", protocol=P.protocol, scheduled=scheduled,
-                    step=phase_start_step, phase=index, hparams=phase.hparams)
-
-        while P.units < budget.ends[index]:
-            wanted = channel.state.protocol or scheduled
-            if wanted != P.protocol:  # control override (or its release): switch in place
-                before, step = P.protocol, P.step
-                switched = switch_to(wanted)
-                events.emit("protocol_switch", step=step, switch_s=round(switched - acting, 3),
-                            detect_s=round(max(0.0, channel.seen_at - channel.mtime), 3),
-                            reason="control", **{"from": before, "to": wanted})
-                continue
-            # train step(s): schedule up to the next checkpoint/eval boundary or budget end
-            run = runners[P.protocol]
-            stop = next_stop(P.step, P.step + budget.steps_left(P.units, index, P.protocol))
-            remaining, interrupted = stop - P.step, False
-            open_stretch(stop)
-            while remaining > 0:
-                scheduled_now, results = run(remaining)
-                remaining -= scheduled_now
-                meter.observe(read_step, results)  # reads step/loss only when a report is due
-                if side_channels():
-                    interrupted = remaining > 0
-                    break
-            account(run.drain())
-            last = index == len(spec.phases) - 1 and P.units >= budget.ends[index]
-            if not interrupted and not last and any(stop % f == 0 for f in save_every):
-                save_checkpoint("schedule")  # the evaluator picks up every checkpoint
-            for reason in dict.fromkeys(pending):
-                save_checkpoint(reason)
-            acting = time.time() if pending else channel.seen_at  # switch_s starts here
-            pending.clear()
-
-        previous_phase = {"protocol": P.protocol, "step": P.step, "phase": index,
-                          "wall_s": round(time.time() - phase_started, 3)}
-
-    # termination: final checkpoint, then DONE tells the evaluator to finish
-    account(runners["asp"].drain())  # every closure, but not those of hung workers
-    if previous_phase:
-        events.emit("phase_end", **previous_phase, switch_s=0.0)
-    final_path = save_checkpoint("final")
-    meter.observe(read_step, [], force=True)
-    updates, gradients = int(v.bsp_updates.numpy()), int(v.bsp_gradients.numpy())
-    groups = runners["bsp"].groups  # type: ignore[attr-defined]
-    if updates:
-        print(f"[chief] bsp: {updates} updates from {gradients} gradients; {groups} "
-              "multi-step groups", flush=True)
-    done = ckpt_dir / (DONE_MARKER + ".tmp")  # write, then rename: the evaluator polls it
-    done.write_text(json.dumps({"step": P.step, "checkpoint": final_path,
-                                "bsp_updates": updates, "bsp_gradients": gradients,
-                                "bsp_groups": groups,
-                                "budget_units": P.units}) + "\n")
-    done.replace(ckpt_dir / DONE_MARKER)
-    writer.flush()
-    events.emit("train_end", step=P.step, train_time_s=round(time.time() - train_started, 3))
+    def finish(self) -> None:
+        """Final checkpoint, then DONE tells the evaluator to finish."""
+        progress = self.progress
+        self.account(self.runners["asp"].drain())  # every closure, not those of hung workers
+        if self.previous_phase:
+            events.emit("phase_end", **self.previous_phase, switch_s=0.0)
+        final_path = self.save_checkpoint("final")
+        self.meter.observe(self.read_step, [], force=True)
+        updates, gradients = int(self.v.bsp_updates.numpy()), int(self.v.bsp_gradients.numpy())
+        groups = self.runners["bsp"].groups
+        if updates:
+            print(f"[chief] bsp: {updates} updates from {gradients} gradients; {groups} "
+                  "multi-step groups", flush=True)
+        self.checkpoints.mark_done({"step": progress.step, "checkpoint": final_path,
+                                    "bsp_updates": updates, "bsp_gradients": gradients,
+                                    "bsp_groups": groups, "budget_units": progress.units})
+        self.writer.flush()
+        events.emit("train_end", step=progress.step,
+                    train_time_s=round(time.time() - self.train_started, 3))
 
 
 def apply_phase_hparams(phase: PhaseSpec, spec: TrainerSpec, optimizer: PSOptimizer) -> None:

@@ -2,7 +2,7 @@
 
 - `step` `{"step", "loss", "steps_per_sec", "lr"}` at most every `report_every_s`.
 - `worker_steps` `{"worker", "step_time_s", "steps"}` at the same time, one per worker seen in
-  the sample: the mean on-worker step time (trainer/protocols.py) over the steps of the last
+  the sample: the mean on-worker step time (trainer/waits.py) over the steps of the last
   SAMPLE_CLOSURES finished closures since the previous report; `steps` counts those steps.
   Emitted by a fetcher thread, so it may trail its `step` event: a closure's result stays on
   its worker until fetched (see `Meter.observe`).
@@ -24,9 +24,9 @@ from collections.abc import Callable
 from typing import Any
 
 from trainer import events
-from trainer.protocols import Membership, fetch_or_none
 from trainer.spec import TrainerSpec
 from trainer.summaries import write_scalar
+from trainer.waits import Membership, fetch_or_none
 
 SAMPLE_CLOSURES = 64  # at most this many closure results are read per report
 FETCH_WAIT_S = 1.0  # the first and the final report wait this long (twice) for their loss
@@ -92,7 +92,7 @@ class Meter:
 
     def _fetch_here(self, job: tuple[int, list[Any], Any]) -> None:
         """Fetch `job` before reporting it, but never wait on a hung worker: a result whose
-        copy to the chief is still pending waits for its worker (trainer/protocols.py
+        copy to the chief is still pending waits for its worker (trainer/waits.py
         `finished`). At most FETCH_WAIT_S for the fetcher to finish its job (so no report is
         emitted twice or late), then at most FETCH_WAIT_S for this one; past that the
         report goes out with the last loss known."""

@@ -94,7 +94,7 @@ class PSOptimizer:
 
         `take` (a bool tensor, None = True): False makes every op leave its variable and
         slots exactly as they were (gradient and rate 0, decay factors 1, no iteration), so
-        a step's update can be dropped without a branch (ASP's step budget, protocols.py)."""
+        a step's update can be dropped without a branch (ASP's step budget, trainer/steps.py)."""
         import tensorflow as tf
 
         def masked(value: Any, unit: float = 0.0) -> Any:

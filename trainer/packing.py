@@ -60,6 +60,42 @@ class Packing:
                 self._unpack(flat, members, placed)
         return placed
 
+    def pack(self, tensors: list[Any]) -> list[Any]:
+        """`tensors[i]` (same shape as variable i) as one flat tensor per group, on the
+        group's device: one transfer per group, kept packed (BSP's accumulators are packed
+        too, `flat_variables`)."""
+        import tensorflow as tf
+
+        flats = []
+        for (device, _), members in self.groups:
+            flat = tf.concat([tf.reshape(tensors[i], [-1]) for i in members], 0)
+            with tf.device(device):
+                flats.append(tf.identity(flat))
+        return flats
+
+    def unpack(self, flats: list[Any]) -> list[Any]:
+        """The inverse of `pack`, on each group's device: one tensor per variable."""
+        import tensorflow as tf
+
+        placed: list[Any] = [None] * len(self.variables)
+        for ((device, _), members), flat in zip(self.groups, flats, strict=True):
+            with tf.device(device):
+                self._unpack(flat, members, placed)
+        return placed
+
+    def flat_variables(self, colocate: Any) -> list[Any]:
+        """One zero variable per group, as long as the group's variables together, each
+        created in `colocate(first variable of the group)` (the strategy's
+        `colocate_vars_with`): BSP's packed accumulators."""
+        import tensorflow as tf
+
+        flats = []
+        for (_, dtype), members in self.groups:
+            with colocate(self.variables[members[0]]):
+                flats.append(tf.Variable(tf.zeros([sum(self.sizes[i] for i in members)],
+                                                  dtype), trainable=False))
+        return flats
+
     def _unpack(self, flat: Any, members: list[int], out: list[Any]) -> None:
         import tensorflow as tf
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from trainer.data import cache_root, find_cifar_files
 from trainer.registry import Registry
 
 SHUFFLE_BUFFER = 10_000
@@ -172,7 +173,6 @@ def digits_split_cache(seed: int) -> Path:
     """The cached split for `seed`, keyed by scikit-learn's version (its split may change)."""
     from importlib.metadata import PackageNotFoundError, version
 
-    from trainer.data import cache_root
 
     try:
         sklearn_version = version("scikit-learn")
@@ -203,42 +203,6 @@ def load_synthetic(data_dir: str | None = None, seed: int = 0, shape: tuple[int,
 
 
 # --- CIFAR-10 / CIFAR-100: the standard binary or python-pickle files ------------------------
-
-CIFAR_LAYOUTS = {
-    # problem: [(folder, train files, test files, format, label key or label bytes)]
-    "image_cifar10": [
-        ("cifar-10-batches-bin", [f"data_batch_{i}.bin" for i in range(1, 6)],
-         ["test_batch.bin"], "bin", 1),
-        ("cifar-10-batches-py", [f"data_batch_{i}" for i in range(1, 6)],
-         ["test_batch"], "py", b"labels"),
-    ],
-    "image_cifar100": [
-        ("cifar-100-binary", ["train.bin"], ["test.bin"], "bin", 2),
-        ("cifar-100-python", ["train"], ["test"], "py", b"fine_labels"),
-    ],
-}
-
-
-def find_cifar_files(problem: str, data_dir: str | None) -> tuple[list[Path], list[Path], str,
-                                                                   object]:
-    """Locate train/test files under `data_dir` or its extracted sub-folder.
-
-    Returns (train_paths, test_paths, format, label spec). Raises FileNotFoundError listing
-    every layout that was tried, so the user sees which file names are expected.
-    """
-    if not data_dir:
-        raise FileNotFoundError(f"{problem}: job.data_dir is required (a folder holding "
-                                f"{' or '.join(lay[0] for lay in CIFAR_LAYOUTS[problem])})")
-    root = Path(data_dir).expanduser()
-    tried = []
-    for folder, train, test, fmt, label in CIFAR_LAYOUTS[problem]:
-        for base in (root, root / folder):
-            if all((base / f).is_file() for f in train + test):
-                return [base / f for f in train], [base / f for f in test], fmt, label
-        tried.append(f"{folder}/{{{','.join(train + test)}}}")
-    raise FileNotFoundError(f"{problem}: no CIFAR files under {root}; expected {' or '.join(tried)}"
-                            f" (in data_dir or in the named sub-folder)")
-
 
 def read_cifar_bin(path: Path, label_bytes: int) -> tuple[np.ndarray, np.ndarray]:
     """Binary CIFAR: records of `label_bytes` label bytes then 3072 pixel bytes.

@@ -48,6 +48,8 @@ def run_server(spec: TrainerSpec, role: str, index: int) -> None:
               f"{LATE_JOIN_IMPORT_NICE}", flush=True)
     server_lib, config_pb2 = at_nice(import_server_lib, LATE_JOIN_IMPORT_NICE if late else 0)
     assert role in ("ps", "worker"), f"run_server: role must be ps or worker (got {role})"
+    if index in spec.gpu_tasks.get(role, []):
+        require_gpu(role, index)
     addresses = spec.cluster[role]
     assert 0 <= index < len(addresses), (
         f"--index {index}: cluster.{role} has {len(addresses)} entries")
@@ -63,6 +65,24 @@ def run_server(spec: TrainerSpec, role: str, index: int) -> None:
     # handlers, so SIGTERM would be ignored. The server's own threads do the serving.
     while server is not None:  # holding the reference keeps the server alive
         time.sleep(SIGNAL_POLL_S)
+
+
+class NoGpuError(RuntimeError):
+    """A task on a GPU host whose TensorFlow sees no GPU (it would train on the CPU)."""
+
+
+def require_gpu(role: str, index: int) -> None:
+    """Fail at once, in one line, when TensorFlow lists no GPU on a host that has one: the
+    driver is missing or not loaded yet, or TensorFlow's CUDA libraries are not found. (The
+    light import's `tensorflow.python.framework.config` is `tf.config`.)"""
+    from tensorflow.python.framework import config as tf_config
+
+    if not tf_config.list_physical_devices("GPU"):
+        raise NoGpuError(
+            f"{role} {index}: this host has a GPU but TensorFlow sees none (driver missing or "
+            "not loaded, or CUDA libraries not found: check with nvidia-smi and python -c "
+            "\"import tensorflow as tf; print(tf.config.list_physical_devices('GPU'))\"); "
+            "it would train on the CPU")
 
 
 def intra_op_threads(workers: list[str], index: int, cpus: int) -> int:

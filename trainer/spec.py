@@ -97,7 +97,7 @@ class StragglerSpec:
     (`start_s` <= t < `end_s`, t = seconds since the chief's train_start; `end_s` None = until
     the end) or the step window (`start_step` <= global step < `end_step`) holds. A window
     whose start is None is not used. The delay is added inside the step on the worker
-    (trainer/protocols.py), so it shows up in that worker's `worker_steps` timings.
+    (trainer/steps.py), so it shows up in that worker's `worker_steps` timings.
     """
 
     workers: list[int]
@@ -147,6 +147,9 @@ class TrainerSpec:
     stragglers: list[StragglerSpec] = field(default_factory=list)  # injected slowdowns
     control_file: str | None = None  # orchestrator -> chief; None = <run_dir>/control.json
     checkpoint_dir: str | None = None  # the checkpoint store; None = <run_dir>/checkpoints
+    #: tasks (job -> indices) whose host has an accelerator the backend provides: their server
+    #: fails at start when TensorFlow sees no GPU there, instead of training on the CPU
+    gpu_tasks: dict[str, list[int]] = field(default_factory=dict)
 
     @property
     def layout(self) -> RunLayout:
@@ -173,6 +176,11 @@ class TrainerSpec:
                 host, _, port = address.rpartition(":")
                 assert host and port.isdigit(), (
                     f"cluster.{job_name}[{i}]: expected host:port (got {address!r})")
+        for job_name, indices in self.gpu_tasks.items():
+            count = len(self.cluster.get(job_name, []))
+            assert all(0 <= i < count for i in indices), (
+                f"gpu_tasks.{job_name}: indices must be within cluster.{job_name} "
+                f"({count} tasks, got {indices})")
         self.job.validate()
         assert self.phases, "phases: needs at least one phase"
         previous = 0
@@ -227,6 +235,7 @@ class TrainerSpec:
             control_file=None if data.get("control_file") is None else str(data["control_file"]),
             checkpoint_dir=(None if data.get("checkpoint_dir") is None
                             else str(data["checkpoint_dir"])),
+            gpu_tasks={k: [int(i) for i in v] for k, v in data.get("gpu_tasks", {}).items()},
         )
         spec.validate()
         return spec

@@ -34,11 +34,11 @@ eager op kind's first use on the chief runs as a small function registered the s
 (the first checkpoint's save counter and save ops). `install()` makes the chief's eager ops
 run as kernels (`TFE_ContextSetRunEagerOpAsFunction`), and the trainer traces its functions
 before training or, the unrolled closure, in a thread while no worker is named hung
-(trainer/protocols.py `prepare_unrolled`).
+(trainer/closures.py `prepare_unrolled`).
 
 Which closure a worker runs is not public either: `install()` records it
 (`Worker._process_closure`), so that the chief can tell a closure held by a hung worker
-from one a healthy worker is still running (`held_by`, trainer/protocols.py).
+from one a healthy worker is still running (`held_by`, trainer/waits.py).
 """
 
 from __future__ import annotations
@@ -173,3 +173,59 @@ def schedule_specs(args: tuple) -> list[Any]:
 
     return list(tf.nest.map_structure(cc._maybe_as_type_spec,
                                       cc._select_worker_slice(0, tuple(args))))
+
+
+# --- the state of a scheduled closure (ClusterCoordinator's RemoteValue) -------------------
+# Whether a closure has finished is not public: `RemoteValue` sets a private event when its
+# function returned (or failed), and a private flag once the result is copied to the chief.
+# Everything that reads them is here (trainer/waits.py calls these); where they moved,
+# `watchable` is False and the callers fall back to waiting for every closure.
+
+
+def watchable(remote: Any) -> bool:
+    """Whether `remote`'s progress can be watched without waiting for it."""
+    return getattr(remote, "_status_available_event", None) is not None
+
+
+def returned(remote: Any) -> bool:
+    """Whether `remote`'s function has returned (or failed); True where nobody can tell."""
+    event = getattr(remote, "_status_available_event", None)
+    return event is None or event.is_set()
+
+
+def copied(remote: Any) -> bool:
+    """Whether `remote`'s result is on the chief (or there is none: failed, aborted)."""
+    return (getattr(remote, "_has_fetched_to_local", True)
+            or getattr(remote, "_values", None) is None)
+
+
+def wait_returned(remote: Any, seconds: float) -> None:
+    """Wait up to `seconds` for `remote`'s function to return."""
+    remote._status_available_event.wait(seconds)
+
+
+# --- per-worker values and the in-graph sleep ---------------------------------------------
+
+
+def per_worker_values(coordinator: Any, make: Any) -> Any:
+    """A PerWorkerValues whose slice on worker i is the resource `make(i)` (a tf.function)
+    creates there. TF has no public way to build one; this uses the coordinator's per-worker
+    resource closures, the mechanism behind per-worker datasets: they are re-run when a
+    worker recovers. Raises AttributeError, ImportError, TypeError or AssertionError where
+    those internals moved."""
+    from tensorflow.python.distribute.coordinator.values import PerWorkerValues
+
+    return PerWorkerValues(tuple(w.create_resource(make(w.worker_index))
+                                 for w in coordinator._cluster.workers))
+
+
+def sleep(seconds: Any) -> Any:
+    """In-graph sleep on the device running the function; returns a tensor to depend on.
+    A tf.data sleep (TensorFlow's test transformation): no CPU is burnt, and unlike
+    tf.py_function it runs on a remote worker."""
+    import tensorflow as tf
+    from tensorflow.python.data.experimental.ops import testing
+
+    micros = tf.cast(seconds * 1e6, tf.int64)
+    ds = tf.data.Dataset.from_tensors(tf.constant(0, tf.int64)).apply(testing.sleep(micros))
+    return ds.take(1).reduce(tf.constant(0, tf.int64), lambda a, b: a + b)

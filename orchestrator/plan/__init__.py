@@ -245,4 +245,6 @@ def load_and_plan(cfg: Any) -> tuple[ExperimentConfig, RunPlan]:
     except OmegaConfBaseException as ex:
         raise from_omegaconf(ex) from ex
     validate(experiment)
-    return experiment, make_plan(experiment)
+    plan = make_plan(experiment)
+    experiment.provider = experiment.provider.for_plan(plan.est_train_time_s)  # gce: VMs' life
+    return experiment, plan

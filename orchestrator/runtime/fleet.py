@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -58,6 +59,7 @@ class Fleet:
         self.ready_timeout_s = ready_timeout_s
         self.stop_grace_s = stop_grace_s
         self.command = command
+        self._replacing: _Replacement | None = None  # hosts being provisioned in the background
         self.env = env
         self.deployments: list[Deployment] = []
 
@@ -122,6 +124,38 @@ class Fleet:
         self.deployment.cluster = self.cluster
         return [h for h in self.cluster.hosts if h.id not in old_ids]
 
+    def begin_replace(self, host_ids: Sequence[HostId]) -> None:
+        """`replace` in a background thread, with each new machine's `runner.setup()`: on a
+        real cloud a VM takes minutes to create, boot and set up, and the supervisor keeps
+        following events, polls and checkpoint syncs meanwhile. One at a time; the cluster
+        changes only when `finish_replace` hands the new hosts over."""
+        assert self._replacing is None, "a replacement is already under way"
+        self._replacing = _Replacement(self.provider, self.cluster, list(host_ids))
+
+    @property
+    def replacing(self) -> bool:
+        """True from `begin_replace` until `finish_replace` has handed the hosts over."""
+        return self._replacing is not None
+
+    def finish_replace(self, wait: bool = False) -> list[Host] | None:
+        """The new hosts of the background replacement once it is done (the cluster now holds
+        them), None while it runs (`wait`: block until it is done). Raises what
+        `provider.replace` or a setup raised (the cluster is then unchanged)."""
+        job = self._replacing
+        if job is None or not job.finished(wait):
+            return None
+        self._replacing = None
+        if job.new is None:  # provider.replace failed: nothing of it stays allocated
+            assert job.error is not None
+            raise job.error
+        old_ids = {h.id for h in self.cluster.hosts}
+        self.cluster = job.new  # a failed setup still hands the hosts over, to be released
+        if self.deployments:
+            self.deployment.cluster = job.new
+        if job.error is not None:
+            raise job.error
+        return [h for h in job.new.hosts if h.id not in old_ids]
+
     def revoke(self, host: Host, notice_s: float) -> None:
         self.provider.revoke(host, notice_s)
 
@@ -158,7 +192,10 @@ class Fleet:
 
     # --- the end ------------------------------------------------------------------------------
     def release(self) -> None:
-        """TensorBoard back, every process stopped, every host released. Idempotent."""
+        """TensorBoard back, every process stopped, every host released (a replacement still
+        being provisioned is waited for, so its hosts are released too). Idempotent."""
+        with contextlib.suppress(Exception):  # failed: the provider gave back what it made
+            self.finish_replace(wait=True)
         if self.deployments:
             with contextlib.suppress(Exception):  # a host gone mid-fetch must not block release
                 self.deployment.collect()
@@ -166,3 +203,29 @@ class Fleet:
             deployment.teardown()
         self.provider.release(self.cluster)
 
+
+
+class _Replacement:
+    """`provider.replace(cluster, host_ids)` and the new machines' setup, in a thread."""
+
+    def __init__(self, provider: Provider, cluster: Cluster, host_ids: list[HostId]) -> None:
+        self._provider, self._cluster, self._ids = provider, cluster, host_ids
+        self.new: Cluster | None = None  # what provider.replace returned
+        self.error: BaseException | None = None  # what provider.replace or a setup raised
+        self._thread = threading.Thread(target=self._work, name="replace-hosts", daemon=True)
+        self._thread.start()
+
+    def _work(self) -> None:
+        try:
+            self.new = self._provider.replace(self._cluster, self._ids)
+            old_ids = {h.id for h in self._cluster.hosts}
+            machines = {h.machine: h for h in self.new.hosts if h.id not in old_ids}
+            for host in machines.values():  # the costly part of starting a role there
+                self._provider.runner(host).setup()
+        except BaseException as error:  # handed to the supervisor by `Fleet.finish_replace`
+            self.error = error
+
+    def finished(self, wait: bool) -> bool:
+        if wait:
+            self._thread.join()
+        return not self._thread.is_alive()

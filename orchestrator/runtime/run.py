@@ -25,7 +25,7 @@ from orchestrator.runtime.progress import RunProgress
 from orchestrator.runtime.supervisor import Supervisor
 from orchestrator.transient.revocation import RevocationSchedule
 from orchestrator.transient.stragglers import InjectionSchedule
-from provisioning.base import Cluster, ClusterRequest
+from provisioning.base import Cluster, ClusterRequest, Role
 from provisioning.journal import JOURNAL_FILE, Journal
 from provisioning.registry import get_provider, provider_class
 from trainer.layout import CHECKPOINT_DIR, CLUSTER_JOBS, CONTROL_FILE
@@ -46,12 +46,14 @@ def before_provisioning(cfg: ExperimentConfig) -> None:
 
 def build_trainer_spec(cfg: ExperimentConfig, plan: RunPlan, cluster: Cluster, run_id: str,
                        run_dir: str = ".", control_file: str | None = None,
-                       checkpoint_dir: str | None = None) -> TrainerSpec:
+                       checkpoint_dir: str | None = None,
+                       gpus_checked: bool = False) -> TrainerSpec:
     """The launch spec every role reads: addresses from the cluster, steps from the plan.
 
     Paths are host paths: `run_dir` "." is each role's working directory (its host's work
     dir), where the control file, TensorBoard and the spec itself live; `checkpoint_dir` is
-    where the chief writes checkpoints (the checkpoint store's location for this cluster)."""
+    where the chief writes checkpoints (the checkpoint store's location for this cluster).
+    `gpus_checked` (`Provider.gpus_checked`): the servers of hosts with a GPU must see it."""
     job = asdict(cfg.job)
     job = {k: (v.value if hasattr(v, "value") else v) for k, v in job.items()}
     job["train_steps"] = plan.total_steps
@@ -65,6 +67,9 @@ def build_trainer_spec(cfg: ExperimentConfig, plan: RunPlan, cluster: Cluster, r
         stragglers=straggler_specs(cfg),
         control_file=control_file,
         checkpoint_dir=checkpoint_dir,
+        gpu_tasks={job: tasks for job in (Role.PS.value, Role.WORKER.value)
+                   if (tasks := [i for i, h in enumerate(cluster.hosts_for(job)) if h.spec.gpu])
+                   } if gpus_checked else {},
     )
 
 
@@ -131,8 +136,9 @@ def execute_run(cfg: ExperimentConfig, plan: RunPlan, run_dir: Path,
                 run_preflight(cfg)  # one local training step before paying for servers
             cluster = provider.acquire(cluster_request(plan, cluster_id, run_dir, sweep_id))
             killpoints.hit("provisioning")
-            fleet = Fleet(provider, cluster, run_dir, build_trainer_spec(cfg, plan, cluster,
-                                                                         run_id),
+            fleet = Fleet(provider, cluster, run_dir,
+                          build_trainer_spec(cfg, plan, cluster, run_id,
+                                             gpus_checked=provider.gpus_checked),
                           provider.checkpoint_store(run_id, run_dir / CHECKPOINT_DIR),
                           control, rec=rec,
                           ready_timeout_s=cfg.provider.ready_timeout_s)

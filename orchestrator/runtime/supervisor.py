@@ -109,6 +109,8 @@ class Supervisor:
         self.poll_interval_s = poll_interval_s
         self.pending: list[RecoveryDecision] = []
         self.awaiting_restart: RecoveryDecision | None = None
+        # the decision whose new hosts are provisioned in the background (Fleet.begin_replace)
+        self.replacing: RecoveryDecision | None = None
         self.restart_deadline = 0.0  # monotonic
         self.lost: set[HostId] = set()  # hosts already turned into losses (dedup)
         self.revoked_here: set[HostId] = set()  # hosts our revocation schedule took
@@ -151,7 +153,7 @@ class Supervisor:
             if time.monotonic() >= next_tick or event is None:
                 self.tick()
                 next_tick = time.monotonic() + TICK_S
-            if self.pending or self.awaiting_restart or self.held:
+            if self.pending or self.awaiting_restart or self.held or self.replacing:
                 continue
             state = self.state
             if state.chief_done and (state.evaluator_done or not self.cfg.cluster.evaluator):
@@ -359,7 +361,11 @@ class Supervisor:
         if self.run_state.train_t0 is not None and not self.awaiting_restart:
             self.fire_revocations(now)
             self.request_due_checkpoints(now)
+        if self.replacing is not None:
+            self.finish_replace()
         for decision in [d for d in self.pending if d.execute_at_s <= now]:
+            if self.replacing is not None:
+                break  # one change of hosts at a time: it waits for the one under way
             self.pending.remove(decision)
             self.execute(decision, now)
             if self.state.error is not None:
@@ -397,23 +403,56 @@ class Supervisor:
             self.execute_restart(decision, now)
 
     def execute_replace(self, decision: RecoveryDecision, now: float) -> None:
-        """Fresh hosts for the gone ones; a role that crashed on a host still running is
-        started again there (replacing it would take its machine's other roles down)."""
-        ids, keep_endpoints = hosts_to_replace(self.cluster, self.refresh_states(),
-                                               decision.replace_host_ids, restart=False)
+        """Fresh hosts for the gone ones, provisioned off the loop (`finish_replace` starts
+        their roles); a role that crashed on a host still running is started again there at
+        once (replacing it would take its machine's other roles down). A replacement keeps
+        the lost hosts' endpoints (`hosts_to_replace`), as `Fleet.begin_replace` does."""
+        ids, _ = hosts_to_replace(self.cluster, self.refresh_states(),
+                                  decision.replace_host_ids, restart=False)
         in_place = [self.cluster.host(i) for i in ids if self.running(self.cluster.host(i))
                     and i not in self.revoked_here]  # a revoked host is never reused
+        gone = [i for i in ids if i not in {h.id for h in in_place}]
         try:
-            new_hosts = self.fleet.replace([i for i in ids if i not in
-                                            {h.id for h in in_place}], keep_endpoints)
-            for host in [*in_place, *new_hosts]:
-                self.fleet.start_role(host)
-                self.lost.discard(host.id)
-                self.revoked_here.discard(host.id)  # running again: a later loss is new
+            self.start_roles(in_place)
         except (ProvisionError, OSError) as ex:
-            self.record(self.planner.replacement_failed(decision, f"{type(ex).__name__}: {ex}"))
-            self.record(self.planner.end(decision, self.now_s(), ok=False))
+            self.replace_failed(decision, ex)
             return
+        if gone:  # new hosts take minutes on a cloud: the loop goes on meanwhile
+            self.fleet.begin_replace(gone)
+            self.replacing = decision
+        else:
+            self.replaced(decision, now, [])
+
+    def finish_replace(self) -> None:
+        """Start the roles on the background replacement's hosts once they are ready (not
+        when a restart is pending, which deploys every role, nor after training ended)."""
+        decision = self.replacing
+        assert decision is not None
+        try:
+            new_hosts = self.fleet.finish_replace()
+            if new_hosts is None:
+                return  # still provisioning
+            self.replacing = None
+            if not (self.state.chief_done
+                    or any(d.action == Action.restart for d in self.pending)):
+                self.start_roles(new_hosts)
+        except (ProvisionError, OSError) as ex:
+            self.replacing = None
+            self.replace_failed(decision, ex)
+            return
+        self.replaced(decision, self.now_s(), new_hosts)
+
+    def start_roles(self, hosts: list[Host]) -> None:
+        for host in hosts:
+            self.fleet.start_role(host)
+            self.lost.discard(host.id)
+            self.revoked_here.discard(host.id)  # running again: a later loss is new
+
+    def replace_failed(self, decision: RecoveryDecision, ex: BaseException) -> None:
+        self.record(self.planner.replacement_failed(decision, f"{type(ex).__name__}: {ex}"))
+        self.record(self.planner.end(decision, self.now_s(), ok=False))
+
+    def replaced(self, decision: RecoveryDecision, now: float, new_hosts: list[Host]) -> None:
         for host in new_hosts:
             self.revocations.on_replacement(host.spec.name, now)
         self.record(self.planner.replaced(decision, new_hosts, now))

@@ -24,6 +24,7 @@ from typing import Any
 
 from provisioning.base import BadFieldError, ClusterRequest, HostSpec, Role
 from provisioning.gce.config import GceConfig
+from provisioning.gce.ssh import trainer_extra
 from provisioning.host_runtime import baked_image_name
 
 STOP_TIMEOUT_S = 300.0
@@ -110,7 +111,7 @@ def bake(cfg: GceConfig, gpu: str | None = None, machine_type: str = "n1-standar
     zone = zone or (cfg.zones[0] if cfg.zones else None)
     if zone is None:
         raise BadFieldError("provider.zones", "empty: name the zone to bake in")
-    extra = "gpu" if gpu else "cpu"
+    extra = trainer_extra(gpu is not None, cfg.extra)  # what the VM installs (VmSsh's choice)
     api = _Images(cfg)
     base = cfg.image or f"projects/{cfg.image_project}/global/images/family/{cfg.image_family}"
     name = baked_image_name(base, extra)

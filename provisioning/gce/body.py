@@ -229,8 +229,9 @@ def instance_body(cfg: GceConfig, project: str, vm: VmRequest, run_id: str,
                       "onHostMaintenance": "TERMINATE", "automaticRestart": False}
     elif gpu_vm:  # GPU VMs cannot live-migrate
         scheduling = {"onHostMaintenance": "TERMINATE", "automaticRestart": True}
-    if cfg.max_run_duration_s:  # every VM, the PS included: a life the cloud enforces
-        scheduling["maxRunDuration"] = {"seconds": str(cfg.max_run_duration_s)}
+    limit = cfg.run_duration_s()  # every VM, the PS included: a life the cloud enforces
+    if limit:
+        scheduling["maxRunDuration"] = {"seconds": str(limit)}
         scheduling.setdefault("instanceTerminationAction", "DELETE")
     source_image = cfg.image or (f"projects/{cfg.image_project}/global/images/family/"
                                  f"{cfg.image_family}")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import enum
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from provisioning.base import ProviderConfig
 from provisioning.ssh.config import DEFAULT_INDEX_URL, runtime_install_problems
@@ -22,6 +22,18 @@ DEFAULT_SCOPES = ("https://www.googleapis.com/auth/cloud-platform",)
 #: Credentials values that are not a file path.
 CREDENTIALS_ADC = "adc"  # Application Default Credentials (gcloud auth application-default login)
 CREDENTIALS_ANONYMOUS = "anonymous"  # no auth header: only for a local fake (api_endpoint set)
+
+# Every VM's `maxRunDuration` when `provider.max_run_duration_s` is null: the plan's predicted
+# training time x RUN_SAFETY_FACTOR + RUN_SETUP_ALLOWANCE_S, within [RUN_MIN_S, RUN_MAX_S]. The
+# factor covers the speed model's error (up to about x2 on a GPU no paper measured) and the
+# restarts revocations cost; the allowance covers creating and booting the VMs, installing
+# TensorFlow on them and copying the data. It is the backstop of the lease (a VM whose lease
+# lapsed ends sooner); a run still going at it loses its VMs, so it errs long.
+RUN_SAFETY_FACTOR = 3.0
+RUN_SETUP_ALLOWANCE_S = 1800
+RUN_MIN_S = 3600  # a short plan still gets an hour: setup alone can take half of it
+RUN_MAX_S = 7 * 24 * 3600
+RUN_UNKNOWN_S = 24 * 3600  # no prediction (the speed model cannot predict this setup)
 
 
 class TerminationAction(enum.StrEnum):
@@ -61,8 +73,12 @@ class GceConfig(ProviderConfig):
     python: str | None = None  # interpreter on the VMs that has the trainer's dependencies
     index_url: str | None = DEFAULT_INDEX_URL  # VMs without `python` install from it themselves
     wheelhouse: str | None = None  # local dir: wheels for VMs without an index (wins if set)
+    #: Which TensorFlow build VMs without `python` install: auto = the CUDA build (`gpu` extra)
+    #: on VMs with a GPU, the CPU build elsewhere; cpu or gpu = that build on every VM.
+    extra: str = "auto"
     termination_action: TerminationAction = TerminationAction.DELETE
-    max_run_duration_s: int | None = None  # every VM ends after this (cloud-enforced); None = never
+    max_run_duration_s: int | None = None  # every VM ends after this (cloud-enforced); None =
+    #: derived from the plan (`run_duration_s`), 0 = no limit
     lease_s: float = 900.0  # a VM the orchestrator has not renewed for this long ends itself; 0 = off
     labels: dict[str, str] = field(default_factory=dict)  # added to every VM
     storage: str | None = None  # gs://BUCKET/PREFIX: checkpoints and results of each run there
@@ -77,7 +93,8 @@ class GceConfig(ProviderConfig):
     boot_timeout_s: float = 300.0  # RUNNING until the first SSH login (refusals retried)
     login_grace_s: float = 120.0  # a refused key is retried this long after sshd answers
     unreachable_grace_s: float = 300.0  # SSH lost while GCE says RUNNING: revoked after this
-    gpu_check: bool = True  # a GPU VM whose nvidia-smi lists no GPU fails the acquire
+    gpu_check: bool = True  # a GPU VM whose nvidia-smi lists no GPU fails the acquire; its
+    #: roles' TensorFlow must see the GPU (`Provider.gpus_checked`, the spec's `gpu_tasks`)
     gpu_timeout_s: float = 600.0  # how long a GPU VM may take to show its GPU (driver install)
     retries: int = 4  # retries of a transient API error (rate limit, 5xx) per request
     retry_backoff_s: float = 2.0  # first backoff; doubles per retry
@@ -101,6 +118,8 @@ class GceConfig(ProviderConfig):
 
         problems = runtime_install_problems(self.index_url, self.wheelhouse, "cpu",
                                             self.python is None)
+        if self.extra not in ("auto", "cpu", "gpu"):  # `auto` is GCE's: it knows the VMs' GPUs
+            problems.append(("provider.extra", f"{self.extra!r}: must be auto, cpu or gpu"))
         if self.python is None and self.image is None:
             problem = image_family_problem(self.image_family)
             if problem:
@@ -124,11 +143,52 @@ class GceConfig(ProviderConfig):
                              "only, which the orchestrator cannot reach from outside their VPC: "
                              "keep it true, or run the orchestrator on a VM in that VPC and set "
                              "provider.inside_vpc=true"))
+        if self.max_run_duration_s is not None and not (
+                self.max_run_duration_s == 0 or 30 <= self.max_run_duration_s <= 120 * 86400):
+            problems.append(("provider.max_run_duration_s", f"{self.max_run_duration_s} is "
+                             "outside GCE's range (30 s to 120 days); null derives it from the "
+                             "plan, 0 sets no limit"))
         if 0 < self.lease_s < 3 * self.poll_interval_s:
             problems.append(("provider.lease_s", f"{self.lease_s:g} s is too short to renew "
                              f"(at least 3 x provider.poll_interval_s; 0 turns the lease off)"))
         return problems
 
     def transient_lifetime_cap_s(self) -> float | None:
-        """A Spot VM with ``maxRunDuration`` ends after it (``instance_body``)."""
-        return float(self.max_run_duration_s) if self.max_run_duration_s else None
+        """A Spot VM ends at its ``maxRunDuration`` (``instance_body``)."""
+        limit = self.run_duration_s()
+        return float(limit) if limit else None
+
+    def for_plan(self, predicted_run_s: float | None) -> GceConfig:
+        """This config for a plan predicted to train in `predicted_run_s` (None: no
+        prediction): `run_duration_s` derives every VM's maxRunDuration from it. The prediction
+        is kept beside the fields, not in one (it is no setting)."""
+        fitted = replace(self)
+        fitted._planned_run_s = predicted_run_s  # type: ignore[attr-defined]
+        return fitted
+
+    def run_duration_s(self) -> int | None:
+        """Every VM's ``maxRunDuration`` in seconds, None for no limit: the setting when given
+        (0: none), else derived from the plan (`for_plan`; RUN_* constants above)."""
+        if self.max_run_duration_s is not None:
+            return self.max_run_duration_s or None
+        return derived_run_duration_s(getattr(self, "_planned_run_s", None))
+
+    def run_duration_basis(self) -> str:
+        """Where `run_duration_s` comes from, in words, for the dry run and the log."""
+        if self.max_run_duration_s is not None:
+            return "provider.max_run_duration_s"
+        planned = getattr(self, "_planned_run_s", None)
+        if planned is None:
+            return ("no predicted train time: the default; provider.max_run_duration_s "
+                    "overrides")
+        return (f"predicted train time {planned:.0f} s x {RUN_SAFETY_FACTOR:g} + "
+                f"{RUN_SETUP_ALLOWANCE_S} s setup, within [{RUN_MIN_S}, {RUN_MAX_S}] s; "
+                "provider.max_run_duration_s overrides")
+
+
+def derived_run_duration_s(predicted_run_s: float | None) -> int:
+    """maxRunDuration for a plan predicted to train in `predicted_run_s` (module constants)."""
+    if predicted_run_s is None:
+        return RUN_UNKNOWN_S
+    wanted = predicted_run_s * RUN_SAFETY_FACTOR + RUN_SETUP_ALLOWANCE_S
+    return int(min(RUN_MAX_S, max(RUN_MIN_S, wanted)))

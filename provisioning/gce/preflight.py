@@ -20,7 +20,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from provisioning.base import BadRequestError, ProvisionError
@@ -82,32 +82,40 @@ def vm_demand(vm: VmRequest, external_ip: bool, region_quotas: dict[str, tuple[f
     return demand
 
 
-def shortfalls(demand: Counter[str], quotas: dict[str, tuple[float, float]],
-               where: str, metrics: Iterable[str] | None = None) -> list[str]:
-    """One line per metric of `demand` that `quotas` (metric -> (limit, usage)) cannot hold."""
-    lines = []
+def quota_lines(demand: Counter[str], quotas: dict[str, tuple[float, float]],
+                where: str, metrics: Iterable[str] | None = None) -> tuple[list[str], list[str]]:
+    """(fits, short): one line per metric of `demand` that `quotas` (metric -> (limit, usage))
+    holds, and one per metric it cannot hold."""
+    fits, short = [], []
     for metric in sorted(metrics if metrics is not None else demand):
         need = demand.get(metric, 0)
         if not need or metric not in quotas:
             continue  # a metric GCE does not list for this scope is not limited there
         limit, usage = quotas[metric]
         free = max(0, int(limit - usage))
+        line = f"quota {metric} {where}: the plan needs {need}, {free} free"
         if need > free:
-            lines.append(f"quota {metric} {where}: the plan needs {need}, {free} free (limit "
-                         f"{limit:g}, {usage:g} in use); ask for an increase at {QUOTA_URL}")
-    return lines
+            short.append(f"{line} (limit {limit:g}, {usage:g} in use); ask for an increase "
+                         f"at {QUOTA_URL}")
+        else:
+            fits.append(line)
+    return fits, short
 
 
 @dataclass(frozen=True)
 class PreflightResult:
     problems: list[str]
     os_login: bool  # the project's metadata turns OS Login on
+    #: one line per check that passed (quotas that hold the plan, the image the family
+    #: resolves to, the bucket), which the dry run shows beside the problems
+    passed: list[str] = field(default_factory=list)
 
 
 def check(api: Any, cfg: GceConfig, vms: Sequence[VmRequest]) -> PreflightResult:
-    """Every check of the module docstring; never creates anything."""
+    """Every check of the module docstring; never creates anything (the bucket's probe object
+    is deleted at once)."""
     problems: list[str] = []
-    os_login = False
+    passed: list[str] = []
     try:
         info = api.project_info()
     except ProvisionError as error:
@@ -117,11 +125,17 @@ def check(api: Any, cfg: GceConfig, vms: Sequence[VmRequest]) -> PreflightResult
     total: Counter[str] = Counter()
     for vm in vms:
         total.update(vm_demand(vm, cfg.external_ip, {}))
-    problems += shortfalls(total, info.quotas, "(all regions)", GLOBAL_METRICS)
-    problems += _regional_problems(api, cfg, vms)
+    fits, short = quota_lines(total, info.quotas, "(all regions)", GLOBAL_METRICS)
+    passed += fits
+    problems += short
+    fits, short = _regional_lines(api, cfg, vms)
+    passed += fits
+    problems += short
     if not cfg.image:
         try:
-            api.image_from_family(cfg.image_project, cfg.image_family)
+            image = api.image_from_family(cfg.image_project, cfg.image_family)
+            passed.append(f"image family {cfg.image_family} (project {cfg.image_project}) "
+                          f"resolves to {image}")
         except BadRequestError as error:
             problems.append(f"provider.image_family: {error} (list the families with gcloud "
                             f"compute images list --project {cfg.image_project} "
@@ -134,12 +148,15 @@ def check(api: Any, cfg: GceConfig, vms: Sequence[VmRequest]) -> PreflightResult
         problem = bucket_problem(cfg.storage)
         if problem is not None:
             problems.append(f"provider.storage: {problem}")
-    return PreflightResult(problems, os_login)
+        else:
+            passed.append(f"bucket of {cfg.storage} exists and takes a write")
+    return PreflightResult(problems, os_login, passed)
 
 
-def _regional_problems(api: Any, cfg: GceConfig, vms: Sequence[VmRequest]) -> list[str]:
-    """Shortfalls of the regions the VMs go to first, unless another region of
-    `provider.zones` can hold the whole cluster."""
+def _regional_lines(api: Any, cfg: GceConfig, vms: Sequence[VmRequest]
+                    ) -> tuple[list[str], list[str]]:
+    """(fits, short) for the regions the VMs go to first; nothing short when another region of
+    `provider.zones` can hold the whole cluster (then a line saying the fallback goes there)."""
     cache: dict[str, dict[str, tuple[float, float]] | str] = {}
 
     def quotas(region: str) -> dict[str, tuple[float, float]] | str:
@@ -150,23 +167,32 @@ def _regional_problems(api: Any, cfg: GceConfig, vms: Sequence[VmRequest]) -> li
                 cache[region] = f"cannot read the quotas of region {region}: {error}"
         return cache[region]
 
-    def region_lines(region: str, members: Sequence[VmRequest]) -> list[str]:
+    def region_lines(region: str, members: Sequence[VmRequest]) -> tuple[list[str], list[str]]:
         found = quotas(region)
         if isinstance(found, str):
-            return [f"provider.zones: {found}"]
+            return [], [f"provider.zones: {found}"]
         demand: Counter[str] = Counter()
         for vm in members:
             demand.update(vm_demand(vm, cfg.external_ip, found))
         regional = [m for m in demand if m not in GLOBAL_METRICS]
-        return shortfalls(demand, found, f"in region {region}", regional)
+        return quota_lines(demand, found, f"in region {region}", regional)
 
     first: dict[str, list[VmRequest]] = {}
     for vm in vms:
         first.setdefault(region_of(vm.zone), []).append(vm)
-    lines = [line for region, members in first.items() for line in region_lines(region, members)]
-    if not lines:
-        return []
+    fits: list[str] = []
+    short: list[str] = []
+    for region, members in first.items():
+        ok, lacking = region_lines(region, members)
+        fits += ok
+        short += lacking
+    if not short:
+        return fits, []
     for region in dict.fromkeys(region_of(z) for z in cfg.zones):
-        if region not in first and not region_lines(region, vms):
-            return []  # the whole cluster fits there: the zone fallback can move it
-    return lines
+        if region in first:
+            continue
+        ok, lacking = region_lines(region, vms)
+        if not lacking:  # the whole cluster fits there: the zone fallback can move it
+            return [f"quotas of region {region} hold the whole cluster, those of "
+                    f"{', '.join(first)} do not: the zone fallback moves it there", *ok], []
+    return fits, short

@@ -8,7 +8,7 @@ for a host on the VM, so watching and releasing VMs never needs SSH.
 
 Setup is the SSH backend's (`provisioning/ssh/setup.py`): this project's wheel into a cached
 environment on the VM, with the `gpu` extra on VMs with a GPU (TensorFlow with CUDA) and `cpu`
-elsewhere, installed by the VM from `provider.index_url` (or from `provider.wheelhouse`), or only
+elsewhere (or the one `provider.extra` names), installed by the VM from `provider.index_url` (or from `provider.wheelhouse`), or only
 the wheel when `provider.python` names an interpreter that already has the dependencies.
 """
 
@@ -28,8 +28,11 @@ from provisioning.gce.config import GceConfig
 log = logging.getLogger(__name__)
 
 
-def trainer_extra(has_gpu: bool) -> str:
-    """The optional-dependency group a VM installs the trainer with."""
+def trainer_extra(has_gpu: bool, setting: str = "auto") -> str:
+    """The optional-dependency group a VM installs the trainer with: `provider.extra` when it
+    names one, else by the VM's GPU (auto)."""
+    if setting != "auto":
+        return setting
     return "gpu" if has_gpu else "cpu"
 
 
@@ -63,7 +66,7 @@ class VmSsh:
         ssh_config = SshProviderConfig(
             hosts=[inventory], known_hosts=str(self.known_hosts),
             trust_on_first_use=not self.pinned, first_port=cfg.trainer_port,
-            wheelhouse=cfg.wheelhouse, index_url=cfg.index_url, extra=trainer_extra(self.has_gpu),
+            wheelhouse=cfg.wheelhouse, index_url=cfg.index_url, extra=trainer_extra(self.has_gpu, cfg.extra),
             ready_timeout_s=cfg.ready_timeout_s)
         provider = SshProvider(ssh_config, journal=self.journal)
         if booting:  # a fresh VM is RUNNING before it takes logins: wait for it

@@ -11,7 +11,8 @@ second of CPU per host. The argument is a JSON object:
 - `mode`: `site` (the interpreter already has the trainer's dependencies), `index` or
   `wheelhouse`: a venv without pip, named by `deps` (a digest of the hosts' dependency set) and
   the Python minor, is made once with a supported interpreter (`check`: the CPython minors and
-  the machine/glibc the runtime's wheels need; `python3` or else a `python3.X` on PATH) and pip,
+  the machine/glibc the runtime's wheels need; `python3` or else a `python3.X` on PATH or in
+  ~/.local/bin, where `uv python install` puts one) and pip,
   run from its own wheel, installs `requirements` into it: from `index_url` (the pip wheel is
   fetched from that index too, so nothing large comes from the orchestrator), or with no index
   from `wheelhouse/<key>`, a folder the orchestrator fills for this host's Python and platform
@@ -242,14 +243,17 @@ def _glibc():
 
 def _interpreter(check):
     """(path, minor) of an interpreter whose minor the runtime installs on, this one first,
-    then `python3.X` on PATH newest first; None if there is none."""
+    then `python3.X` on PATH or in ~/.local/bin (where `uv python install 3.X` puts a managed
+    CPython; a non-interactive login's PATH often lacks that folder) newest first; None if there
+    is none."""
     low, high = check["minors"]
     if sys.version_info[0] == 3 and low <= sys.version_info[1] <= high:
         return sys.executable, sys.version_info[1]
     import subprocess
 
     for minor in range(high, low - 1, -1):
-        for folder in os.environ.get("PATH", "/usr/bin:/bin").split(os.pathsep):
+        folders = os.environ.get("PATH", "/usr/bin:/bin").split(os.pathsep)
+        for folder in [*folders, os.path.expanduser("~/.local/bin")]:
             path = os.path.join(folder or ".", f"python3.{minor}")
             if os.access(path, os.X_OK) and not os.path.isdir(path):
                 # asked, not trusted by name: a pyenv shim answers for versions it lacks

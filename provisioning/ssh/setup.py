@@ -338,8 +338,10 @@ def ensure_environment(connection: SshConnection, root: str, python: str | None,
             f"{done['platform']} (glibc {done['glibc']}), and the hosts' runtime (TensorFlow 2.21) "
             f"installs on CPython {runtime.pythons()} on Linux {runtime.machine} with glibc >= "
             f"{runtime.glibc[0]}.{runtime.glibc[1]}: install python3.{runtime.max_minor} (or "
-            f"another of those) there or use an image that has one, or set its `python` to an "
-            f"interpreter that already has TensorFlow 2.21")
+            f"another of those) there (the OS's package, or `uv python install "
+            f"3.{runtime.max_minor}`, whose ~/.local/bin/python3.{runtime.max_minor} the setup "
+            f"finds) or use an image that has one, or set its `python` to an interpreter that "
+            f"already has TensorFlow 2.21")
     if done["status"] != "ready":
         raise ProvisionError(f"ssh host {connection.target.label}: setup answered "
                              f"{done['status']!r}")

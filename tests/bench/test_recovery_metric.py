@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bench.__main__ import worker_recovery
+from bench.recovery import worker_recovery
 
 
 def step_events(rate_by_second: list[float], start: float = 0.0) -> list[dict]:

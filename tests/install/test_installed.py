@@ -225,6 +225,7 @@ def test_validate_in_the_user_repository(installed: Installed, user_repo: Path) 
     assert proc.returncode == 2 and f"no experiments/ folder in {empty}" in proc.stderr
 
 
+@pytest.mark.tf_cluster
 def test_a_short_local_run_completes(installed: Installed, user_repo: Path) -> None:
     proc = installed.run("transient-orchestrator", "+experiment=my_experiment",
                          "cluster.workers=1", "cluster.evaluator=false", "job.train_steps=60",
@@ -263,6 +264,7 @@ def test_the_hosts_wheel_is_rebuilt_from_the_installed_files(installed: Installe
                 assert a.read(name) == b.read(name), name
 
 
+@pytest.mark.tf_cluster
 def test_a_short_ssh_run_gets_the_installed_code_to_the_hosts(
         installed: Installed, user_repo: Path, ssh_testbed: SshTestBed) -> None:
     """provider=ssh from the installed tool: ps-0 (and the chief) on one namespace host, the

@@ -1,5 +1,5 @@
 """One line means one line: what the tool prints to a pipe (CI logs, files) is never
-hard-wrapped, its messages say what happened (not the configured timeout), the README shows
+hard-wrapped, its messages say what happened (not the configured timeout), the docs show
 fields as the tool prints them, and ``python -m bench --help`` only prints its usage."""
 
 from __future__ import annotations
@@ -61,9 +61,10 @@ def test_an_unreachable_host_says_how_long_it_took_not_the_timeout() -> None:
     assert "\n" not in str(info.value)
 
 
-def test_the_readme_spells_fields_as_the_tool_prints_them() -> None:
+def test_the_docs_spell_fields_as_the_tool_prints_them() -> None:
     """Errors name list items as `hosts.0` (pasteable as an override), never `hosts[0]`."""
-    for path in (REPO / "README.md", *sorted((REPO / "conf").rglob("*.yaml"))):
+    for path in (REPO / "README.md", *sorted((REPO / "docs").glob("*.md")),
+                 *sorted((REPO / "conf").rglob("*.yaml"))):
         bracketed = re.findall(r"config error: [\w.]*\[\d+\]", path.read_text())
         assert not bracketed, f"{path.relative_to(REPO)}: {bracketed}"
 

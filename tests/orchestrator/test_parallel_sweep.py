@@ -181,6 +181,7 @@ def test_sweep_id_on_the_request_labels_every_vm(fake, make_provider, tmp_path: 
 
 
 @pytest.mark.slow
+@pytest.mark.tf_cluster
 def test_ctrl_c_releases_every_concurrent_local_run(repo_root: Path, tmp_path: Path) -> None:
     sweep_dir = tmp_path / "sweep"
     proc = subprocess.Popen(

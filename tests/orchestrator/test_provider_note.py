@@ -89,6 +89,7 @@ def test_a_billed_backend_gets_no_note_and_a_plain_price(cloud_backend: str) -> 
 
 
 @pytest.mark.slow
+@pytest.mark.tf_cluster
 def test_local_run_of_a_gpu_cluster_says_so_and_prices_honestly(repo_root: Path,
                                                                  tmp_path: Path) -> None:
     """The GPU experiment, made small (digits instead of CIFAR-10), run for real on local."""

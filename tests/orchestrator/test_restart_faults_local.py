@@ -16,7 +16,7 @@ import pytest
 from tests.orchestrator.proc_utils import live_processes_mentioning
 from tests.orchestrator.test_run_local import ENV, read_events
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.tf_cluster]
 RUN_TIMEOUT_S = 480.0
 
 

@@ -80,6 +80,7 @@ def assert_sweep_complete(sweep_dir: Path) -> list[dict[str, str]]:
     return table
 
 
+@pytest.mark.tf_cluster
 @pytest.mark.slow
 def test_a_sweep_killed_at_every_point_is_resumed_to_completion(tmp_path: Path) -> None:
     sweep_dir = (tmp_path / "sweep").resolve()
@@ -123,6 +124,7 @@ def test_a_sweep_killed_at_every_point_is_resumed_to_completion(tmp_path: Path) 
     assert resume.RESUMED_EVENT not in [e["kind"] for e in events(sweep_dir / "2")]
 
 
+@pytest.mark.tf_cluster
 @pytest.mark.slow
 @pytest.mark.resume_matrix
 def test_parallel_sweep_killed_in_the_launcher_and_in_its_points(tmp_path: Path) -> None:
@@ -149,6 +151,7 @@ def test_parallel_sweep_killed_in_the_launcher_and_in_its_points(tmp_path: Path)
     assert all(e["status"] == "completed" for e in last if e["kind"] == "ended")
 
 
+@pytest.mark.tf_cluster
 @pytest.mark.slow
 @pytest.mark.resume_matrix
 def test_a_run_killed_during_a_recovery_is_resumed(tmp_path: Path) -> None:
@@ -303,6 +306,7 @@ def test_kill_point_names_are_checked() -> None:
 # --- over SSH: the roles outlive the orchestrator -----------------------------------------------
 
 
+@pytest.mark.tf_cluster
 @pytest.mark.slow
 @pytest.mark.resume_matrix
 def test_ssh_run_killed_while_training_is_resumed_and_leaves_nothing(
@@ -354,6 +358,7 @@ def test_a_bucket_store_is_read_and_an_unreadable_one_refused(tmp_path: Path) ->
             resume.bucket_checkpoint_step("gs://no-such-bucket/runs", "run-1", tmp_path)
 
 
+@pytest.mark.tf_cluster
 @pytest.mark.slow
 @pytest.mark.resume_matrix
 def test_fake_cloud_run_killed_while_training_is_resumed_on_fresh_vms(

@@ -215,6 +215,7 @@ def test_recorder_releases_the_directory_on_close(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.tf_cluster
 def test_real_run_owns_its_dir_and_a_sigkilled_orchestrator_is_marked_killed(
         tmp_path: Path) -> None:
     """The real CLI on the local backend: a second run into its directory is refused while it

@@ -20,7 +20,7 @@ import pytest
 from tests.orchestrator.proc_utils import live_processes_mentioning
 from tests.orchestrator.test_record import refold
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.tf_cluster]
 
 ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONUNBUFFERED": "1"}
 SMALL = ["job.train_steps=400", "job.eval_frequency=0", "job.checkpoint_frequency=200"]

@@ -15,6 +15,7 @@ a machine that hangs at the start (one line within the connection timeout, nothi
 # ruff: noqa: F811  (the test bed fixture is imported, then requested by name)
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -31,7 +32,7 @@ from tests.orchestrator.test_run_local import check_run_dir, read_events
 from tests.testbed import SshTestBed, TestHost
 from tests.testbed.fixtures import provider_options, ssh_testbed  # noqa: F401
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.tf_cluster]
 
 ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONUNBUFFERED": "1"}
 # preflight (one local TF step before provisioning) is tested on its own; here it only costs time
@@ -39,6 +40,22 @@ SMALL = ["job.train_steps=400", "job.checkpoint_frequency=100", "job.eval_freque
          "progress=false", "preflight=false"]
 RUN_TIMEOUT_S = 420
 EVENT_WAIT_S = 240
+# A lost machine is declared lost ~8 s after it stops answering (heartbeat 2 s + 6 s); the
+# survivor alone must still have well over that much work left, even on a quiet fast machine
+# (~100 steps/s), or the run completes before the loss is seen (CI, 2026-11-25).
+LOSS_STEPS = 2400
+
+
+@pytest.fixture(autouse=True)
+def no_role_outlives_its_test(ssh_testbed: SshTestBed):
+    """Whatever a test leaves on the bed's hosts (a frozen machine's roles after a failed
+    assertion) is killed, so that one failure cannot cascade into the next test."""
+    yield
+    for host in ssh_testbed.hosts:
+        ssh_testbed.thaw(host)
+        for pid in ssh_testbed.role_pids(host):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
 
 def provider_dir(bed: SshTestBed, tmp_path: Path) -> Path:
@@ -54,8 +71,10 @@ def provider_dir(bed: SshTestBed, tmp_path: Path) -> Path:
 def start_run(repo_root: Path, bed: SshTestBed, tmp_path: Path, *extra: str
               ) -> tuple[subprocess.Popen[str], Path]:
     run_dir = tmp_path / "run"
+    overridden = {item.split("=")[0] for item in extra}
+    small = [item for item in SMALL if item.split("=")[0] not in overridden]
     argv = [sys.executable, "-m", "orchestrator", "+experiment=ssh_digits", "provider=testbed",
-            *SMALL, *extra, f"hydra.searchpath=[file://{provider_dir(bed, tmp_path)}]",
+            *small, *extra, f"hydra.searchpath=[file://{provider_dir(bed, tmp_path)}]",
             f"hydra.run.dir={run_dir}"]
     proc = subprocess.Popen(argv, cwd=repo_root, env=ENV, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
@@ -140,7 +159,7 @@ def test_lost_worker_machine_shrinks_and_completes(repo_root: Path, ssh_testbed:
     """A worker machine whose link is cut (packets vanish) or that hangs (every process,
     sshd included, SIGSTOPped: TCP stays up, nothing answers) is lost like a revoked one."""
     worker_host = ssh_testbed.hosts[2]  # worker-1
-    proc, run_dir = start_run(repo_root, ssh_testbed, tmp_path)
+    proc, run_dir = start_run(repo_root, ssh_testbed, tmp_path, f"job.train_steps={LOSS_STEPS}")
     try:
         wait_for(run_dir, step_at_least(100), "step >= 100")
         (ssh_testbed.cut if fault == "cut_link" else ssh_testbed.freeze)(worker_host)

@@ -287,3 +287,36 @@ def test_a_restart_on_other_hosts_resumes_from_the_synced_store_when_nothing_is_
     assert resumed == ["ckpt-20"]
     chiefs = [h for h in (run.run_dir / "hosts").iterdir() if (h / "checkpoints").exists()]
     assert len(chiefs) == 2  # the first chief's machine and the restart's, each its own copy
+
+
+class SlowReplaceProvider(LocalProvider):
+    """The local backend whose replacement hosts take REPLACE_S to come up, as a cloud VM
+    takes minutes to create, boot and set up."""
+
+    REPLACE_S = 3.0
+
+    def __init__(self, config: LocalProviderConfig, **kwargs: Any) -> None:
+        super().__init__(config, provision_delay_s=self.REPLACE_S, **kwargs)
+
+
+def test_a_replacement_is_provisioned_off_the_loop_which_keeps_following_the_run(fake_run):
+    """While the replacement host comes up, the supervisor goes on handling the survivors'
+    steps and checkpoints (written to events.jsonl before `replacement_ready`), then starts
+    the role on the new host."""
+    run = fake_run("cluster.recovery.on_revocation=replace", "revocation=schedule",
+                   "revocation.events=[{target: worker-0, at_step: 4}]",
+                   provider_cls=SlowReplaceProvider, knobs={"step_s": 0.2})  # 7 s on 1 worker
+    events = run.follow()
+    assert run.supervisor.state.error is None, run.supervisor.state.error
+    kinds = [e["kind"] for e in events]
+    began = next(e["time"] for e in events
+                 if e["kind"] == "recovery_start" and e.get("action") == "replace")
+    ready = kinds.index("replacement_ready")
+    # handled while provisioning: received well after the replacement began (the decision's
+    # replacement_delay_s is 0.2 s), recorded before it was ready
+    during = [e for e in events[:ready] if e["kind"] in ("step", "checkpoint")
+              and e["time"] > began + 1.0]
+    assert during, "the loop handled nothing while the replacement was provisioned"
+    assert [e["host"] for e in events if e["kind"] == "replacement_ready"] == ["worker-0"]
+    assert run.fleet.cluster.hosts_for(Role.WORKER)[0].id in {  # its role ran on the new host
+        t.host.id for t in run.fleet.deployment.tasks.values()}

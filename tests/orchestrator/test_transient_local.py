@@ -15,7 +15,7 @@ from tests.orchestrator.proc_utils import live_processes_mentioning
 from tests.orchestrator.test_record import refold
 from tests.orchestrator.test_run_local import orchestrate, read_events
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.tf_cluster]
 
 CHAOS_STEPS = 3200
 

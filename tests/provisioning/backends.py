@@ -48,17 +48,18 @@ class Bed:
 
 BedFactory = Callable[[Path, Any], contextlib.AbstractContextManager[Bed]]
 BACKENDS: dict[str, BedFactory] = {}
-SLOW_BACKENDS: set[str] = set()  # their checks run with the slow tests (-m slow)
+#: The tier marks of each backend's checks (tests/conftest.py, docs/contributing.md).
+BACKEND_MARKS: dict[str, tuple[str, ...]] = {}
 
 
-def register_backend(name: str, slow: bool = False) -> Callable[[BedFactory], BedFactory]:
-    """Decorator: add a bed factory to the suite under `name`; `slow` when its hosts take
-    seconds to build (real sshds), so the fast suite stays fast."""
+def register_backend(name: str, marks: tuple[str, ...] = ()) -> Callable[[BedFactory], BedFactory]:
+    """Decorator: add a bed factory to the suite under `name`, its checks carrying `marks`:
+    `slow` when its hosts take seconds to build (real sshds), `namespaces` when they are
+    test-bed hosts (root, network namespaces), so the fast tier stays fast and runs anywhere."""
 
     def add(factory: BedFactory) -> BedFactory:
         BACKENDS[name] = factory
-        if slow:
-            SLOW_BACKENDS.add(name)
+        BACKEND_MARKS[name] = marks
         return factory
 
     return add
@@ -73,7 +74,7 @@ def local_bed(tmp_path: Path, request: Any) -> Iterator[Bed]:
     yield Bed("local", provider, tmp_path, journal_path, sys.executable, config, spare_hosts=99)
 
 
-@register_backend("ssh", slow=True)
+@register_backend("ssh", marks=("slow", "namespaces"))
 @contextlib.contextmanager
 def ssh_bed(tmp_path: Path, request: Any) -> Iterator[Bed]:
     """The session's four namespace sshd hosts (tests/testbed): three machines for the suite's
@@ -92,7 +93,7 @@ def ssh_bed(tmp_path: Path, request: Any) -> Iterator[Bed]:
     yield Bed("ssh", provider, tmp_path, journal_path, host_python(), config, spare_hosts=1)
 
 
-@register_backend("gce", slow=True)
+@register_backend("gce", marks=("slow", "namespaces"))
 @contextlib.contextmanager
 def gce_bed(tmp_path: Path, request: Any) -> Iterator[Bed]:
     """The real `compute_v1` client against the fake Compute API (tests/fakes/gce_server.py),

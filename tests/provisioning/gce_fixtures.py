@@ -312,11 +312,13 @@ class _MetadataServer(BaseHTTPRequestHandler):
         self._reply(status, body, headers or {})
 
     def _reply(self, status: int, body: bytes, headers: Any) -> None:
-        self.send_response(status)
-        for name in ("Content-Type", "ETag"):
-            if headers.get(name):
-                self.send_header(name, headers[name])
-        self.send_header("Metadata-Flavor", "Google")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+        # A long poll's VM may be powered off before its answer: the asker is gone, as on GCE.
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            self.send_response(status)
+            for name in ("Content-Type", "ETag"):
+                if headers.get(name):
+                    self.send_header(name, headers[name])
+            self.send_header("Metadata-Flavor", "Google")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)

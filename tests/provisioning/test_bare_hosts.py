@@ -88,6 +88,7 @@ def run(bed: IsolatedTestBed, host, command: str) -> str:  # type: ignore[no-unt
     return done.stdout
 
 
+@pytest.mark.tf_cluster
 def test_ssh_digits_on_bare_debian13_hosts_installing_from_the_index(
         repo_root: Path, bed: IsolatedTestBed, index_url: str, tmp_path: Path) -> None:
     url = index_url

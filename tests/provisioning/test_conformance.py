@@ -29,7 +29,7 @@ from provisioning.base import (
 )
 from provisioning.journal import ResourceKind, clean_up, list_unreleased
 from provisioning.registry import make_config, provider_class, provider_names
-from tests.provisioning.backends import BACKENDS, SLOW_BACKENDS, Bed
+from tests.provisioning.backends import BACKEND_MARKS, BACKENDS, Bed
 from tests.testbed.fixtures import ssh_testbed  # noqa: F401 (the gce bed's hosts)
 
 WAIT_S = 10.0
@@ -60,8 +60,9 @@ REPORT = textwrap.dedent(
 )
 
 
-@pytest.fixture(params=[pytest.param(name, marks=[pytest.mark.slow] if name in SLOW_BACKENDS
-                                     else []) for name in sorted(BACKENDS)])
+@pytest.fixture(params=[pytest.param(name, marks=[getattr(pytest.mark, mark)
+                                                  for mark in BACKEND_MARKS[name]])
+                        for name in sorted(BACKENDS)])
 def bed(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Bed]:
     with BACKENDS[request.param](tmp_path, request) as made:
         yield made
@@ -349,17 +350,21 @@ def test_class_hooks_keep_the_contract_on_every_backend(name: str, tmp_path: Pat
         where = cls.fetch_dataset(f"{scheme}://bucket/prefix", tmp_path / "cache", download=False)
         assert where.is_relative_to(tmp_path / "cache") and not (tmp_path / "cache").exists()
 
-    hosts = [HostSpec("ps-0", Role.PS), HostSpec("chief-0", Role.CHIEF, colocate_with="ps-0"),
-             HostSpec("worker-0", Role.WORKER, transient=True)]
-    preview = cls.preview(hosts)
-    assert preview is None or (preview.rows and all(len(row) == len(preview.columns)
-                                                    for row in preview.rows))
-
     for variable in ("GOOGLE_APPLICATION_CREDENTIALS", "GOOGLE_CLOUD_PROJECT"):
         monkeypatch.delenv(variable, raising=False)  # no cloud credentials on this machine
     monkeypatch.setenv("HOME", str(tmp_path))
     monkeypatch.setenv("CLOUDSDK_CONFIG", str(tmp_path / "gcloud"))
     config = make_config(name, {})
+
+    hosts = [HostSpec("ps-0", Role.PS), HostSpec("chief-0", Role.CHIEF, colocate_with="ps-0"),
+             HostSpec("worker-0", Role.WORKER, transient=True)]
+    fitted = config.for_plan(3600.0)
+    assert type(fitted) is type(config) and config.for_plan(None) is not None
+    preview = cls.preview(hosts, fitted)  # without credentials: it still shows, and says so
+    assert preview is None or (preview.rows and all(len(row) == len(preview.columns)
+                                                    for row in preview.rows)
+                               and all("\n" not in note for note in preview.notes))
+
     problem = cls.check_credentials(config)
     if problem is not None:
         field, why = problem

@@ -87,3 +87,19 @@ def test_real_run_without_credentials_fails_at_once_in_one_line(tmp_path, monkey
     assert "provider=local" in lines[0]
     assert not (tmp_path / "run" / "journal.jsonl").exists()  # nothing was provisioned
 
+
+
+def test_provider_extra_picks_tensorflows_build_by_gpu_or_for_every_vm() -> None:
+    """`auto`: the CUDA build on VMs with a GPU, the CPU build elsewhere; `cpu`/`gpu`: that one
+    on every VM (what a VM installs, and what `orchestrator.image bake` bakes)."""
+    from provisioning.gce.config import GceConfig
+    from provisioning.gce.ssh import trainer_extra
+
+    assert GceConfig().extra == "auto" and GceConfig().check() == []
+    assert [trainer_extra(gpu) for gpu in (True, False)] == ["gpu", "cpu"]
+    assert [trainer_extra(gpu, "cpu") for gpu in (True, False)] == ["cpu", "cpu"]
+    assert [trainer_extra(gpu, "gpu") for gpu in (True, False)] == ["gpu", "gpu"]
+    assert compose_experiment("cifar10_res32", ["provider.extra=cpu"]).provider.extra == "cpu"
+    with pytest.raises(ConfigError) as info:
+        compose_experiment("cifar10_res32", ["provider.extra=rocm"])
+    assert info.value.line() == "config error: provider.extra: 'rocm': must be auto, cpu or gpu"

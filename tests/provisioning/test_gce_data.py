@@ -22,7 +22,7 @@ from tests.provisioning.test_gce_storage import cifar10_bin, read_tree
 from tests.testbed import SshTestBed
 from tests.testbed.fixtures import host_python, ssh_testbed  # noqa: F401
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.tf_cluster]
 
 
 def test_a_run_trains_on_a_gs_data_dir_staged_to_the_vms(ssh_testbed: SshTestBed,

@@ -24,7 +24,7 @@ from tests.provisioning.test_gce_ssh import fake_on_bed
 from tests.testbed import SshTestBed
 from tests.testbed.fixtures import host_python, ssh_testbed  # noqa: F401
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.tf_cluster]
 
 REPO = Path(__file__).resolve().parents[2]
 ZONES = ("us-central1-a", "us-central1-b")

@@ -93,6 +93,7 @@ def test_gc_without_credentials_says_how_to_authenticate(tmp_path: Path, capsys,
 
 
 @pytest.mark.slow
+@pytest.mark.tf_cluster
 def test_gc_cli_after_a_sigkilled_orchestrator_run_leaves_no_vm_and_no_process(
         ssh_testbed: SshTestBed, tmp_path: Path) -> None:
     """The real thing: `python -m orchestrator provider=gce` runs roles on VMs of the fake (each

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from provisioning.base import BadRequestError, CapacityError, HostState, Role
-from provisioning.gce.config import TerminationAction
+from provisioning.gce.config import RUN_UNKNOWN_S, TerminationAction
 from provisioning.gce.errors import QuotaError
 from provisioning.journal import ResourceKind, list_unreleased
 from tests.fakes.gce_server import FakeGce
@@ -43,13 +43,15 @@ def test_acquire_builds_one_vm_per_machine_with_spot_labels_and_host_keys(
         by_role = {b["labels"]["role"]: b for b in bodies.values()}
         assert set(by_role) == {"ps_chief_evaluator", "worker"}
         worker = by_role["worker"]
+        no_plan = {"seconds": str(RUN_UNKNOWN_S)}  # a config no plan fitted: the default life
         assert worker["scheduling"] == {"provisioningModel": "SPOT",
                                         "instanceTerminationAction": "DELETE",
                                         "onHostMaintenance": "TERMINATE",
-                                        "automaticRestart": False}
+                                        "automaticRestart": False, "maxRunDuration": no_plan}
         assert worker["guestAccelerators"][0]["acceleratorType"].endswith(
             "zones/us-central1-a/acceleratorTypes/nvidia-tesla-t4")
-        assert "scheduling" not in by_role["ps_chief_evaluator"]  # on-demand CPU VM
+        assert by_role["ps_chief_evaluator"]["scheduling"] == {  # on-demand CPU VM: its life
+            "maxRunDuration": no_plan, "instanceTerminationAction": "DELETE"}
         labels = worker["labels"]
         assert labels["tool"] == "transient-ps" and labels["run-id"] == "run-a_1"
         assert labels["team"] == "lab" and labels["host-id"].startswith("run-a_1-worker-")

@@ -94,3 +94,29 @@ def test_a_setup_runs_without_site_packages_or_zipfile(tmp_path) -> None:
     site = Path(first["env"]) / "site"
     assert (site / "demo" / "sub" / "mod.py").read_bytes() == b"x = 'h\xc3\xa9'\n" * 50
     assert (Path(first["env"]) / host_setup.READY).exists()
+
+
+def test_an_unsupported_python3_finds_a_uv_managed_interpreter_in_local_bin(
+        tmp_path, monkeypatch) -> None:
+    """`uv python install 3.X` puts `python3.X` into ~/.local/bin, which a non-interactive SSH
+    command's PATH usually lacks: the script looks there too, after PATH, and asks the
+    interpreter its version (a name is not trusted). Here the running interpreter plays a
+    host's unsupported `python3` (3.10) and this test's own Python is the managed one."""
+    import types
+
+    minor = sys.version_info[1]
+    check = {"minors": [minor, minor]}
+    monkeypatch.setattr(host_setup, "sys", types.SimpleNamespace(
+        version_info=(3, minor - 1, 0), executable="/usr/bin/python3"))
+    empty = tmp_path / "path"
+    empty.mkdir()
+    monkeypatch.setenv("PATH", str(empty))
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert host_setup._interpreter(check) is None  # nothing on PATH, no ~/.local/bin
+    managed = tmp_path / "home" / ".local" / "bin" / f"python3.{minor}"
+    managed.parent.mkdir(parents=True)
+    liar = managed.with_name(f"python3.{minor + 1}")  # a name that lies is not taken
+    liar.symlink_to(sys.executable)
+    assert host_setup._interpreter({"minors": [minor + 1, minor + 1]}) is None
+    managed.symlink_to(sys.executable)
+    assert host_setup._interpreter(check) == (str(managed), minor)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.tf_cluster]
 
 
 def test_local_run_summary_carries_prediction_measurement_and_error(

@@ -158,6 +158,7 @@ def test_the_guest_agent_creates_the_metadata_accounts(bed: IsolatedTestBed) -> 
         bed.stop(host)
 
 
+@pytest.mark.isolated  # builds its own isolated hosts (no fixture marks it)
 def test_teardown_leaves_nothing() -> None:
     reason = isolated.skip_reason()
     if reason:
@@ -172,6 +173,7 @@ def test_teardown_leaves_nothing() -> None:
     assert str(bed.dir) not in mounts  # the hosts' mounts lived in their own namespaces
 
 
+@pytest.mark.isolated  # builds its own isolated hosts (no fixture marks it)
 def test_hosts_die_with_a_sigkilled_test_process_and_are_swept_later() -> None:
     reason = isolated.skip_reason()
     if reason:

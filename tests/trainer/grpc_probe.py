@@ -25,7 +25,7 @@ def main() -> None:
         print("ready", flush=True)
         while server is not None:
             time.sleep(1)
-    from trainer.protocols import sleep
+    from trainer.tfcompat import sleep
 
     resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
         cluster, task_type="chief", task_id=0, rpc_layer="grpc")

@@ -147,6 +147,7 @@ def test_stage_dataset_copies_to_the_hosts_that_read_it(tmp_path: Path,
 
 
 @pytest.mark.slow
+@pytest.mark.tf_cluster
 def test_a_run_trains_on_the_cached_download(tmp_path: Path,
                                              monkeypatch: pytest.MonkeyPatch) -> None:
     """Fetched once from the test server, then a real local run (1 PS, 1 worker, chief,

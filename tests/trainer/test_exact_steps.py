@@ -1,8 +1,9 @@
-"""trainer/protocols.py: one update per global step, and budgets exact, by construction.
+"""trainer/steps.py: one update per global step, and budgets exact, by construction.
 
 In process (one device stands in for the parameter server, as in test_packing.py): BSP's
 apply placed wholly on the PS (so a worker killed while it runs cannot leave it half done),
-one update and one step per round, a BSP group run by one worker ends exactly at its stop,
+one update and one step per round, a BSP group run by one worker ends exactly at its stop
+(a group of K rounds opened for fewer applies only those),
 and ASP steps past the stretch's stop (a closure run twice, or late) change nothing. The
 multi-process tests (test_trainer_cluster.py, test_trainer_hang.py) kill and hang real
 workers."""
@@ -16,41 +17,23 @@ tf = pytest.importorskip("tensorflow")
 
 from trainer.models import build_model  # noqa: E402
 from trainer.optim import PSOptimizer  # noqa: E402
-from trainer.protocols import BSP_CLOSED, build_steps  # noqa: E402
 from trainer.spec import JobSpec  # noqa: E402
+from trainer.steps import Steps, create_ps_variables  # noqa: E402
 
 PS = "/job:localhost/replica:0/task:0/device:CPU:0"
 
 
-class _Vars:
-    pass
-
-
 def _steps(workers: int) -> tuple:
-    """build_steps over variables pinned to PS (the trainer's counters, as trainer/loop.py
-    makes them); returns (steps, v, model)."""
+    """The step graphs over variables pinned to PS (the trainer's, as trainer/loop.py makes
+    them); returns (steps, v, model, optimizer)."""
     strategy = tf.distribute.get_strategy()
     job = JobSpec(batch_size=4)
     tf.keras.utils.set_random_seed(0)
-    v = _Vars()
     with tf.device(PS):
         model = build_model("cnn", "cnn_small", (8, 8, 1), 10)
         optimizer = PSOptimizer(job, model.trainable_variables, strategy)
-
-        def counter(name: str, value: object = 0, dtype: object = tf.int64) -> object:
-            return tf.Variable(value, dtype=dtype, trainable=False, name=name)
-
-        v.global_step, v.phase_index = counter("global_step"), counter("phase_index")
-        v.bsp_updates, v.bsp_gradients = counter("bsp_updates"), counter("bsp_gradients")
-        v.grad_count = counter("grad_count", 0.0, tf.float32)
-        v.train_epoch = counter("train_epoch", 0.0, tf.float64)
-        v.bsp_group, v.bsp_stop = counter("bsp_group", BSP_CLOSED), counter("bsp_stop")
-        v.bsp_joined, v.bsp_tickets = counter("bsp_joined"), counter("bsp_tickets")
-        v.asp_tickets, v.asp_stop = counter("asp_tickets"), counter("asp_stop")
-        v.accumulators = [tf.Variable(tf.zeros(p.shape, p.dtype), trainable=False)
-                          for p in optimizer.variables]
-    v.optimizer = optimizer  # for the tests' look at its slots
-    return build_steps(strategy, model, optimizer, job, v, [], workers), v, model
+        v = create_ps_variables(strategy, optimizer)
+    return Steps(strategy, model, optimizer, job, v, [], workers), v, model, optimizer
 
 
 def _dataset() -> object:
@@ -65,7 +48,7 @@ def test_the_apply_runs_wholly_on_the_ps() -> None:
     an op left to the caller's device (a worker in a BSP round) made the PS wait for that
     worker mid-apply, so a worker killed there left the update applied and the step
     unmoved (`bsp_updates` one ahead of the global step)."""
-    steps, _, _ = _steps(2)
+    steps, _, _, _ = _steps(2)
     graph = steps.bsp_apply.get_concrete_function().graph
     conds = [op for op in graph.get_operations() if op.type in ("If", "StatelessIf")]
     assert len(conds) == 1 and PS in conds[0].device, [(c.type, c.device) for c in conds]
@@ -79,7 +62,7 @@ def test_the_apply_runs_wholly_on_the_ps() -> None:
 
 
 def test_one_update_per_apply_and_the_accumulators_reset() -> None:
-    steps, v, model = _steps(2)
+    steps, v, model, _ = _steps(2)
     for acc in v.accumulators:
         acc.assign(tf.ones(acc.shape, acc.dtype))
     v.grad_count.assign(2.0)
@@ -95,15 +78,15 @@ def test_one_update_per_apply_and_the_accumulators_reset() -> None:
 def test_a_group_applies_exactly_its_rounds_and_a_closed_one_nothing() -> None:
     """One worker (quorum 1) runs a group of 3 rounds: 3 updates, 3 steps; the same closure
     for a group that is not open (a rerun or a hung closure of a closed group) applies none."""
-    steps, v, _ = _steps(1)
+    steps, v, _, _ = _steps(1)
     iterator, worker = _dataset(), tf.constant(0, tf.int32)
     group = tf.constant(7, tf.int64)
     start = int(steps.bsp_open(group, tf.constant(3, tf.int64)))
-    result = steps.bsp_rounds(iterator, worker, group).numpy()
+    result = steps.bsp_rounds(3)(iterator, worker, group).numpy()
     assert start == 0 and int(result[3]) == 3
     assert int(v.global_step.numpy()) == int(v.bsp_updates.numpy()) == 3
     steps.bsp_close()
-    result = steps.bsp_rounds(iterator, worker, group).numpy()
+    result = steps.bsp_rounds(3)(iterator, worker, group).numpy()
     assert int(result[3]) == 0
     assert int(v.global_step.numpy()) == int(v.bsp_updates.numpy()) == 3
 
@@ -113,13 +96,12 @@ def test_asp_steps_past_the_stop_are_dropped_whole() -> None:
     TensorFlow reruns one after a worker loss) then changes no weight, no momentum and no
     counter: the budget is exact and a dropped step leaves no trace in the weights and the
     optimizer (batch-norm statistics, averages and not updates, are written as computed)."""
-    steps, v, model = _steps(2)
+    steps, v, model, optimizer = _steps(2)
     iterator, worker = _dataset(), tf.constant(0, tf.int32)
     steps.asp_open(tf.constant(3, tf.int64))
     result = steps.asp(iterator, worker, tf.constant(5, tf.int64)).numpy()
     assert int(result[3]) == 5  # the closure ran its 5 steps ...
     assert int(v.global_step.numpy()) == 3  # ... and 3 were applied and counted
-    optimizer = v.optimizer
     state = [x.numpy().copy() for x in model.trainable_variables]
     slots = [s.numpy().copy() for var_slots in optimizer.slots for s in var_slots]
     assert int(optimizer.iterations.numpy()) == 3
@@ -133,3 +115,16 @@ def test_asp_steps_past_the_stop_are_dropped_whole() -> None:
     steps.asp_open(tf.constant(5, tf.int64))  # the next stretch: two more steps
     steps.asp(iterator, worker, tf.constant(4, tf.int64))
     assert int(v.global_step.numpy()) == 5
+
+
+def test_the_last_gradient_of_a_one_step_round_applies_it() -> None:
+    """One-step rounds of two workers: the first closure only accumulates, the second (the
+    round's second ticket) applies the mean in the same call; no apply from the chief."""
+    steps, v, _, _ = _steps(2)
+    iterator = _dataset()
+    steps.bsp_accumulate(iterator, tf.constant(0, tf.int32))
+    assert int(v.global_step.numpy()) == 0 and float(v.grad_count.numpy()) == 1.0
+    steps.bsp_accumulate(iterator, tf.constant(1, tf.int32))
+    assert int(v.global_step.numpy()) == int(v.bsp_updates.numpy()) == 1
+    assert int(v.bsp_gradients.numpy()) == 2 and float(v.grad_count.numpy()) == 0.0
+    assert all(not acc.numpy().any() for acc in v.accumulators)

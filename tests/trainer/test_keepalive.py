@@ -43,6 +43,7 @@ def test_every_role_sets_these_options_before_tensorflow_starts() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.tf_cluster
 def test_a_long_silent_call_on_a_tensorflow_server_is_not_failed_by_its_ping_policy(
         tmp_path: Path) -> None:
     from trainer_harness import free_ports

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.tf_cluster]
 
 LEARNING_RATE = 0.03  # not the default: the value in the event files must come from the config
 TRAIN_TAGS = {"loss", "steps_per_sec", "learning_rate", "worker_step_time_s/0",

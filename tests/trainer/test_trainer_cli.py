@@ -40,6 +40,7 @@ def test_event_line_format(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.tf_cluster
 def test_server_exits_on_sigterm(tmp_path: Path) -> None:
     spec = make_spec(tmp_path, 1, [PhaseSpec("asp", 10)])
     cluster = LocalCluster(spec, tmp_path / "trainer_spec.json")

@@ -1,5 +1,5 @@
 """Fast tests of the side channels (trainer/control.py), the budget accounting and the
-in-graph straggler schedule (trainer/protocols.py); the cluster tests exercise them live."""
+in-graph straggler schedule (trainer/steps.py); the cluster tests exercise them live."""
 
 from __future__ import annotations
 
@@ -86,7 +86,8 @@ def test_unreachable_names_closed_ports() -> None:
 def test_straggler_episodes_by_time_and_step() -> None:
     import tensorflow as tf
 
-    from trainer.protocols import sleep, straggler_delay
+    from trainer.steps import straggler_delay
+    from trainer.tfcompat import sleep
 
     episodes = [StragglerSpec(workers=[1], delay_s=0.2, start_s=10.0, end_s=20.0),
                 StragglerSpec(workers=[0, 1], delay_s=0.1, start_step=50),

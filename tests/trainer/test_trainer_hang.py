@@ -21,7 +21,7 @@ from trainer_harness import HUNG_S, LocalCluster, hang, make_spec, reported_betw
 
 from trainer.spec import PhaseSpec
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.tf_cluster]
 WORKERS = 3
 
 

@@ -43,7 +43,7 @@ def test_json_round_trip(tmp_path: Path) -> None:
     assert TrainerSpec.from_dict(spec.to_dict()) == spec
     data = json.loads(path.read_text())
     assert set(data) == {"run_id", "cluster", "job", "phases", "run_dir", "report_every_s",
-                         "stragglers", "control_file", "checkpoint_dir"}
+                         "stragglers", "control_file", "checkpoint_dir", "gpu_tasks"}
     assert data["phases"][1] == {"protocol": "asp", "end_step": 100,
                                  "hparams": {"learning_rate": 0.1}}
 

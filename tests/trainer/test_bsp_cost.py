@@ -1,0 +1,103 @@
+"""What a BSP global step costs: the tensors that cross between a worker and the PS, and
+the orderings (control edges) between them.
+
+In process, as in test_exact_steps.py: one device stands in for the parameter server and
+every variable lives there; an op placed on it (or reading or writing a variable) is the
+PS's, any other the worker's. A tensor made on one side and used on the other is one
+transfer (TensorFlow sends it once per device). The counts per round come from two traces
+of the unrolled group closure (K and K + 1 rounds), so the closure's fixed cost (the
+admission ticket, the result vector) is left out. trainer/bsp.py documents the figures."""
+
+from __future__ import annotations
+
+import pytest
+
+tf = pytest.importorskip("tensorflow")
+
+from trainer.models import build_model  # noqa: E402
+from trainer.optim import PSOptimizer  # noqa: E402
+from trainer.spec import JobSpec  # noqa: E402
+from trainer.steps import Steps, create_ps_variables  # noqa: E402
+
+PS = "/job:localhost/replica:0/task:0/device:CPU:0"
+# control edges per round: TensorFlow's automatic ordering of ops on one variable adds one
+# or two (which ones varies between traces)
+ORDERINGS = 3
+CALLS = {"While", "StatelessWhile", "If", "StatelessIf", "PartitionedCall",
+         "StatefulPartitionedCall"}
+
+
+def _steps(workers: int) -> tuple:
+    strategy = tf.distribute.get_strategy()
+    job = JobSpec(batch_size=4)
+    with tf.device(PS):
+        model = build_model("cnn", "cnn_small", (8, 8, 1), 10)
+        optimizer = PSOptimizer(job, model.trainable_variables, strategy)
+        v = create_ps_variables(strategy, optimizer)
+    return Steps(strategy, model, optimizer, job, v, [], workers), v
+
+
+def _iterator() -> object:
+    images = tf.zeros((8, 8, 8, 1))
+    labels = tf.zeros((8,), tf.int32)
+    return iter(tf.data.Dataset.from_tensor_slices((images, labels)).repeat().batch(4))
+
+
+def crossings(fn: object, *args: object) -> dict[str, int]:
+    """Distinct tensors (and control edges) crossing each way in `fn`'s traced graph."""
+    graph = fn.get_concrete_function(*args).graph
+    variables = {inner.name for _, inner in graph.captures if inner.dtype == tf.resource}
+
+    def on_ps(op: object) -> bool:
+        if op.device:
+            return PS in op.device
+        if op.type in CALLS:  # runs where it is placed (its body's ops may be elsewhere)
+            return False
+        return any(t.dtype == tf.resource and t.name in variables for t in op.inputs)
+
+    found: dict[str, set] = {"to_ps": set(), "to_worker": set(), "control_to_ps": set(),
+                             "control_to_worker": set()}
+    for op in graph.get_operations():
+        for t in op.inputs:
+            if t.dtype != tf.resource and on_ps(t.op) != on_ps(op):
+                found["to_ps" if on_ps(op) else "to_worker"].add(t.name)
+        for dep in op.control_inputs:
+            # the function's end waits for every stateful op (its control outputs, into
+            # one NoOp): the same for ASP's step, and not an ordering of the round
+            if on_ps(dep) != on_ps(op) and op.type != "NoOp":
+                found["control_to_ps" if on_ps(op) else "control_to_worker"].add(dep.name)
+    return {kind: len(names) for kind, names in found.items()}
+
+
+def per_round(workers: int) -> dict[str, int]:
+    steps, _ = _steps(workers)
+    args = (_iterator(), tf.constant(0, tf.int32), tf.constant(1, tf.int64))
+    two, three = crossings(steps.bsp_rounds(2), *args), crossings(steps.bsp_rounds(3), *args)
+    return {kind: three[kind] - two[kind] for kind in two}
+
+
+def test_a_round_of_one_worker_crosses_like_an_asp_step() -> None:
+    """One worker applies every round itself: the weights in and the gradients out, one
+    tensor each per PS; the round's end orders the next step's clock (a control edge)."""
+    counts = per_round(1)
+    assert (counts["to_ps"], counts["to_worker"]) == (1, 1), counts
+    assert counts["control_to_ps"] + counts["control_to_worker"] <= ORDERINGS, counts
+
+
+def test_a_round_of_two_workers_adds_the_barrier_only() -> None:
+    """With a barrier: besides the weights and the gradients, the round's outcome (one
+    int64 pair: the step after, the open group) comes back and the worker's step goes out
+    with its gradients, and the poll is ordered after the PS's call (TensorFlow orders ops
+    on the step counter); polls (a waiter's only) are one pair each, in the wait loop."""
+    counts = per_round(2)
+    assert (counts["to_ps"], counts["to_worker"]) == (2, 2), counts
+    assert counts["control_to_ps"] + counts["control_to_worker"] <= ORDERINGS, counts
+
+
+def test_a_one_step_round_sends_one_tensor_each_way() -> None:
+    """The one-step closure (the barrier and the apply on the chief): the weights in, the
+    gradients out into the packed accumulators, nothing else."""
+    steps, v = _steps(2)
+    assert len(v.accumulators) == 1  # one PS: one packed accumulator
+    counts = crossings(steps.bsp_accumulate, _iterator(), tf.constant(0, tf.int32))
+    assert (counts["to_ps"], counts["to_worker"]) == (1, 1), counts

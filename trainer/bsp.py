@@ -1,0 +1,200 @@
+"""The BSP runner on the chief: one-step rounds with the barrier on the chief, and, with
+one worker, groups of K rounds in one closure.
+
+What a BSP global step costs, per worker (the crossings are pinned by
+tests/trainer/test_bsp_cost.py; "per PS" is one tensor for each parameter server holding
+weights, trainer/packing.py):
+
+- A one-step round (`Steps.bsp_accumulate`): the chief dispatches one closure per worker;
+  each brings the weights in and sends its gradients out (one tensor per PS each, as an
+  ASP step), adds them to the packed accumulator (one add per PS) and takes the round's
+  ticket; the N-th ticket applies the mean and moves the global step in the same PS-side
+  call (`Steps.apply_accumulated`). The chief's barrier (`barrier`, trainer/waits.py) waits
+  for the N results (each copied to the chief: one RPC per closure), then dispatches the
+  next round at once: no apply call of its own. Where a worker waits: from its closure's
+  end until the slowest worker's gradient is in and the chief has seen every result and
+  dispatched again (a few ms of the chief's Python and RPCs per round). Where the chief
+  waits: on the slowest closure of the round.
+- A round of a group (`Steps.bsp_rounds(K)`, K rounds unrolled in one closure, one worker):
+  the weights in and the gradients out, nothing else: the only worker's gradient is the
+  round's mean, applied as it comes and masked by the group's checks as ASP's steps are by
+  their ticket (`Steps.ps_round`); the chief pays one dispatch and one result per K steps.
+  With N workers the same closure adds the barrier: the round's outcome comes back (one
+  int64 pair) and the worker's step goes out; the workers not last poll the PS (one pair
+  per poll) until the step moved. Measured slower than one-step rounds on 2 loaded cores
+  (20 against 30 global steps/s, 2 workers, 2026-11-25), so automatic K is 1 with several
+  workers; an explicit `job.steps_per_closure` > 1 still runs groups.
+
+Before 2026-11-25: automatic K was 1 for every BSP run, each round ended with an apply
+call from the chief after its barrier, each worker added one tensor per weight to its own
+accumulator, and the group closure looped its rounds in a `tf.while_loop` (split into a
+worker loop and a PS loop kept in step by RPCs on every iteration).
+
+Exactly once: a group of K global steps is N closures, one per worker, each running the
+same K rounds; a group needs all N workers at once (each worker runs one closure at a
+time, so N closures land on N workers). Every round is one update from one gradient of
+every worker, and the group stops at the step the chief opened it for (`bsp_stop`). When
+a worker fails or is named hung during a group, the chief closes it (`Steps.bsp_close`):
+the survivors' remaining rounds apply nothing, the coordinator's rerun of the lost closure
+finds the group closed (or full: its admission ticket comes late) and applies nothing, and
+the round in flight is discarded (`Steps.bsp_discard`): the rounds already applied stay.
+While a worker is lost or named hung, one-step rounds run and the survivors take its
+share: its closure is scheduled again for a survivor by `barrier` (hung) or by the
+coordinator (lost), so every step still averages N gradients. A closure that ends late (a
+hung worker's, resumed) adds its gradient to a later round, whose mean divides by the
+count: at least once, as after a worker loss; the apply itself checks the step it was
+expected for, so no round is applied twice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from trainer import tfcompat
+from trainer.closures import (
+    MAX_AUTO_STEPS_PER_CLOSURE,
+    auto_steps_per_closure,
+    median_step_time,
+    prepare_unrolled,
+)
+from trainer.steps import BSP_CLOSED, Steps
+from trainer.waits import (
+    CHUNK_POLL_S,
+    SETTLE_POLL_S,
+    Membership,
+    all_hung,
+    any_hung,
+    barrier,
+    finished,
+    pause,
+)
+
+AUTO_SAMPLE_STEPS = 4  # one-step rounds measured (after the first) before choosing K
+
+
+class BspRunner:
+    """run(n): up to `n` BSP global steps; returns (steps applied, closure results).
+
+    `steps_per_closure` 0 = automatic: after AUTO_SAMPLE_STEPS one-step rounds (and the
+    first, which includes the trace), K from the median step time as for ASP, reported
+    through `on_choice(K, step_time_s)`; its group closure is traced in the background
+    (trainer/closures.py `prepare_unrolled`) and one-step rounds run meanwhile, as they do
+    for the rest of a stretch shorter than K. `groups` counts the multi-step groups run.
+    """
+
+    def __init__(self, coordinator: Any, steps: Steps, args: tuple, workers: int,
+                 steps_per_closure: int = 1, membership: Membership | None = None,
+                 on_choice: Callable[[int, float], None] | None = None) -> None:
+        self.coordinator, self.steps, self.args, self.workers = coordinator, steps, args, workers
+        self.k, self.membership = steps_per_closure, membership or Membership()
+        self.on_choice = on_choice
+        self.groups = 0  # multi-step groups run (this process)
+        self.samples: list[list[Any]] = []  # automatic K: one-step rounds' results
+        self.ready: dict[int, Callable] = {}  # K -> group closure, traced
+        self.requested: set[int] = set()  # K whose group closure is (being) traced
+
+    def __call__(self, n: int) -> tuple[int, list[Any]]:
+        if self.k > 1 and self.k not in self.requested:  # an explicit K not warmed
+            self._prepare(self.k)
+        if (n < self.k or self.k not in self.ready or self.membership.lost or any_hung()):
+            return self._one_step()  # a group needs every worker; one step reschedules
+        return self._group(self.k)
+
+    def drain(self) -> list[Any]:
+        return []  # nothing is left in flight
+
+    def warm(self, groups: bool = True) -> None:
+        """Trace BSP's functions now, before a worker can hang: a function first traced
+        mid-run is registered with every worker then, which waits for a hung one
+        (trainer/closures.py `prepare_unrolled`). With `groups` and an explicit K, the
+        group closure too, run once for a group that is not open (it applies nothing)."""
+        import tensorflow as tf
+
+        steps = self.steps
+        with self.coordinator.strategy.scope():  # where `schedule` looks the trace up
+            steps.bsp_accumulate.get_concrete_function(*tfcompat.schedule_specs(self.args))
+        scalar = tf.TensorSpec([], tf.int64)
+        steps.bsp_apply.get_concrete_function()
+        steps.bsp_open.get_concrete_function(scalar, scalar)
+        steps.bsp_close.get_concrete_function()
+        steps.bsp_discard.get_concrete_function()
+        if groups:
+            self._prepare(self.k, background=False)
+            if self.k in self.ready:
+                self.coordinator.schedule(self.ready[self.k], args=(
+                    *self.args, tf.constant(BSP_CLOSED - 1, tf.int64)))
+                self.coordinator.join()
+
+    def _prepare(self, k: int, background: bool = True) -> None:
+        """Trace the group closure of `k` rounds (now, or in the background)."""
+        import tensorflow as tf
+
+        if not 1 < k <= MAX_AUTO_STEPS_PER_CLOSURE or k in self.requested:
+            return
+        self.requested.add(k)
+
+        def use(fn: Callable) -> None:
+            self.ready[k] = fn
+
+        prepare_unrolled(self.steps.bsp_rounds(k), (*self.args, tf.constant(0, tf.int64)),
+                         use, background, self.coordinator.strategy.scope)
+
+    def _one_step(self) -> tuple[int, list[Any]]:
+        results = [self._schedule_accumulate() for _ in range(self.workers)]
+        # the barrier; a dead worker's closure is rerun on a survivor, a hung one's too
+        results = barrier(results, self._schedule_accumulate, self.coordinator)
+        if not self.k:
+            self.samples.append(results)
+            if len(self.samples) > AUTO_SAMPLE_STEPS:  # the first one traced the step
+                self._choose([r for results in self.samples[1:] for r in results])
+                self.samples.clear()
+        return 1, results
+
+    def _schedule_accumulate(self) -> Any:
+        return self.coordinator.schedule(self.steps.bsp_accumulate, args=self.args)
+
+    def _choose(self, results: list[Any]) -> None:
+        """K from the sampled one-step rounds' median step time, as for ASP, with one
+        worker; 1 with several."""
+        step_time = median_step_time(results)
+        if step_time is None:
+            return  # every sample was lost with a worker: measure again
+        # groups of several workers measured slower than one-step rounds (their waiters
+        # poll the PS; 20 against 30 global steps/s with 2 workers on 2 loaded cores)
+        self.k = auto_steps_per_closure(step_time) if self.workers == 1 else 1
+        self._prepare(self.k)
+        if self.on_choice is not None:
+            self.on_choice(self.k, step_time)
+
+    def _group(self, n: int) -> tuple[int, list[Any]]:
+        import tensorflow as tf
+
+        self.groups += 1
+        group_id = tf.constant(self.groups, tf.int64)
+        disruptions = self.membership.disruptions
+        start = int(self.steps.bsp_open(group_id, tf.constant(n, tf.int64)))
+        results = [self.coordinator.schedule(self.ready[n], args=(*self.args, group_id))
+                   for _ in range(self.workers)]
+        while True:
+            running = [r for r in results if not finished(r)]
+            if not running:
+                break
+            if self.membership.disruptions != disruptions or any_hung(running):
+                return self._abandon(results, running) - start, results
+            if not tfcompat.watchable(running[0]):
+                self.coordinator.join()  # TF internals moved: no failure detection mid-group
+                break
+            tfcompat.wait_returned(running[0], CHUNK_POLL_S)
+        self.coordinator.join()  # raises a closure's error, if any
+        return n, results
+
+    def _abandon(self, results: list[Any], running: list[Any]) -> int:
+        """A closure failed, or one is held by a hung worker: end the group; the survivors
+        leave (a rerun, or the hung closure when it resumes, finds it closed). Returns the
+        global step after the round in flight was discarded."""
+        self.steps.bsp_close()
+        while any(not finished(r) for r in results) and not all_hung(
+                [r for r in results if not finished(r)]):
+            pause(running[0], SETTLE_POLL_S)
+        return int(self.steps.bsp_discard())
