@@ -115,6 +115,75 @@ class TestHost:
     sshd: subprocess.Popen[bytes] | None = None
 
 
+# --- stale beds -----------------------------------------------------------------------------
+# A bed whose test process was SIGKILLed cannot remove itself: each bed records its owner (pid
+# and start time) in a directory named by its tag, and the next bed that starts sweeps what
+# dead owners left (processes in their namespaces, the namespaces, links, the directory).
+
+#: Where the SSH beds record their owners (tmpfs: gone with a reboot, as namespaces are).
+SSH_BEDS_DIR = Path("/run/transient-testbed/ssh")
+
+
+def owner_stamp(pid: int) -> str:
+    """pid and its start time: a pid reused by another process does not look alive."""
+    try:
+        start = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        start = "?"
+    return f"{pid} {start}"
+
+
+def owner_alive(stamp: str) -> bool:
+    parts = stamp.split()
+    return len(parts) == 2 and parts[0].isdigit() and owner_stamp(int(parts[0])) == stamp
+
+
+def bed_leftovers(prefix: str) -> list[str]:
+    """Namespaces and links whose names start with `prefix` (a bed's `<PREFIX><tag>`)."""
+    names = _ip("netns", "list", check=False).stdout + _ip("-o", "link", check=False).stdout
+    return sorted({w.split("@")[0].rstrip(":") for w in names.split() if w.startswith(prefix)})
+
+
+def reserve_bed(beds: Path) -> tuple[str, Path]:
+    """A fresh tag and its directory under `beds`, owned by this process."""
+    beds.mkdir(parents=True, exist_ok=True)
+    for _ in range(100):  # the bed's directory reserves its tag among live beds
+        tag = secrets.token_hex(2)
+        with contextlib.suppress(FileExistsError):
+            (beds / tag).mkdir()
+            (beds / tag / "owner").write_text(owner_stamp(os.getpid()))
+            return tag, beds / tag
+    raise RuntimeError(f"no free tag for a test bed in {beds}")
+
+
+def sweep_stale_beds(beds: Path, prefix: str) -> list[str]:
+    """Remove what beds whose test process died left; beds of live processes are untouched.
+    Returns the tags swept."""
+    if not beds.exists():
+        return []
+    swept = []
+    for bed in beds.iterdir():
+        try:
+            stamp = (bed / "owner").read_text()
+        except OSError:
+            # no owner file: a bed being created right now, or a crash before the stamp
+            if time.time() - bed.stat().st_mtime < 600:
+                continue
+            stamp = ""
+        if stamp and owner_alive(stamp):
+            continue
+        for name in bed_leftovers(f"{prefix}{bed.name}n"):
+            for pid in _ip("netns", "pids", name, check=False).stdout.split():
+                with contextlib.suppress(ProcessLookupError, ValueError):
+                    os.kill(int(pid), signal.SIGKILL)
+            _ip("netns", "del", name, check=False)
+        for name in bed_leftovers(f"{prefix}{bed.name}"):
+            _ip("link", "del", name, check=False)
+        shutil.rmtree(bed, ignore_errors=True)
+        swept.append(bed.name)
+    return swept
+
+
 class HostSignals:
     """Signals to all of a host's processes, for test beds whose `pids(host)` lists them."""
 
@@ -142,7 +211,8 @@ class SshTestBed(HostSignals):
         reason = skip_reason()
         if reason:
             raise RuntimeError(reason)
-        self.tag = secrets.token_hex(2)
+        sweep_stale_beds(SSH_BEDS_DIR, "tb")
+        self.tag, self._owner_dir = reserve_bed(SSH_BEDS_DIR)
         self.scratch = Path(scratch)
         self.scratch.mkdir(parents=True, exist_ok=True)
         self.bridge = f"tb{self.tag}br"
@@ -283,6 +353,7 @@ class SshTestBed(HostSignals):
         for link in reversed(self._created_links):
             _ip("link", "del", link, check=False)
         self._created_links.clear()
+        shutil.rmtree(self._owner_dir, ignore_errors=True)
 
     def leftovers(self) -> list[str]:
         """Namespaces and links of this test bed that still exist (empty after close())."""

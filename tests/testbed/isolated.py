@@ -44,7 +44,17 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.testbed import HostSignals, _accepts, _ip, _is_live, _keygen, images
+from tests.testbed import (
+    HostSignals,
+    _accepts,
+    _ip,
+    _is_live,
+    _keygen,
+    bed_leftovers,
+    images,
+    reserve_bed,
+    sweep_stale_beds,
+)
 
 PREFIX = "ib"
 SUBNET_PREFIX = "10.232"
@@ -164,16 +174,7 @@ class IsolatedTestBed(HostSignals):
         if reason:
             raise RuntimeError(reason)
         sweep_stale()
-        _beds_dir().mkdir(parents=True, exist_ok=True)
-        for _ in range(100):  # the bed's directory reserves its tag among live beds
-            self.tag = secrets.token_hex(2)
-            self.dir = _beds_dir() / self.tag
-            with contextlib.suppress(FileExistsError):
-                self.dir.mkdir()
-                break
-        else:
-            raise RuntimeError(f"no free tag for an isolated bed in {_beds_dir()}")
-        (self.dir / "owner").write_text(_owner_stamp(os.getpid()))
+        self.tag, self.dir = reserve_bed(_beds_dir())
         self.bridge = f"{PREFIX}{self.tag}br"
         self.image = image
         self.boot_s = boot_s
@@ -532,56 +533,14 @@ def _beds_dir() -> Path:
     return images.cache_dir() / "beds"
 
 
-def _owner_stamp(pid: int) -> str:
-    """pid and its start time: a pid reused by another process does not look alive."""
-    try:
-        start = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        start = "?"
-    return f"{pid} {start}"
-
-
-def _owner_alive(stamp: str) -> bool:
-    parts = stamp.split()
-    return len(parts) == 2 and parts[0].isdigit() and _owner_stamp(int(parts[0])) == stamp
-
-
 def _leftovers(tag: str) -> list[str]:
-    names = _ip("netns", "list", check=False).stdout + _ip("-o", "link", check=False).stdout
-    return sorted({w.split("@")[0].rstrip(":") for w in names.split()
-                   if w.startswith(f"{PREFIX}{tag}")})
+    return bed_leftovers(f"{PREFIX}{tag}")
 
 
 def sweep_stale() -> list[str]:
-    """Remove what beds whose test process died (SIGKILL) left: processes in their
-    namespaces, the namespaces, links and directories. Beds of live processes are untouched.
-    Returns the tags swept."""
-    beds = _beds_dir()
-    if not beds.exists():
-        return []
-    swept = []
-    for bed in beds.iterdir():
-        owner = bed / "owner"
-        try:
-            stamp = owner.read_text()
-        except OSError:
-            # no owner file: a bed being created right now, or a crash before the stamp
-            if time.time() - bed.stat().st_mtime < 600:
-                continue
-            stamp = ""
-        if stamp and _owner_alive(stamp):
-            continue
-        for name in _leftovers(bed.name):
-            if name.startswith(f"{PREFIX}{bed.name}n"):
-                for pid in _ip("netns", "pids", name, check=False).stdout.split():
-                    with contextlib.suppress(ProcessLookupError, ValueError):
-                        os.kill(int(pid), signal.SIGKILL)
-                _ip("netns", "del", name, check=False)
-        for name in _leftovers(bed.name):
-            _ip("link", "del", name, check=False)
-        shutil.rmtree(bed, ignore_errors=True)
-        swept.append(bed.name)
-    return swept
+    """Remove what isolated beds whose test process died (SIGKILL) left: processes in their
+    namespaces, the namespaces, links and directories. Returns the tags swept."""
+    return sweep_stale_beds(_beds_dir(), PREFIX)
 
 
 # --- helpers --------------------------------------------------------------------------------
