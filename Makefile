@@ -16,10 +16,10 @@ LOGDIR ?= outputs
 PACKAGES := orchestrator provisioning trainer analysis hydra_plugins bench
 EXPERIMENTS := $(sort $(basename $(notdir $(wildcard experiments/*.yaml))))
 
-.PHONY: setup bytecode isolated-images run test test-fast gce-fake validate dry-run ci bench lint tensorboard clean help
+.PHONY: setup bytecode isolated-images run test test-fast test-resume gce-fake validate dry-run ci bench lint tensorboard clean help
 
 help:
-	@echo "make setup | bytecode | isolated-images | run | test | test-fast | gce-fake | validate | dry-run | ci | bench | lint | tensorboard | clean"
+	@echo "make setup | bytecode | isolated-images | run | test | test-fast | test-resume | gce-fake | validate | dry-run | ci | bench | lint | tensorboard | clean"
 
 setup: $(STAMP)
 
@@ -51,7 +51,14 @@ run: bytecode
 test: bytecode
 	bash .ci/testbed-deps  # sshd + iproute2 for the SSH test bed, when missing
 	$(MAKE) --no-print-directory isolated-images
-	$(PY) -m pytest -m "not headline" --durations=25 $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not (headline or resume_matrix)" --durations=25 $(PYTEST_ARGS)
+
+# --resume on the parallel launcher, a recovery, SSH and the fake cloud (about 3 min): kept
+# out of `make test` to hold it inside CI's 25 minutes; `make ci` runs it (the sweep killed
+# at 12 points is in `make test`)
+test-resume: bytecode
+	bash .ci/testbed-deps
+	$(PY) -m pytest -m resume_matrix tests/orchestrator/test_resume.py --durations=10 $(PYTEST_ARGS)
 
 # Tiers by what a test needs (pyproject.toml markers): the fast one leaves out every marked test
 FAST_TIER := not (slow or tf_cluster or namespaces or isolated or headline)
@@ -77,7 +84,7 @@ dry-run: setup
 	  then echo "dry run ok   $$e"; else echo "dry run FAIL $$e"; failed="$$failed $$e"; fi; \
 	done; test -z "$$failed" || { echo "failed dry runs:$$failed"; exit 1; }
 
-ci: dry-run lint test gce-fake
+ci: dry-run lint test test-resume gce-fake
 
 bench: bytecode
 	$(PY) -m bench
