@@ -51,6 +51,7 @@ def _run_one(cfg: DictConfig) -> dict[str, Any] | None:
     from hydra.core.hydra_config import HydraConfig
 
     from orchestrator import killpoints, results, resume, sweep
+    from orchestrator.config.hydra_errors import check_label_overrides
     from orchestrator.display import cost_text, make_console, render_plan, say_provider_note
     from orchestrator.plan import load_and_plan
     from orchestrator.runtime import data
@@ -59,6 +60,7 @@ def _run_one(cfg: DictConfig) -> dict[str, Any] | None:
 
     killpoints.hit("point_start")
     hc = HydraConfig.get()
+    check_label_overrides(list(hc.overrides.task), dict(hc.runtime.choices))
     run_dir = Path(hc.runtime.output_dir)
     resumption = None
     if resume.active():  # python -m orchestrator --resume DIR (orchestrator/resume.py)

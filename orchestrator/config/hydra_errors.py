@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import yaml
@@ -198,6 +198,27 @@ def explain(err: ConfigError) -> ConfigError:
                            "'# @package _global_', so its keys landed under 'experiment.'",
                            "make '# @package _global_' its first line")
     return err
+
+
+def check_label_overrides(overrides: Sequence[str], choices: Mapping[str, str | None]) -> None:
+    """``sync.name=bsp`` where ``sync=bsp`` was meant: a group's ``name`` is only the label of
+    the settings its option brought, so the run would train ASP under the label bsp (and
+    ``revocation.name=exponential`` would revoke nothing). An override of ``<group>.name`` to
+    another option of that group than the one chosen (`choices`, Hydra's runtime choices) is
+    refused; a label of one's own stays free. ``provider.name`` picks the backend's schema and
+    has its own check (orchestrator/config/load.py `check_provider_name`). Raises ConfigError
+    naming ``<group>.name``."""
+    from orchestrator.paths import CONF_DIR
+
+    for override in overrides:
+        key, sep, value = override.partition("=")
+        group, _, leaf = key.lstrip("+").partition(".")
+        if not sep or leaf != "name" or group == "provider" or choices.get(group) == value:
+            continue
+        if (CONF_DIR / group / f"{value}.yaml").is_file():
+            raise ConfigError(f"{group}.name", f"'{value}' only relabels the settings of "
+                              f"{group}={choices.get(group)}; it does not choose {group}={value}",
+                              f"choose the option with {group}={value}, not {group}.name={value}")
 
 
 def check_group_overrides(overrides: Sequence[str]) -> None:

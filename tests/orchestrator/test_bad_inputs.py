@@ -21,6 +21,7 @@ from typing import Any, get_args, get_origin, get_type_hints
 import pytest
 
 from orchestrator.config.errors import ConfigError
+from orchestrator.config.hydra_errors import check_label_overrides
 from orchestrator.config.load import to_experiment
 from orchestrator.config.ranges import RANGES, Range
 from orchestrator.config.schema import ExperimentConfig
@@ -475,6 +476,9 @@ CLI_CASES = [
     (["provider.name=gce"], "provider.name"),
     (["+pricing.gpus.h100.on_demand_usd_per_h=3", "cluster.worker_groups.0.gpu=h100"],
      "pricing.gpus.h100"),
+    # a group's label set where its option was meant (the run would train ASP labelled bsp)
+    (["sync.name=bsp"], "sync.name"),
+    (["revocation.name=exponential"], "revocation.name"),
 ]
 
 
@@ -484,6 +488,16 @@ def test_cli_exits_2_with_one_line(overrides: list[str], field: str) -> None:
     assert proc.returncode == 2, proc.stderr
     assert proc.stdout == "", proc.stdout
     assert_one_line(proc.stderr.strip(), field)
+
+
+def test_a_group_label_naming_another_option_is_refused_and_any_other_label_kept() -> None:
+    choices = {"sync": "asp", "cluster": "local_cpu", "provider": "local"}
+    with pytest.raises(ConfigError) as info:
+        check_label_overrides(["+experiment=digits_local", "cluster.name=gce_t4"], choices)
+    assert_one_line(info.value.line(), "cluster.name")
+    assert "choose the option with cluster=gce_t4" in info.value.line()
+    check_label_overrides(["sync.name=asp", "sync.name=my_label", "job.name=x",
+                           "sync.phase_hparams=[]", "provider.name=gce"], choices)
 
 
 @pytest.mark.parametrize("case", ["tab", "duplicate-key", "unclosed-bracket"])
