@@ -260,6 +260,22 @@ def test_headline_sweep_on_fake_gce(bed: IsolatedTestBed, emulator: str,
         summary = json.loads((preempted_dir / "summary.json").read_text())
         assert summary["replacements"] >= 1
         assert any(e["kind"] == "replacement_ready" for e in events(preempted_dir))
+        # One preemption, counted once and never as a crash, whichever of its signals (the
+        # worker's exit, the cloud's listing) came first (orchestrator/runtime/supervisor.py).
+        assert len(revoked) == 1 and summary["revocations"] == 1, (revoked, summary)
+        crashed = [e for e in events(preempted_dir) if e.get("cause") == "crashed"]
+        assert not crashed, crashed
+        # No healthy worker failed: only the preempted one may have closures failed (gRPC
+        # keepalive within the servers' ping policy, trainer/keepalive.py; the 16-worker run
+        # once failed five healthy workers by GOAWAY "too_many_pings").
+        for row in rows:
+            run_events = events(Path(row["run_dir"]))
+            failed = {e["worker"] for e in run_events if e["kind"] == "worker_failure"}
+            lost = [e for e in run_events if e["kind"] == "revocation" and e["role"] == "worker"]
+            assert len(failed) <= len(lost), (row["workers"], failed, lost)
+            pings = [e for e in run_events if "too_many_pings" in str(e.get("error", "")).lower()
+                     or "too many pings" in str(e.get("error", "")).lower()]
+            assert not pings, pings
 
         # Nothing left: no VM in the fake, no VM in any journal, no host running.
         assert fake.live_instances() == []
