@@ -183,8 +183,13 @@ def test_lost_worker_machine_shrinks_and_completes(repo_root: Path, ssh_testbed:
     assert_nothing_left(ssh_testbed, ssh_testbed.hosts[:4])
 
 
+@pytest.mark.parametrize("fault", ["killed", "freeze"])
 def test_lost_ps_machine_restarts_from_checkpoint_on_the_spare(
-        repo_root: Path, ssh_testbed: SshTestBed, tmp_path: Path) -> None:
+        repo_root: Path, ssh_testbed: SshTestBed, tmp_path: Path, fault: str) -> None:
+    """The PS machine (ps, chief and evaluator) killed, sshd included, or frozen (every
+    process SIGSTOPped until the run has ended): the run restarts on the spare from the
+    latest checkpoint. A frozen machine's roles cannot be stopped: the closing line names
+    them with the release command, and once thawed they end by themselves (their lease)."""
     ps_host, spare = ssh_testbed.hosts[0], ssh_testbed.hosts[3]
     proc, run_dir = start_run(repo_root, ssh_testbed, tmp_path)
     try:
@@ -194,17 +199,25 @@ def test_lost_ps_machine_restarts_from_checkpoint_on_the_spare(
         while not (run_dir / "checkpoints" / "checkpoint").exists():
             assert time.monotonic() < deadline, "no checkpoint synced to the run directory"
             time.sleep(0.2)
-        ssh_testbed.kill_sshd(ps_host)
-        ssh_testbed.kill_processes(ps_host)  # the machine is gone: sshd, PS, chief, evaluator
+        if fault == "freeze":
+            ssh_testbed.freeze(ps_host)
+        else:
+            ssh_testbed.kill_sshd(ps_host)
+            ssh_testbed.kill_processes(ps_host)  # the machine is gone: sshd, PS, chief, evaluator
         out = finish(proc)
     finally:
-        ssh_testbed.start_sshd(ps_host)
+        (ssh_testbed.thaw if fault == "freeze" else ssh_testbed.start_sshd)(ps_host)
     summary, events = completed(proc, out, run_dir)
     assert summary["restarts"] == 1 and summary["final_accuracy"] >= 0.9
     starts = [e for e in events if e["kind"] == "train_start"]
     assert starts[-1].get("resumed_from") not in (None, 0), starts  # resumed from a checkpoint
     moved = [e for e in events if e["kind"] == "replacement_ready" and e.get("host") == "ps-0"]
     assert moved and moved[-1]["endpoint"].startswith(spare.address + ":"), moved  # the spare
+    if fault == "freeze":
+        said = " ".join(out.split())
+        assert f"not confirmed stopped: run python -m orchestrator.release {run_dir}" in said, out
+        left = ssh_testbed.processes_left([ps_host], within_s=LEASE_S + 30)
+        assert left == {ps_host.name: []}, left  # thawed: ps, chief, evaluator ended by lease
     assert_nothing_left(ssh_testbed, ssh_testbed.hosts[:4])
 
 
