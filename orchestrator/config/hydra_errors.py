@@ -93,25 +93,34 @@ def _first(text: str) -> str:
 
 def exact_item_error(err: ConfigError, overrides: Sequence[str],
                      extra_search_dir: Path | None = None) -> ConfigError:
-    """Replace a list item's ``*`` index in ``err`` by the index at fault.
+    """Replace a list item's ``*`` index in ``err`` by the index at fault, and name the key at
+    fault inside an item that is a mapping of plain values (``sync.phase_hparams.0`` ->
+    ``sync.phase_hparams.0.learning_rate``).
 
     Hydra merges each YAML file into the schema while composing, and OmegaConf reports an
-    error inside a list item without the item's index. So compose again with the schemas
-    swapped for empty nodes (nothing is type-checked), then check the list items one by one
+    error inside a list item without the item's index (of a dataclass item) or key (of a
+    mapping item). So compose again with the schemas swapped for empty nodes (nothing is
+    type-checked), then check the list items one by one
     (:func:`orchestrator.config.load.to_experiment`). If that does not reproduce the error,
-    name the whole list: still a field the user can paste back, never a ``*``.
+    name the whole list (or keep the item): still a field the user can paste back, never a
+    ``*``.
     """
-    if "*" not in err.path:
+    item = re.search(r"\.\d+$", err.path) is not None
+    if "*" not in err.path and not item:
         return err
     from orchestrator.config.load import to_experiment
 
     try:
         to_experiment(_compose_loose(overrides, extra_search_dir))
     except ConfigError as exact:
-        if "*" not in exact.path:
+        if "*" in err.path and "*" not in exact.path:
+            return exact
+        if item and exact.path.startswith(err.path + "."):
             return exact
     except Exception:  # the loose compose is best effort; fall back below
         pass
+    if "*" not in err.path:
+        return err
     return ConfigError(err.path.split(".*", 1)[0], err.problem.rstrip() + " in one of its items",
                        err.allowed)
 

@@ -12,7 +12,7 @@ import re
 from dataclasses import fields, is_dataclass
 from typing import Any, get_args, get_origin, get_type_hints
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, FloatNode, IntegerNode, OmegaConf
 from omegaconf.errors import (
     ConfigKeyError,
     MissingMandatoryValue,
@@ -416,6 +416,9 @@ def check_list_items(schema: type, data: Any, path: str = "") -> None:
 
 
 _SCALARS = {int: "a whole number", float: "a number", str: "a string", bool: "true or false"}
+# how the merge checks a plain number: run here on an item of a list or mapping, whose error
+# OmegaConf reports with the item's index only (`sync.phase_hparams.0`, not `.0.learning_rate`)
+_NUMBER_NODES = {int: IntegerNode, float: FloatNode}
 
 
 def check_plain_items(hint: Any, value: Any, path: str) -> None:
@@ -430,6 +433,13 @@ def check_plain_items(hint: Any, value: Any, path: str) -> None:
             raise ConfigError(path, f"expected {_SCALARS[hint]}, got a "
                               f"{'list' if isinstance(value, list) else 'mapping'}",
                               "write one value here")
+        if hint in _NUMBER_NODES and value is not None:
+            try:
+                _NUMBER_NODES[hint](value)
+            except OmegaConfBaseException:
+                kind = "integer" if hint is int else "number"
+                raise ConfigError(path, f"'{value}' is not a valid {kind}",
+                                  _SCALARS[hint]) from None
         return
     if not isinstance(value, list | dict):
         return  # the merge into the schema reports the wrong type of the whole
