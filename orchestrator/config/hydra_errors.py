@@ -222,6 +222,7 @@ def check_label_overrides(overrides: Sequence[str], choices: Mapping[str, str | 
     for override in overrides:
         key, sep, value = override.partition("=")
         group, _, leaf = key.lstrip("+").partition(".")
+        value = value.strip("'\"")  # sync.name='bsp'
         if not sep or leaf != "name" or group == "provider" or choices.get(group) == value:
             continue
         if (CONF_DIR / group / f"{value}.yaml").is_file():

@@ -501,7 +501,7 @@ def test_cli_exits_2_with_one_line(overrides: list[str], field: str) -> None:
 def test_a_group_label_naming_another_option_is_refused_and_any_other_label_kept() -> None:
     choices = {"sync": "asp", "cluster": "local_cpu", "provider": "local"}
     with pytest.raises(ConfigError) as info:
-        check_label_overrides(["+experiment=digits_local", "cluster.name=gce_t4"], choices)
+        check_label_overrides(["+experiment=digits_local", "cluster.name='gce_t4'"], choices)
     assert_one_line(info.value.line(), "cluster.name")
     assert "choose the option with cluster=gce_t4" in info.value.line()
     check_label_overrides(["sync.name=asp", "sync.name=my_label", "job.name=x",
