@@ -137,7 +137,7 @@ def error_from_message(path: str, msg: str, key_error: bool = False,
         key = m.group(1) if m else path.rsplit(".", 1)[-1]
         if path in REMOVED_KEYS:
             return ConfigError(path, "no longer a setting", REMOVED_KEYS[path])
-        return ConfigError(path, f"unknown key '{key}'", _valid_keys_hint(path))
+        return ConfigError(path, f"unknown key '{key}'", _valid_keys_hint(path, object_type))
     m = re.search(r"Invalid value '([^']*)', expected one of \[([^\]]*)\]", msg)
     if m:
         return ConfigError(path, f"invalid value '{m.group(1)}'", f"one of: {m.group(2)}")
@@ -298,8 +298,13 @@ def _field_is_list(path: str) -> bool:
     return get_origin(hint) is list
 
 
-def _valid_keys_hint(path: str) -> str | None:
-    """List the schema's keys at the parent of ``path`` so a typo shows its fix."""
+def _valid_keys_hint(path: str, object_type: str | None = None) -> str | None:
+    """List the schema's keys at the parent of ``path`` so a typo shows its fix.
+
+    ``object_type``: the class OmegaConf names in its error. Where it is a backend's own
+    schema below the field's declared type (``provider`` is declared as the base ProviderConfig,
+    a provider file composes against SshProviderConfig), its keys are the ones to list.
+    """
     from dataclasses import fields, is_dataclass
     from typing import get_args, get_origin, get_type_hints
 
@@ -321,6 +326,11 @@ def _valid_keys_hint(path: str) -> str | None:
             inner = [a for a in get_args(hint) if a is not type(None)]
             hint = inner[-1] if inner else None
         node = hint
+    if object_type and isinstance(node, type):
+        from provisioning.registry import all_backends
+
+        node = next((b.config for b in all_backends() if b.config.__name__ == object_type
+                     and issubclass(b.config, node)), node)
     if isinstance(node, type) and is_dataclass(node):
         return "valid keys: " + ", ".join(f.name for f in fields(node))
     return None

@@ -100,6 +100,16 @@ def test_a_missing_group_option_says_where_it_looked(repo: Path) -> None:
     assert f"looked in {repo / 'conf' / 'provider'}/ and the packaged options" in info.value.line()
 
 
+def test_a_typo_in_a_user_provider_file_lists_its_backends_keys(repo: Path) -> None:
+    (repo / "conf" / "provider" / "typo.yaml").write_text(
+        "defaults:\n  - ssh_schema\n  - _self_\nname: ssh\nknown_hostz: /tmp/kh\n")
+    with pytest.raises(ConfigError) as info:
+        compose_experiment("mine", ["provider=typo"])
+    line = info.value.line()
+    assert line.startswith("config error: provider.known_hostz: unknown key"), line
+    assert "known_hosts" in line and "trust_on_first_use" in line  # SSH's, not the base's
+
+
 def test_outside_any_repository_only_the_packaged_config(tmp_path: Path, monkeypatch) -> None:
     (tmp_path / "elsewhere" / ".git").mkdir(parents=True)
     (tmp_path / "experiments").mkdir()  # above the git root: not this repository's
