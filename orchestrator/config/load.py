@@ -42,6 +42,7 @@ _LIST_ITEM_PATHS = {
     "SyncPhase": "sync.phases.*",
     "RevocationEventConfig": "revocation.events.*",
     "StragglerInjection": "straggler.injections.*",
+    "SshHostConfig": "provider.hosts.*",  # a lab inventory's machine (provider=ssh)
 }
 
 
@@ -298,6 +299,18 @@ def _field_is_list(path: str) -> bool:
     return get_origin(hint) is list
 
 
+def _backend_schema(name: str | None) -> type | None:
+    """A backend's schema, or a dataclass among its fields (``SshHostConfig``), by class name."""
+    from provisioning.registry import all_backends
+
+    for registered in all_backends() if name else ():
+        hints = get_type_hints(registered.config).values()
+        for kind in (registered.config, *(k for h in hints for k in (h, *get_args(h)))):
+            if isinstance(kind, type) and is_dataclass(kind) and kind.__name__ == name:
+                return kind
+    return None
+
+
 def _valid_keys_hint(path: str, object_type: str | None = None) -> str | None:
     """List the schema's keys at the parent of ``path`` so a typo shows its fix.
 
@@ -326,11 +339,10 @@ def _valid_keys_hint(path: str, object_type: str | None = None) -> str | None:
             inner = [a for a in get_args(hint) if a is not type(None)]
             hint = inner[-1] if inner else None
         node = hint
-    if object_type and isinstance(node, type):
-        from provisioning.registry import all_backends
-
-        node = next((b.config for b in all_backends() if b.config.__name__ == object_type
-                     and issubclass(b.config, node)), node)
+    named = _backend_schema(object_type)
+    if named is not None and (node is None
+                              or (isinstance(node, type) and issubclass(named, node))):
+        node = named
     if isinstance(node, type) and is_dataclass(node):
         return "valid keys: " + ", ".join(f.name for f in fields(node))
     return None
@@ -400,6 +412,9 @@ def check_list_items(schema: type, data: Any, path: str = "") -> None:
         if hint is None:
             continue
         here = f"{path}{key}"
+        if hint is ProviderConfig and isinstance(value, dict) \
+                and value.get("name") in provider_names():
+            hint = backend(value["name"]).config  # its lists (an SSH inventory's hosts)
         inner = [a for a in get_args(hint) if a is not type(None)]
         if isinstance(hint, type) and is_dataclass(hint):
             check_list_items(hint, value, here + ".")
