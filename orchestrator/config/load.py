@@ -316,7 +316,9 @@ def _valid_keys_hint(path: str, object_type: str | None = None) -> str | None:
 
     ``object_type``: the class OmegaConf names in its error. Where it is a backend's own
     schema below the field's declared type (``provider`` is declared as the base ProviderConfig,
-    a provider file composes against SshProviderConfig), its keys are the ones to list.
+    a provider file composes against SshProviderConfig), or a dataclass inside one that the
+    declared types do not reach (``provider.hosts.1``: SshHostConfig), its keys are the ones to
+    list.
     """
     from dataclasses import fields, is_dataclass
     from typing import get_args, get_origin, get_type_hints
