@@ -134,6 +134,7 @@ def _compose_loose(overrides: Sequence[str], extra_search_dir: Path | None) -> d
 
     from orchestrator.config.schema import register_configs
     from orchestrator.paths import CONF_DIR
+    from provisioning.registry import all_backends
 
     groups = {p.name for p in CONF_DIR.iterdir() if p.is_dir()}
     args = [_force(o, groups) for o in overrides]
@@ -143,6 +144,8 @@ def _compose_loose(overrides: Sequence[str], extra_search_dir: Path | None) -> d
     cs.store(name="base_config", node={})
     for group in ("cluster", "job", "sync", "provider", "pricing", "revocation", "straggler"):
         cs.store(group=group, name=f"base_{group}", node={})
+    for registered in all_backends():  # a provider file's `defaults: [ssh_schema]`
+        cs.store(group="provider", name=f"{registered.name}_schema", node={})
     GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(version_base="1.3", config_dir=str(CONF_DIR)):

@@ -42,6 +42,7 @@ _LIST_ITEM_PATHS = {
     "SyncPhase": "sync.phases.*",
     "RevocationEventConfig": "revocation.events.*",
     "StragglerInjection": "straggler.injections.*",
+    "SshHostConfig": "provider.hosts.*",  # a lab inventory's machine (provider=ssh)
 }
 
 
@@ -137,7 +138,7 @@ def error_from_message(path: str, msg: str, key_error: bool = False,
         key = m.group(1) if m else path.rsplit(".", 1)[-1]
         if path in REMOVED_KEYS:
             return ConfigError(path, "no longer a setting", REMOVED_KEYS[path])
-        return ConfigError(path, f"unknown key '{key}'", _valid_keys_hint(path))
+        return ConfigError(path, f"unknown key '{key}'", _valid_keys_hint(path, object_type))
     m = re.search(r"Invalid value '([^']*)', expected one of \[([^\]]*)\]", msg)
     if m:
         return ConfigError(path, f"invalid value '{m.group(1)}'", f"one of: {m.group(2)}")
@@ -298,8 +299,27 @@ def _field_is_list(path: str) -> bool:
     return get_origin(hint) is list
 
 
-def _valid_keys_hint(path: str) -> str | None:
-    """List the schema's keys at the parent of ``path`` so a typo shows its fix."""
+def _backend_schema(name: str | None) -> type | None:
+    """A backend's schema, or a dataclass among its fields (``SshHostConfig``), by class name."""
+    from provisioning.registry import all_backends
+
+    for registered in all_backends() if name else ():
+        hints = get_type_hints(registered.config).values()
+        for kind in (registered.config, *(k for h in hints for k in (h, *get_args(h)))):
+            if isinstance(kind, type) and is_dataclass(kind) and kind.__name__ == name:
+                return kind
+    return None
+
+
+def _valid_keys_hint(path: str, object_type: str | None = None) -> str | None:
+    """List the schema's keys at the parent of ``path`` so a typo shows its fix.
+
+    ``object_type``: the class OmegaConf names in its error. Where it is a backend's own
+    schema below the field's declared type (``provider`` is declared as the base ProviderConfig,
+    a provider file composes against SshProviderConfig), or a dataclass inside one that the
+    declared types do not reach (``provider.hosts.1``: SshHostConfig), its keys are the ones to
+    list.
+    """
     from dataclasses import fields, is_dataclass
     from typing import get_args, get_origin, get_type_hints
 
@@ -321,6 +341,10 @@ def _valid_keys_hint(path: str) -> str | None:
             inner = [a for a in get_args(hint) if a is not type(None)]
             hint = inner[-1] if inner else None
         node = hint
+    named = _backend_schema(object_type)
+    if named is not None and (node is None
+                              or (isinstance(node, type) and issubclass(named, node))):
+        node = named
     if isinstance(node, type) and is_dataclass(node):
         return "valid keys: " + ", ".join(f.name for f in fields(node))
     return None
@@ -390,6 +414,9 @@ def check_list_items(schema: type, data: Any, path: str = "") -> None:
         if hint is None:
             continue
         here = f"{path}{key}"
+        if hint is ProviderConfig and isinstance(value, dict) \
+                and value.get("name") in provider_names():
+            hint = backend(value["name"]).config  # its lists (an SSH inventory's hosts)
         inner = [a for a in get_args(hint) if a is not type(None)]
         if isinstance(hint, type) and is_dataclass(hint):
             check_list_items(hint, value, here + ".")

@@ -100,6 +100,24 @@ def test_a_missing_group_option_says_where_it_looked(repo: Path) -> None:
     assert f"looked in {repo / 'conf' / 'provider'}/ and the packaged options" in info.value.line()
 
 
+def test_a_typo_in_a_user_lab_inventory_names_the_field_and_its_backends_keys(repo: Path) -> None:
+    (repo / "conf" / "provider" / "typo.yaml").write_text(
+        "defaults:\n  - ssh_schema\n  - _self_\nname: ssh\nknown_hostz: /tmp/kh\n")
+    with pytest.raises(ConfigError) as info:
+        compose_experiment("mine", ["provider=typo"])
+    line = info.value.line()
+    assert line.startswith("config error: provider.known_hostz: unknown key"), line
+    assert "known_hosts" in line and "trust_on_first_use" in line  # SSH's, not the base's
+    (repo / "conf" / "provider" / "typo.yaml").write_text(
+        "defaults:\n  - ssh_schema\n  - _self_\nname: ssh\nhosts:\n"
+        "  - {name: a, address: 192.0.2.1}\n  - {name: b, adress: 192.0.2.2}\n")
+    with pytest.raises(ConfigError) as info:
+        compose_experiment("mine", ["provider=typo"])
+    line = info.value.line()  # the host at fault, as an override would name it
+    assert line.startswith("config error: provider.hosts.1.adress: unknown key"), line
+    assert "valid keys: name, address" in line
+
+
 def test_outside_any_repository_only_the_packaged_config(tmp_path: Path, monkeypatch) -> None:
     (tmp_path / "elsewhere" / ".git").mkdir(parents=True)
     (tmp_path / "experiments").mkdir()  # above the git root: not this repository's

@@ -56,6 +56,21 @@ def test_unknown_key_lists_the_valid_keys() -> None:
     assert "valid keys:" in info.value.line() and "learning_rate" in info.value.line()
 
 
+def test_unknown_provider_key_lists_the_backends_keys() -> None:
+    """provider is declared as the base schema; a typo in an ssh provider, or in one of its
+    hosts, names the field and lists SSH's keys."""
+    with pytest.raises(ConfigError) as info:
+        compose_experiment("ssh_digits", ["provider=ssh", "+provider.known_hostz=x"])
+    line = info.value.line()
+    assert line.startswith("config error: provider.known_hostz: unknown key"), line
+    assert "known_hosts" in line and "trust_on_first_use" in line
+    with pytest.raises(ConfigError) as info:
+        compose_experiment("ssh_digits", ["provider=ssh", "+provider.hosts.0.adress=x"])
+    line = info.value.line()
+    assert line.startswith("config error: provider.hosts.0.adress: unknown key"), line
+    assert "valid keys: name, address" in line
+
+
 def test_unknown_experiment_lists_the_available_ones() -> None:
     with pytest.raises(ConfigError) as info:
         compose_experiment("no_such_experiment")
