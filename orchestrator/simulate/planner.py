@@ -217,8 +217,6 @@ def print_table(ranked: list[dict[str, Any]], cfg: ExperimentConfig, total: int,
 
     p = cfg.planner
     console = console or make_console()
-    if not console.is_terminal and console.width < 170:
-        console.width = max(console.width, 170)
     table = Table(title=header(cfg, len(ranked), total), title_justify="left")
     for col in ("#", "cluster", "zone", "sync", "on revocation", "P(deadline)", "completes",
                 "time h (p10–p90)", "cost $ (mean)", "cost $ (p10–p90)", "revocations",
@@ -236,6 +234,11 @@ def print_table(ranked: list[dict[str, Any]], cfg: ExperimentConfig, total: int,
                       f"{r['mean_cost_usd']:.2f}", f"{cost['p10']:.2f}–{cost['p90']:.2f}",
                       f"{r['mean_revocations']:.2f}",
                       "-" if r["final_accuracy"] is None else f"{r['final_accuracy']:.4f}")
+    if not console.is_terminal:  # a file or a pipe: whole rows, no zone cut to "europe-west4…"
+        from rich.measure import Measurement
+
+        need = Measurement.get(console, console.options.update(width=1000), table).maximum
+        console.width = max(console.width, need)
     console.print(table)
     notes = ["time: to the result over every run (\"never\": the share that fails, see "
              "completes); cost: what a run costs, completed or failed"]
@@ -338,18 +341,24 @@ def parse_args(argv: list[str]) -> list[str]:
 
 def nearest_misses(rows: list[dict[str, Any]], cfg: ExperimentConfig, n: int = 3) -> str:
     """When nothing meets the limits: the candidates closest to them, so the user sees what a
-    looser deadline or budget would buy."""
-    deadline = cfg.planner.deadline_h is not None
+    looser deadline or budget would buy. Closest = short of the minimum P(deadline) by the
+    least, then over the budget by the least (the probability first, as in the ranking); a
+    question without a deadline shows the share of runs that complete, not a P(deadline)."""
+    p = cfg.planner
 
-    def key(r: dict[str, Any]) -> tuple[float, float]:
-        return (-r.get("p_deadline", 0.0), r["mean_cost_usd"]) if deadline else (
-            r["mean_cost_usd"], -r["p_complete"])
+    def key(r: dict[str, Any]) -> tuple[float, ...]:
+        short = 0.0 if p.deadline_h is None else max(0.0, p.min_p_deadline - r["p_deadline"])
+        over = 0.0 if p.budget_usd is None else max(0.0, r["mean_cost_usd"] / p.budget_usd - 1)
+        return (r["p_complete"] == 0, short, over, -r["p_complete"], r["mean_cost_usd"])
 
-    best = sorted(rows, key=key)[:n]
+    def odds(r: dict[str, Any]) -> str:
+        return (f"completes {r['p_complete']:.0%}" if p.deadline_h is None
+                else f"P(deadline) {r['p_deadline']:.0%}")
+
     parts = [f"{r['candidate'].label}{' †' if r['extrapolated'] else ''} in "
-             f"{r['candidate'].zone}: P(deadline) {r.get('p_deadline', 0):.0%}, mean "
-             f"${r['mean_cost_usd']:.2f}, time {_hours(r['time_to_result_s']['p50'])} h (median)"
-             for r in best]
+             f"{r['candidate'].zone}: {odds(r)}, mean ${r['mean_cost_usd']:.2f}, "
+             f"time {_hours(r['time_to_result_s']['p50'])} h (median)"
+             for r in sorted(rows, key=key)[:n]]
     return "nothing meets the limits; closest: " + "; ".join(parts)
 
 

@@ -8,6 +8,7 @@ so each figure asserted is the same on every run of the test.
 
 from __future__ import annotations
 
+import io
 import math
 import statistics
 from pathlib import Path
@@ -137,6 +138,9 @@ def test_extrapolated_rows_are_marked_until_a_calibration_on_that_gpu_replaces_t
     console = Console(record=True, width=250)
     print_table([row], cfg, 1, console)
     assert "4× t4 transient †" in console.export_text()
+    piped = Console(file=io.StringIO(), width=80)  # a pipe or a file: rows whole, not wrapped
+    print_table([row], cfg, 1, piped)
+    assert "4× t4 transient †" in piped.file.getvalue() and "…" not in piped.file.getvalue()
     dry = compose(["+experiment=cifar10_res32", "dry_run=true", "sim.repeats=3"])
     assert "† extrapolated" in dry_run_text(dry)
 
@@ -204,6 +208,35 @@ def test_when_nothing_meets_the_deadline_the_closest_are_named() -> None:
     assert rank(rows, cfg) == [] and max(r["p_deadline"] for r in rows) < 0.9
     line = nearest_misses(rows, cfg)
     assert line.startswith("nothing meets the limits; closest: ") and "t4 transient †" in line
+
+
+def named(line: str) -> list[str]:
+    """The candidates a nearest-misses line names, in order ("4× t4 transient † in zone")."""
+    return [part.split(":")[0] for part in line.split("closest: ", 1)[1].split("; ")]
+
+
+def test_when_nothing_meets_the_budget_the_closest_are_the_cheapest_that_meet_the_rest() -> None:
+    # a budget alone: no P(deadline) to print (no deadline was asked), the cheapest first
+    cfg = question("budget_usd=0.01", "planner.gpus=[t4]")
+    rows = evaluate(cfg)
+    assert rank(rows, cfg) == []
+    line = nearest_misses(rows, cfg)
+    assert "P(deadline)" not in line and "completes " in line
+    cheapest = min(rows, key=lambda r: r["mean_cost_usd"])
+    assert named(line)[0] == f"{cheapest['candidate'].label} † in {cheapest['zone']}"
+    # a deadline and a budget: what meets the deadline, over the budget by the least, comes
+    # before what is cheaper but unlikely to make it (the probability first)
+    cfg = question("deadline_h=0.75", "budget_usd=0.05", "planner.gpus=[l4]")
+    rows = evaluate(cfg)
+    assert rank(rows, cfg) == []
+    likely = [r for r in rows if r["p_deadline"] >= 0.9]
+    unlikely = [r for r in rows if r["p_deadline"] < 0.9]
+    assert likely and unlikely  # else the order below proves nothing
+    best = min(likely, key=lambda r: r["mean_cost_usd"])
+    assert min(r["mean_cost_usd"] for r in unlikely) < best["mean_cost_usd"]
+    line = nearest_misses(rows, cfg)
+    assert named(line)[0] == f"{best['candidate'].label} † in {best['zone']}"
+    assert "P(deadline) " in line
 
 
 def test_nvidia_product_names_map_to_catalog_gpus() -> None:
