@@ -129,7 +129,8 @@ def render_estimate(plan: RunPlan, console: Console) -> None:
     if est["extrapolated"]:
         spread = ", ".join(f"{g} ×/÷{math.exp(est['speed_error'][g]['sigma_log']):.2f}"
                            for g in est["extrapolated"])
-        mark = f"   [yellow]† extrapolated[/yellow] (GPU no paper measured, 1σ {spread})"
+        mark = (f"   [yellow]† extrapolated[/yellow] (GPU not in the speed model's fit, "
+                f"1σ {spread})")
     console.print(f"cost: [bold]${plan.hourly_usd:.4f}/h[/bold]   est. speed: {speed}   "
                   f"est. train time: {_duration(est['train_time_s'])}   est. cost: {cost}{mark}")
     if b and "unavailable" in b:

@@ -8,7 +8,7 @@ For every candidate (GPU types the catalog offers and the speed model knows × w
 transient or on-demand × zones × sync schedules) the run is simulated ``planner.repeats`` times
 (more, up to ``planner.max_repeats``, until P(deadline) is known to ``planner.p_precision``),
 each run drawing its revocations *and* how far the speed model is off on that GPU (its held-out
-error: a GPU no paper measured is an extrapolation, marked †). With a deadline, configurations
+error: a GPU it was not fitted on is an extrapolation, marked †). With a deadline, configurations
 less likely than ``planner.min_p_deadline`` (0.9) to meet it are dropped (the header says so);
 the rest are ranked by the objective. A lone transient worker whose policy cannot survive its
 first revocation (shrink) is planned with ``replace`` and shown so. Bands cover every run: a
@@ -245,10 +245,10 @@ def print_table(ranked: list[dict[str, Any]], cfg: ExperimentConfig, total: int,
     extrapolated = sorted({(r["gpu"], r["speed_sigma_log"]) for r in shown if r["extrapolated"]})
     if extrapolated:
         spread = ", ".join(f"{g} {_spread(s)}" for g, s in extrapolated)
-        notes.append(f"† step time extrapolated to a GPU no paper measured (the speed model's "
-                     f"held-out error, 1σ: {spread}); a calibration on that GPU replaces it: "
-                     f"python -m orchestrator.simulate.calibrate +experiment={cfg.name} "
-                     "[--gpu G --step-s S]")
+        notes.append(f"† step time extrapolated by TFLOPS to a GPU the speed model was not "
+                     f"fitted on (its held-out error, 1σ: {spread}); a calibration on that GPU "
+                     f"replaces it: python -m orchestrator.simulate.calibrate "
+                     f"+experiment={cfg.name} [--gpu G --step-s S]")
     if any(r["recovery_changed"] for r in shown):
         notes.append(f"* planned with replace: on_revocation="
                      f"{cfg.cluster.recovery.on_revocation} would end a lone transient "
@@ -293,7 +293,7 @@ def pareto_plot(rows: list[dict[str, Any]], cfg: ExperimentConfig, path: Path) -
     ax.plot([], [], "o", color="tab:blue", label="on-demand")
     if any(r["extrapolated"] for r in rows):
         ax.plot([], [], "o", color="grey", mfc="white",
-                label="† step time extrapolated (GPU not measured)")
+                label="† step time extrapolated (GPU not in the speed model's fit)")
     ax.set_xscale("log")
     ax.set_yscale("log")
     for axis in (ax.xaxis, ax.yaxis):
