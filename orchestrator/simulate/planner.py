@@ -32,7 +32,7 @@ from orchestrator.config.errors import CONFIG_ERROR_EXIT_CODE, ConfigError
 from orchestrator.config.schema import ExperimentConfig, Protocol, SyncPhase
 from orchestrator.config.simulate import Objective, PlannerConfig
 from orchestrator.config.transient import OnRevocation
-from orchestrator.simulate.band import simulate_many, summarize_runs
+from orchestrator.simulate.band import draws, simulate_many, summarize_runs
 from orchestrator.simulate.models import NoModelError, SimModels
 
 if TYPE_CHECKING:
@@ -204,8 +204,8 @@ def header(cfg: ExperimentConfig, shown: int, total: int) -> str:
     runs = (f"{p.repeats}–{p.max_repeats} simulated runs each" if p.max_repeats > p.repeats
             else f"{p.repeats} simulated runs each")
     return (f"Plan: {cfg.name}, {shown} of {total} configurations meet "
-            f"{', '.join(limits) or 'no limit'}; ranked by {p.objective} ({runs}, revocations "
-            f"and the speed model's error drawn per run; prices {cfg.pricing.name})")
+            f"{', '.join(limits) or 'no limit'}; ranked by {p.objective} ({runs}, "
+            f"{draws(cfg)}; prices {cfg.pricing.name})")
 
 
 def print_table(ranked: list[dict[str, Any]], cfg: ExperimentConfig, total: int,

@@ -19,8 +19,8 @@ from rich.console import Console
 from orchestrator.display import render_plan
 from orchestrator.plan import make_plan
 from orchestrator.simulate import calibrate
-from orchestrator.simulate.band import predict_band, simulate_many, summarize_runs
-from orchestrator.simulate.engine import Simulation
+from orchestrator.simulate.band import draws, predict_band, simulate_many, summarize_runs
+from orchestrator.simulate.engine import Simulation, cloud_market
 from orchestrator.simulate.models import SimModels
 from orchestrator.simulate.planner import (
     configure,
@@ -181,6 +181,25 @@ def test_the_dry_run_prints_one_estimate_of_the_plan() -> None:
     assert band["estimate"]["train_time_s"] == pytest.approx(plan.est_train_time_s, abs=1e-3)
     text = dry_run_text(cfg)
     assert "est. speed: n/a" not in text and "simulated (p10–p90 of 3 runs" in text
+
+
+def test_an_experiments_own_revocation_plan_is_not_called_drawn_per_run() -> None:
+    """transient_k80_8 injects a seeded trace of revocations: every simulated run replays the
+    same plan, so the band and the plan must not say revocations are drawn per run."""
+    own = compose(["+experiment=transient_k80_8", "dry_run=true", "sim.repeats=3"])
+    same = "revocations: the experiment's trace model (seed 0), the same in every run"
+    assert same in header(own, 0, 0)
+    text = dry_run_text(own)
+    assert same in text and "revocations and the speed model's error drawn per run" not in text
+    band = predict_band(own, make_plan(own))
+    assert band["revocations"]["p10"] == band["revocations"]["p90"] >= 1  # the one plan, replayed
+    cloud = question("deadline_h=2")  # revocations from the cloud's lifetimes, per run
+    assert "(40–80 simulated runs each, revocations and the speed model's error drawn per run;" \
+        in header(cloud, 0, 0)
+    local = compose(["+experiment=digits_local", "dry_run=true"])
+    assert cloud_market(local)[0] is None
+    assert draws(local, market=False) == ("the speed model's error drawn per run; no cloud "
+                                           "revokes these hosts")
 
 
 def test_printed_p_deadline_is_within_sampling_error_of_fresh_runs() -> None:
