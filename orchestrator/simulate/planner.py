@@ -26,7 +26,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from orchestrator.config.errors import CONFIG_ERROR_EXIT_CODE, ConfigError
 from orchestrator.config.schema import ExperimentConfig, Protocol, SyncPhase
@@ -384,6 +384,27 @@ def plan_experiment(overrides: list[str], out_dir: Path | None = None
     return ranked, out
 
 
+def as_typed(err: ConfigError, args: list[str]) -> ConfigError:
+    """The error naming the field as the user typed it: ``deadline_h``, not the
+    ``planner.deadline_h`` its shorthand stands for."""
+    short = err.path.removeprefix("planner.")
+    if short in SHORTHANDS and any(a.split("=", 1)[0] == short for a in args):
+        err.path = short
+    return err
+
+
+def exit_on_config_error(ex: Exception, args: list[str]) -> NoReturn:
+    """A config error (ours or Hydra's) as one line naming the field as typed, exit code 2;
+    anything else is raised again. Shared by the planner's and the reliability check's CLI."""
+    from orchestrator.config.hydra_errors import config_error_from_hydra
+
+    err = ex if isinstance(ex, ConfigError) else config_error_from_hydra(ex)
+    if err is None:
+        raise ex
+    print(as_typed(err, args).line(), file=sys.stderr)
+    sys.exit(CONFIG_ERROR_EXIT_CODE)
+
+
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
     if any(a in ("-h", "--help") for a in args):
@@ -391,14 +412,5 @@ def main(argv: list[str] | None = None) -> None:
         return
     try:
         plan_experiment(parse_args(args))
-    except ConfigError as err:
-        print(err.line(), file=sys.stderr)
-        sys.exit(CONFIG_ERROR_EXIT_CODE)
-    except Exception as ex:  # Hydra/OmegaConf errors: one line naming the field
-        from orchestrator.config.hydra_errors import config_error_from_hydra
-
-        err = config_error_from_hydra(ex)
-        if err is None:
-            raise
-        print(err.line(), file=sys.stderr)
-        sys.exit(CONFIG_ERROR_EXIT_CODE)
+    except Exception as ex:  # ConfigError or Hydra/OmegaConf errors: one line naming the field
+        exit_on_config_error(ex, args)

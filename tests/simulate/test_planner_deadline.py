@@ -18,7 +18,7 @@ from rich.console import Console
 
 from orchestrator.display import render_plan
 from orchestrator.plan import make_plan
-from orchestrator.simulate import calibrate
+from orchestrator.simulate import calibrate, planner, reliability
 from orchestrator.simulate.band import draws, predict_band, simulate_many, summarize_runs
 from orchestrator.simulate.engine import Simulation, cloud_market
 from orchestrator.simulate.models import SimModels
@@ -266,3 +266,27 @@ def test_nvidia_product_names_map_to_catalog_gpus() -> None:
         "Tesla K80", "Tesla P100-PCIE-16GB", "Tesla V100-SXM2-16GB", "Tesla T4",
         "NVIDIA A100-SXM4-40GB", "NVIDIA L4", "NVIDIA H100 80GB HBM3", "GeForce GTX 1080")] == [
         "k80", "p100", "v100", "t4", "a100", "l4", "h100", None]
+
+
+@pytest.mark.parametrize(("arg", "line"), [
+    ("deadline_h=0", "config error: deadline_h: must be > 0 (got 0)"),
+    ("budget_usd=abc", "config error: budget_usd: 'abc' is not a valid number (a number)"),
+    ("planner.deadline_h=-1", "config error: planner.deadline_h: must be > 0 (got -1)"),
+])
+def test_a_bad_limit_is_named_as_the_user_typed_it(arg: str, line: str,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as ended:
+        planner.main(["+experiment=cifar10_res32", arg])
+    assert ended.value.code == 2 and capsys.readouterr().err.strip() == line
+
+
+@pytest.mark.parametrize(("args", "line"), [
+    (["deadline_h=0"], "config error: deadline_h: must be > 0 (got 0)"),
+    ([], "config error: deadline_h: the reliability check needs a deadline (hours, e.g. "
+         "deadline_h=2)"),
+])
+def test_the_reliability_check_names_a_bad_question_in_one_line(
+        args: list[str], line: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as ended:
+        reliability.main(["+experiment=cifar10_res32", *args])
+    assert ended.value.code == 2 and capsys.readouterr().err.strip() == line
