@@ -84,6 +84,24 @@ def test_a_lone_transient_worker_is_planned_with_replace_and_shown_so() -> None:
     assert "replace *" in text and "would end a lone transient worker's run" in text
 
 
+def test_a_band_of_no_width_says_the_parameter_server_holds_it() -> None:
+    """Four on-demand L4s (×/÷2.26 each) all finish in 0.46 h: not certainty about the L4, but
+    one PS's capacity, which no run perturbs; the table says so. One T4's band is wide."""
+    cfg = question("deadline_h=2", "planner.gpus=[l4,t4]", "planner.transient=[false]")
+    rows = {(r["gpu"], r["workers"]): r for r in evaluate(cfg)}
+    capped, alone = rows["l4", 4], rows["t4", 1]
+    assert capped["time_to_result_s"]["p90"] <= 1.02 * capped["time_to_result_s"]["p10"]
+    assert alone["time_to_result_s"]["p90"] > 1.2 * alone["time_to_result_s"]["p10"]
+    console = Console(record=True, width=250)
+    print_table([capped, alone], cfg, 2, console)
+    text = console.export_text()
+    assert "time bands of almost no width (4× l4 on-demand)" in text
+    assert "(44 steps/s for this job" in text
+    console = Console(record=True, width=250)
+    print_table([alone], cfg, 1, console)
+    assert "almost no width" not in console.export_text()
+
+
 def test_bands_say_what_share_of_runs_they_cover() -> None:
     def run(status: str, wall: float, cost: float) -> dict:
         return {"status": status, "wall_time_s": wall, "train_time_s": wall - 100,
