@@ -129,7 +129,8 @@ def render_estimate(plan: RunPlan, console: Console) -> None:
     if est["extrapolated"]:
         spread = ", ".join(f"{g} ×/÷{math.exp(est['speed_error'][g]['sigma_log']):.2f}"
                            for g in est["extrapolated"])
-        mark = f"   [yellow]† extrapolated[/yellow] (GPU no paper measured, 1σ {spread})"
+        mark = (f"   [yellow]† extrapolated[/yellow] (GPU not in the speed model's fit, "
+                f"1σ {spread})")
     console.print(f"cost: [bold]${plan.hourly_usd:.4f}/h[/bold]   est. speed: {speed}   "
                   f"est. train time: {_duration(est['train_time_s'])}   est. cost: {cost}{mark}")
     if b and "unavailable" in b:
@@ -138,8 +139,9 @@ def render_estimate(plan: RunPlan, console: Console) -> None:
         basis = (" calibrated on this machine" if "calibration" in b
                  else " of the GPU cluster in the cloud" if b.get("stand_in") else "")
         t = b["time_to_result_s"]
-        console.print(f"simulated{basis} (p10–p90 of {b['runs']} runs, revocations and the "
-                      f"speed model's error drawn per run): time {_duration(t['p10'])} – "
+        drawn = b.get("draws", "revocations and the speed model's error drawn per run")
+        console.print(f"simulated{basis} (p10–p90 of {b['runs']} runs, {drawn}): "
+                      f"time {_duration(t['p10'])} – "
                       f"{_duration(t['p90']) if t['p90'] is not None else 'never'}   "
                       f"cost ${b['cost_usd']['p10']:.2f} – ${b['cost_usd']['p90']:.2f}   "
                       f"revocations {b['revocations']['p10']:g} – {b['revocations']['p90']:g}"

@@ -81,6 +81,22 @@ def summarize_runs(summaries: list[dict[str, Any]], deadline_s: float | None = N
     return out
 
 
+def draws(cfg: ExperimentConfig, market: bool = True) -> str:
+    """What each simulated run of ``cfg`` draws, for the text above a band or a plan. The
+    cloud's revocations are drawn per run; an experiment's own ``revocation`` model is a seeded
+    plan, the same in every run (what a real run of it injects), so the band does not cover
+    other revocations. ``market``: a cloud revokes the hosts (False: local processes, SSH)."""
+    from orchestrator.config.transient import RevocationModel
+
+    rev = cfg.revocation
+    if rev.model != RevocationModel.none:
+        return (f"the speed model's error drawn per run; revocations: the experiment's "
+                f"{rev.model} model (seed {rev.seed}), the same in every run")
+    if not market:
+        return "the speed model's error drawn per run; no cloud revokes these hosts"
+    return "revocations and the speed model's error drawn per run"
+
+
 def simulate_many(cfg: ExperimentConfig, plan: RunPlan, repeats: int,
                   models: SimModels | None = None, first: int = 0) -> list[dict[str, Any]]:
     """Summaries of ``repeats`` simulations with seeds ``sim.seed+first, sim.seed+first+1, …``."""
@@ -139,6 +155,7 @@ def predict_band(cfg: ExperimentConfig, plan: RunPlan) -> dict[str, Any] | None:
             return {"unavailable": f"{ex}; calibrated for CPU workers only: {still}"}
         band["calibration"] = cal
     market, _ = cloud_market(cfg)
+    band["draws"] = draws(cfg, market is not None)
     band["source"] = (f"{cfg.sim.repeats} simulations (provider=sim models"
                       + (", step time, checkpoint and start-up calibrated on this machine"
                          if cal else "")

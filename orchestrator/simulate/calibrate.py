@@ -11,7 +11,7 @@ and checkpoint code as for the papers' GPUs; only these four inputs are this mac
 models were not fitted for (all roles sharing a few cores, gRPC over loopback) shows as the
 prediction's error, which ``summary.json`` records (``prediction_error``).
 
-The same path replaces the speed model's extrapolation for a GPU no paper measured: run on a
+The same path replaces the speed model's extrapolation for a GPU it was not fitted on: run on a
 machine with that GPU (``python -m orchestrator.simulate.calibrate +experiment=NAME``; the GPU is
 read from ``nvidia-smi``), or record a step time measured by a real run on it (``--gpu l4
 --step-s 0.031``). Such a calibration is kept per GPU type and job shape, not per machine: the

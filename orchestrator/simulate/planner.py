@@ -8,7 +8,7 @@ For every candidate (GPU types the catalog offers and the speed model knows × w
 transient or on-demand × zones × sync schedules) the run is simulated ``planner.repeats`` times
 (more, up to ``planner.max_repeats``, until P(deadline) is known to ``planner.p_precision``),
 each run drawing its revocations *and* how far the speed model is off on that GPU (its held-out
-error: a GPU no paper measured is an extrapolation, marked †). With a deadline, configurations
+error: a GPU it was not fitted on is an extrapolation, marked †). With a deadline, configurations
 less likely than ``planner.min_p_deadline`` (0.9) to meet it are dropped (the header says so);
 the rest are ranked by the objective. A lone transient worker whose policy cannot survive its
 first revocation (shrink) is planned with ``replace`` and shown so. Bands cover every run: a
@@ -26,13 +26,13 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from orchestrator.config.errors import CONFIG_ERROR_EXIT_CODE, ConfigError
 from orchestrator.config.schema import ExperimentConfig, Protocol, SyncPhase
 from orchestrator.config.simulate import Objective, PlannerConfig
 from orchestrator.config.transient import OnRevocation
-from orchestrator.simulate.band import simulate_many, summarize_runs
+from orchestrator.simulate.band import draws, simulate_many, summarize_runs
 from orchestrator.simulate.models import NoModelError, SimModels
 
 if TYPE_CHECKING:
@@ -187,6 +187,12 @@ def _hours(seconds: float | None) -> str:
     return "never" if seconds is None else f"{seconds / 3600:.2f}"
 
 
+def _narrow(band: dict[str, float | None]) -> bool:
+    """A time band under 2 % wide: with the speed error drawn per run, only a cap that is not
+    drawn (the parameter server's capacity) holds a run's time that still."""
+    return band["p10"] is not None and band["p90"] is not None and band["p90"] <= 1.02 * band["p10"]
+
+
 def _spread(sigma_log: float) -> str:
     """A log-normal spread as its 1σ factor: "×/÷1.49" = between 1.49× slower and faster."""
     return f"×/÷{math.exp(sigma_log):.2f}"
@@ -204,8 +210,8 @@ def header(cfg: ExperimentConfig, shown: int, total: int) -> str:
     runs = (f"{p.repeats}–{p.max_repeats} simulated runs each" if p.max_repeats > p.repeats
             else f"{p.repeats} simulated runs each")
     return (f"Plan: {cfg.name}, {shown} of {total} configurations meet "
-            f"{', '.join(limits) or 'no limit'}; ranked by {p.objective} ({runs}, revocations "
-            f"and the speed model's error drawn per run; prices {cfg.pricing.name})")
+            f"{', '.join(limits) or 'no limit'}; ranked by {p.objective} ({runs}, "
+            f"{draws(cfg)}; prices {cfg.pricing.name})")
 
 
 def print_table(ranked: list[dict[str, Any]], cfg: ExperimentConfig, total: int,
@@ -217,8 +223,6 @@ def print_table(ranked: list[dict[str, Any]], cfg: ExperimentConfig, total: int,
 
     p = cfg.planner
     console = console or make_console()
-    if not console.is_terminal and console.width < 170:
-        console.width = max(console.width, 170)
     table = Table(title=header(cfg, len(ranked), total), title_justify="left")
     for col in ("#", "cluster", "zone", "sync", "on revocation", "P(deadline)", "completes",
                 "time h (p10–p90)", "cost $ (mean)", "cost $ (p10–p90)", "revocations",
@@ -236,16 +240,30 @@ def print_table(ranked: list[dict[str, Any]], cfg: ExperimentConfig, total: int,
                       f"{r['mean_cost_usd']:.2f}", f"{cost['p10']:.2f}–{cost['p90']:.2f}",
                       f"{r['mean_revocations']:.2f}",
                       "-" if r["final_accuracy"] is None else f"{r['final_accuracy']:.4f}")
+    if not console.is_terminal:  # a file or a pipe: whole rows, no zone cut to "europe-west4…"
+        from rich.measure import Measurement
+
+        need = Measurement.get(console, console.options.update(width=1000), table).maximum
+        console.width = max(console.width, need)
     console.print(table)
     notes = ["time: to the result over every run (\"never\": the share that fails, see "
              "completes); cost: what a run costs, completed or failed"]
     extrapolated = sorted({(r["gpu"], r["speed_sigma_log"]) for r in shown if r["extrapolated"]})
     if extrapolated:
         spread = ", ".join(f"{g} {_spread(s)}" for g, s in extrapolated)
-        notes.append(f"† step time extrapolated to a GPU no paper measured (the speed model's "
-                     f"held-out error, 1σ: {spread}); a calibration on that GPU replaces it: "
-                     f"python -m orchestrator.simulate.calibrate +experiment={cfg.name} "
-                     "[--gpu G --step-s S]")
+        notes.append(f"† step time extrapolated by TFLOPS to a GPU the speed model was not "
+                     f"fitted on (its held-out error, 1σ: {spread}); a calibration on that GPU "
+                     f"replaces it: python -m orchestrator.simulate.calibrate "
+                     f"+experiment={cfg.name} [--gpu G --step-s S]")
+    narrow = [r for r in shown if _narrow(r["time_to_result_s"])]
+    if narrow:
+        n = cfg.cluster.parameter_servers
+        cap = SimModels.load().ps_capacity(cfg.job.hparam_set, n)
+        serve = "one parameter server serves" if n == 1 else f"{n} parameter servers serve"
+        notes.append(f"time bands of almost no width ({narrow[0]['candidate'].label}): the "
+                     f"cluster outruns what {serve} ({cap:.0f} steps/s for this job, "
+                     "CM-DARE's measured saturation); "
+                     "no error is drawn for that limit, so the band is only as sure as it is")
     if any(r["recovery_changed"] for r in shown):
         notes.append(f"* planned with replace: on_revocation="
                      f"{cfg.cluster.recovery.on_revocation} would end a lone transient "
@@ -290,7 +308,7 @@ def pareto_plot(rows: list[dict[str, Any]], cfg: ExperimentConfig, path: Path) -
     ax.plot([], [], "o", color="tab:blue", label="on-demand")
     if any(r["extrapolated"] for r in rows):
         ax.plot([], [], "o", color="grey", mfc="white",
-                label="† step time extrapolated (GPU not measured)")
+                label="† step time extrapolated (GPU not in the speed model's fit)")
     ax.set_xscale("log")
     ax.set_yscale("log")
     for axis in (ax.xaxis, ax.yaxis):
@@ -338,18 +356,24 @@ def parse_args(argv: list[str]) -> list[str]:
 
 def nearest_misses(rows: list[dict[str, Any]], cfg: ExperimentConfig, n: int = 3) -> str:
     """When nothing meets the limits: the candidates closest to them, so the user sees what a
-    looser deadline or budget would buy."""
-    deadline = cfg.planner.deadline_h is not None
+    looser deadline or budget would buy. Closest = short of the minimum P(deadline) by the
+    least, then over the budget by the least (the probability first, as in the ranking); a
+    question without a deadline shows the share of runs that complete, not a P(deadline)."""
+    p = cfg.planner
 
-    def key(r: dict[str, Any]) -> tuple[float, float]:
-        return (-r.get("p_deadline", 0.0), r["mean_cost_usd"]) if deadline else (
-            r["mean_cost_usd"], -r["p_complete"])
+    def key(r: dict[str, Any]) -> tuple[float, ...]:
+        short = 0.0 if p.deadline_h is None else max(0.0, p.min_p_deadline - r["p_deadline"])
+        over = 0.0 if p.budget_usd is None else max(0.0, r["mean_cost_usd"] / p.budget_usd - 1)
+        return (r["p_complete"] == 0, short, over, -r["p_complete"], r["mean_cost_usd"])
 
-    best = sorted(rows, key=key)[:n]
+    def odds(r: dict[str, Any]) -> str:
+        return (f"completes {r['p_complete']:.0%}" if p.deadline_h is None
+                else f"P(deadline) {r['p_deadline']:.0%}")
+
     parts = [f"{r['candidate'].label}{' †' if r['extrapolated'] else ''} in "
-             f"{r['candidate'].zone}: P(deadline) {r.get('p_deadline', 0):.0%}, mean "
-             f"${r['mean_cost_usd']:.2f}, time {_hours(r['time_to_result_s']['p50'])} h (median)"
-             for r in best]
+             f"{r['candidate'].zone}: {odds(r)}, mean ${r['mean_cost_usd']:.2f}, "
+             f"time {_hours(r['time_to_result_s']['p50'])} h (median)"
+             for r in sorted(rows, key=key)[:n]]
     return "nothing meets the limits; closest: " + "; ".join(parts)
 
 
@@ -375,6 +399,27 @@ def plan_experiment(overrides: list[str], out_dir: Path | None = None
     return ranked, out
 
 
+def as_typed(err: ConfigError, args: list[str]) -> ConfigError:
+    """The error naming the field as the user typed it: ``deadline_h``, not the
+    ``planner.deadline_h`` its shorthand stands for."""
+    short = err.path.removeprefix("planner.")
+    if short in SHORTHANDS and any(a.split("=", 1)[0] == short for a in args):
+        err.path = short
+    return err
+
+
+def exit_on_config_error(ex: Exception, args: list[str]) -> NoReturn:
+    """A config error (ours or Hydra's) as one line naming the field as typed, exit code 2;
+    anything else is raised again. Shared by the planner's and the reliability check's CLI."""
+    from orchestrator.config.hydra_errors import config_error_from_hydra
+
+    err = ex if isinstance(ex, ConfigError) else config_error_from_hydra(ex)
+    if err is None:
+        raise ex
+    print(as_typed(err, args).line(), file=sys.stderr)
+    sys.exit(CONFIG_ERROR_EXIT_CODE)
+
+
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
     if any(a in ("-h", "--help") for a in args):
@@ -382,14 +427,5 @@ def main(argv: list[str] | None = None) -> None:
         return
     try:
         plan_experiment(parse_args(args))
-    except ConfigError as err:
-        print(err.line(), file=sys.stderr)
-        sys.exit(CONFIG_ERROR_EXIT_CODE)
-    except Exception as ex:  # Hydra/OmegaConf errors: one line naming the field
-        from orchestrator.config.hydra_errors import config_error_from_hydra
-
-        err = config_error_from_hydra(ex)
-        if err is None:
-            raise
-        print(err.line(), file=sys.stderr)
-        sys.exit(CONFIG_ERROR_EXIT_CODE)
+    except Exception as ex:  # ConfigError or Hydra/OmegaConf errors: one line naming the field
+        exit_on_config_error(ex, args)

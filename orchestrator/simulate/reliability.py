@@ -21,6 +21,7 @@ import copy
 import math
 from typing import Any
 
+from orchestrator.config.errors import ConfigError
 from orchestrator.simulate.band import simulate_many, summarize_runs
 
 #: Seeds of the fresh runs start here: far from the planner's ``sim.seed + 0 …``.
@@ -43,7 +44,8 @@ def check(overrides: list[str], fresh: int = 1000) -> list[dict[str, Any]]:
     cfg = compose(overrides)
     validate(cfg)
     if cfg.planner.deadline_h is None:
-        raise ValueError("the reliability check needs a deadline (deadline_h=…)")
+        raise ConfigError("deadline_h", "the reliability check needs a deadline",
+                          "hours, e.g. deadline_h=2")
     deadline_s = cfg.planner.deadline_h * 3600
     models = with_gpu_calibrations(SimModels.load(), cfg)
     out = []
@@ -133,7 +135,7 @@ def speed_error_markdown(hparam_set: str = "resnet_cifar_32") -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from orchestrator.simulate.planner import parse_args
+    from orchestrator.simulate.planner import exit_on_config_error, parse_args
 
     parser = argparse.ArgumentParser(prog="python -m orchestrator.simulate.reliability",
                                      description=__doc__.splitlines()[0])
@@ -149,7 +151,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.speed_error:
         print("\n".join(speed_error_markdown()))
         return 0
-    rows = check(parse_args(args.overrides), args.fresh)
+    try:
+        rows = check(parse_args(args.overrides), args.fresh)
+    except Exception as ex:  # ConfigError or Hydra/OmegaConf errors: one line naming the field
+        exit_on_config_error(ex, args.overrides)
     print("\n".join(markdown(rows, args.every)))
     return 0 if all(r["within"] for r in rows) else 1
 

@@ -88,11 +88,18 @@ def test_prediction_error_is_computed_from_the_band_and_the_measurement() -> Non
     assert prediction_error({"unavailable": "why"}, measured) is None
 
 
-def test_summary_of_a_real_run_carries_the_prediction() -> None:
+def test_summary_of_a_real_run_carries_the_prediction(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from orchestrator.runtime.run import make_summary
 
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # no T4 calibration replaces the model
     cfg = compose(["+experiment=cifar10_res32", "sim.repeats=3"])
     plan = make_plan(cfg)
     plan.prediction = predict_band(cfg, plan)
     summary = make_summary(plan, "run-1", "failed", time.time(), None, "stopped")
     assert summary["predicted"] == plan.prediction and summary["predicted"]["runs"] == 3
+    # the T4's step time is extrapolated: summary.json says so, with the spread it was drawn with
+    estimate = json.loads(json.dumps(summary))["predicted"]["estimate"]
+    assert estimate["extrapolated"] == ["t4"]
+    assert estimate["speed_error"]["t4"]["basis"] == "extrapolated"
+    assert estimate["speed_error"]["t4"]["sigma_log"] > 0
