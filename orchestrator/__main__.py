@@ -17,6 +17,7 @@ the recorded overrides are replayed instead.
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import signal
 import sys
@@ -188,6 +189,7 @@ def main() -> None:
     user_full_error = os.environ.get("HYDRA_FULL_ERROR") == "1"
     os.environ["HYDRA_FULL_ERROR"] = "1"  # let exceptions reach us so we can format them
     signal.signal(signal.SIGTERM, _on_sigterm)
+    faulthandler.register(signal.SIGUSR1)  # `kill -USR1 PID`: every thread's stack to stderr
     from orchestrator import resume
 
     try:

@@ -105,7 +105,16 @@ def test_interrupt_leaves_no_process_behind(repo_root: Path, tmp_path: Path, sig
             time.sleep(0.5)
         assert live_processes_mentioning(str(run_dir)), "the run should have started roles"
         proc.send_signal(sig)
-        _, stderr = proc.communicate(timeout=60)
+        try:
+            _, stderr = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:  # a hang: fail with every thread's stack
+            proc.send_signal(signal.SIGUSR1)  # faulthandler in orchestrator/__main__.py
+            time.sleep(3)
+            os.killpg(proc.pid, signal.SIGKILL)
+            stacks = proc.communicate()[1]
+            tail = (run_dir / "events.jsonl").read_text().splitlines()[-5:]
+            pytest.fail(f"no exit 60 s after signal {sig}; last events {tail}; stacks:\n"
+                        f"{stacks[-6000:]}")
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
