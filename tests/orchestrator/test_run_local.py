@@ -94,7 +94,10 @@ def test_interrupt_leaves_no_process_behind(repo_root: Path, tmp_path: Path, sig
         [sys.executable, "-m", "orchestrator", "+experiment=digits_local",
          "job.train_steps=100000", f"hydra.run.dir={run_dir}"],
         cwd=repo_root, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        start_new_session=True)
+        start_new_session=True,
+        # Ctrl-C as in a terminal, also when the tests run in a background job of a
+        # non-interactive shell (which ignores SIGINT, and children inherit that)
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline = time.monotonic() + RUN_TIMEOUT_S
         events = run_dir / "events.jsonl"
