@@ -63,8 +63,10 @@ test-resume: bytecode
 # Tiers by what a test needs (pyproject.toml markers): the fast one leaves out every marked test
 FAST_TIER := not (slow or tf_cluster or namespaces or isolated or headline)
 
+# on FAST_JOBS processes (pytest-xdist; FAST_JOBS=0 runs in this one)
+FAST_JOBS ?= 2
 test-fast: setup
-	$(PY) -m pytest -m "$(FAST_TIER)" --durations=10 $(PYTEST_ARGS)
+	$(PY) -m pytest -m "$(FAST_TIER)" -n $(FAST_JOBS) --durations=10 $(PYTEST_ARGS)
 
 # The headline sweep (+experiment=cifar10_res32 -m cluster.workers=4,8,16) end to end against
 # the fake Compute API, isolated hosts from a baked image as its VMs and the GCS emulator (root)
