@@ -222,14 +222,14 @@ def fold(events: Iterable[Mapping[str, Any]]) -> RunState:
     return state
 
 
-def fold_events_file(path: Path) -> RunState:
-    """The state of a run from its ``events.jsonl`` on disk (a torn last line, left by a writer
-    killed mid-line, is skipped)."""
-    events = []
+def read_events(path: Path) -> list[dict[str, Any]]:
+    """The events of an ``events.jsonl`` on disk, none when it is missing (a torn last line,
+    left by a writer killed mid-line, is skipped)."""
     try:
         lines = Path(path).read_text().splitlines()
     except OSError:
-        lines = []
+        return []
+    events = []
     for line in lines:
         try:
             event = json.loads(line)
@@ -237,7 +237,12 @@ def fold_events_file(path: Path) -> RunState:
             continue
         if isinstance(event, dict):
             events.append(event)
-    return fold(events)
+    return events
+
+
+def fold_events_file(path: Path) -> RunState:
+    """The state of a run from its ``events.jsonl`` on disk (:func:`read_events`)."""
+    return fold(read_events(path))
 
 
 @dataclass(frozen=True)

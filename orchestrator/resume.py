@@ -230,15 +230,9 @@ def attempts_s(run_dir: Path) -> tuple[float, int]:
 
 def _events(run_dir: Path) -> list[dict[str, Any]]:
     """The run's events (a torn line skipped)."""
-    out = []
-    for line in _lines(run_dir / results.EVENTS_FILE):
-        try:
-            event = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(event, dict):
-            out.append(event)
-    return out
+    from orchestrator.record import read_events
+
+    return read_events(run_dir / results.EVENTS_FILE)
 
 
 def _lines(path: Path) -> list[str]:
