@@ -245,13 +245,15 @@ def test_roles_hold_a_lease_that_ends_them_once_dropped_or_replaced(tmp_path, mo
     cluster = provider.acquire(ClusterRequest("run1", hosts, tmp_path))
     first = Deployment(provider, cluster, tmp_path, "{}", command=[sys.executable, str(script)],
                        stop_grace_s=0.3)
-    first.lease_s = 1.0
+    # a term of 15 renewals: a loaded machine (make test-fast's 2 processes beside other work)
+    # delayed a renewal past a 1 s term once; the roles then ended while still in the cluster
+    first.lease_s = 3.0
     second = None
     try:
         first.start()
         w1 = cluster.hosts_for(Role.WORKER)[1]
         assert (w1.workdir / LEASE_FILE).read_text() == first.lease_token
-        time.sleep(2.5)  # over twice the term: renewed, so every role still runs
+        time.sleep(6.5)  # over twice the term: renewed, so every role still runs
         assert all(t.process.poll() is None for t in first.tasks.values())
         # w1's machine leaves the cluster (as a frozen machine replaced by a spare does)
         first.cluster = Cluster(run_id=cluster.run_id,
