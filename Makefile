@@ -4,7 +4,7 @@
 #                   suite but the headline sweep, listing the 25 slowest tests
 #   make test-fast  the tier to run while working: no TensorFlow cluster, no root or namespaces,
 #                   nothing slow (markers in pyproject.toml; docs/contributing.md)
-#   make ci         what CI runs (.ci/run): dry-run every committed experiment, lint, test, gce-fake
+#   make ci         what CI runs (.ci/run): dry-run every committed experiment, lint, test, test-resume, gce-fake
 #   make gce-fake   the headline sweep on a fake Google Cloud (docs/gce.md)
 PYTHON ?= python3
 VENV ?= .venv
