@@ -99,9 +99,9 @@ def _run_one(cfg: DictConfig) -> dict[str, Any] | None:
         resumed = {"resumption": resumption} if resumption and play is execute_run else {}
         summary = play(exp, plan, run_dir, resolved, title,
                        sweep_id=sweep.sweep_id(hc.sweep.dir) if multirun else None, **resumed)
-    except KeyboardInterrupt:  # released and recorded: its row says so too
+    except KeyboardInterrupt as ex:  # released and recorded: its row says so too
         summary = results.read_summary(run_dir)
-        if summary is not None:
+        if summary is not None and not isinstance(ex, resume.Preempted):  # row when resumed
             sweep.append_run_row(csv_dir / sweep.RUNS_CSV, overrides, run_dir, summary)
         raise
     sweep.append_run_row(csv_dir / sweep.RUNS_CSV, overrides, run_dir, summary)

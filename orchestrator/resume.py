@@ -44,6 +44,7 @@ import io
 import json
 import os
 import shutil
+import signal
 import sys
 import time
 from dataclasses import dataclass, field
@@ -61,6 +62,17 @@ PREVIOUS_DIR = "previous"
 MULTIRUN_FILE = "multirun.yaml"
 
 KEEP, RESUME, START, RERUN = "keep", "resume", "start", "rerun"
+
+
+#: What the parallel launcher sends a sweep point its queue preempts (``las``, ``gittins``).
+PREEMPT_SIGNAL = signal.SIGUSR2
+
+
+class Preempted(KeyboardInterrupt):
+    """Raised in a sweep point's process by :data:`PREEMPT_SIGNAL`: the sweep's queue wants its
+    GPUs. It stops as on Ctrl-C (status ``interrupted``, hosts released), after asking the chief
+    for a checkpoint (orchestrator/runtime/supervisor.py ``checkpoint_before_stop``), and
+    writes no runs.csv row: the launcher starts it again later as a resumed point."""
 
 
 class ResumeRefused(Exception):

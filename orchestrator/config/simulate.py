@@ -25,6 +25,7 @@ class QueuePolicy(StrEnum):
     fifo = "fifo"  # in sweep order
     spf = "spf"  # shortest predicted first (the plan's predicted GPU-hours)
     las = "las"  # Tiresias' discretized 2D least-attained-service (GPUs × time received)
+    gittins = "gittins"  # Tiresias' discretized 2D-Gittins index (needs a length distribution)
 
 
 class Objective(StrEnum):
@@ -76,11 +77,13 @@ class QueueConfig:
     and the concurrent launcher of real sweeps (``hydra/launcher=parallel``,
     orchestrator/parallel.py). One value per sweep: every point must agree."""
 
-    policy: QueuePolicy = QueuePolicy.spf  # fifo | spf | las; spf was best (docs/simulation.md);
-    #   las preempts, so only the simulated sweep accepts it
+    policy: QueuePolicy = QueuePolicy.spf  # fifo | spf | las | gittins; spf was best
+    #   (docs/simulation.md); las and gittins preempt: a real sweep's point checkpoints,
+    #   releases its hosts and is resumed later (orchestrator/parallel.py)
     quota_gpus: int | None = None  # GPUs the project may hold at once; null = no quota
     max_concurrent: int = 4  # parallel launcher: runs live at once (quota permitting)
     run_gpus: int | None = None  # GPUs one run holds against the quota; null = its plan's
     #   (one per machine with a GPU, so CPU-only local runs hold 0)
-    las_threshold_gpu_h: float = 1.0  # 2D-LAS: GPU-hours after which a run drops a queue
+    las_threshold_gpu_h: float = 1.0  # las, gittins: GPU-hours after which a run drops a
+    #   queue (then one queue per doubling); a real sweep counts GPUs × wall time live
     compare: bool = True  # also report every other policy on the same sweep

@@ -19,6 +19,7 @@ from orchestrator.config.schema import ExperimentConfig
 from orchestrator.plan import RunPlan
 from orchestrator.preflight import run_preflight
 from orchestrator.record import RunState, make_run_id, summarize
+from orchestrator.resume import Preempted
 from orchestrator.runtime.control import ControlChannel
 from orchestrator.runtime.fleet import Fleet
 from orchestrator.runtime.progress import RunProgress
@@ -155,6 +156,10 @@ def execute_run(cfg: ExperimentConfig, plan: RunPlan, run_dir: Path,
     except KeyboardInterrupt as ex:
         status, interrupted = results.STATUS_INTERRUPTED, ex
         error = "interrupted by the user (Ctrl-C or SIGTERM)"
+        if isinstance(ex, Preempted):  # resumed later from the store: checkpoint first
+            error = "preempted by the sweep's queue (queue.policy); resumed from its checkpoint"
+            if supervisor is not None:
+                supervisor.checkpoint_before_stop()
     except Exception as ex:
         status = results.STATUS_FAILED
         error = f"{type(ex).__name__}: {ex}"

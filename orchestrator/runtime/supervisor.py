@@ -67,6 +67,8 @@ PS_LOSS_EXIT_CODE = EXIT_PS_UNAVAILABLE  # the chief's exit code when it lost a 
 # After a PS's preemption notice the chief checkpoints this long (or 2x the last checkpoint's
 # duration) before the deadline: late enough to lose few steps, early enough to finish.
 NOTICE_MARGIN_S = 1.0
+# A run preempted by its sweep's queue waits this long for the checkpoint it asks for
+STOP_CHECKPOINT_TIMEOUT_S = 60.0
 
 
 @dataclass
@@ -162,6 +164,36 @@ class Supervisor:
                 eval_deadline = time.monotonic() + FINAL_EVAL_TIMEOUT_S
             if eval_deadline is not None and time.monotonic() > eval_deadline:
                 state.error = "evaluator did not report the final accuracy in time"
+
+    def checkpoint_before_stop(self, timeout_s: float = STOP_CHECKPOINT_TIMEOUT_S) -> int | None:
+        """Before a stop that will be resumed (the sweep's queue preempts the run): ask the
+        chief for a checkpoint now and wait until it is written and synced to the store (the
+        ``checkpoint`` event's handling), so the resumed run loses no steps. The step saved;
+        None when training had not started, was over, or no checkpoint came in ``timeout_s``
+        (the run then resumes from the last periodic one). Only steps, checkpoints and evals
+        are acted on meanwhile; other events are recorded (no recovery starts now)."""
+        state = self.state
+        if self.run_state.train_t0 is None or state.chief_done or self.awaiting_restart:
+            return None
+        self.progress.status("checkpointing before the stop")
+        self.control.request_checkpoint()
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            event = self.fleet.deployment.next_event(TICK_S)
+            if event is None:
+                continue
+            if event.kind in ("step", "checkpoint", "eval"):
+                self.handle(event)
+            else:
+                self.emit(event.kind, role=event.role, time_s=event.received,
+                          index=event.index, role_time=event.time, **event.fields)
+            if event.role != "chief":
+                continue
+            if event.kind == "checkpoint" and event.fields.get("reason") == "control":
+                return int(event.fields.get("step") or 0)
+            if event.kind in (EVENT_PROCESS_EXIT, "train_end"):
+                return None
+        return None
 
     # --- trainer events ----------------------------------------------------------------------
     def handle(self, event: TrainerEvent) -> None:

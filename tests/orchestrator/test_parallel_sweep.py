@@ -127,12 +127,17 @@ def test_config_error_in_one_point_starts_nothing(repo_root: Path, tmp_path: Pat
     assert not [p for p in sweep_dir.iterdir() if p.is_dir()]
 
 
-@pytest.mark.parametrize(("first", "other", "field", "text"), [
-    (["queue.policy=las"], ["queue.policy=las"], "queue.policy", "preempts"),
-    (["queue.quota_gpus=4"], ["queue.quota_gpus=8"], "queue.quota_gpus", "differs"),
-], ids=["las", "two-quotas"])
+@pytest.mark.parametrize(("first", "other", "gpus", "field", "text"), [
+    (["queue.policy=las"], ["queue.policy=las"], 0, "queue.run_gpus", "never preempt"),
+    (["queue.policy=gittins"], ["queue.policy=gittins"], 0, "queue.run_gpus", "0 GPUs"),
+    (["queue.quota_gpus=4"], ["queue.quota_gpus=8"], 1, "queue.quota_gpus", "differs"),
+    (["queue.las_threshold_gpu_h=1"], ["queue.las_threshold_gpu_h=2"], 1,
+     "queue.las_threshold_gpu_h", "differs"),
+], ids=["las-without-gpus", "gittins-without-gpus", "two-quotas", "two-thresholds"])
 def test_queue_settings_a_real_sweep_cannot_follow(first: list[str], other: list[str],
-                                                   field: str, text: str) -> None:
+                                                   gpus: int, field: str, text: str) -> None:
+    """las and gittins measure service in GPUs × time: a run holding none is refused (CPU
+    workers here declare theirs with queue.run_gpus); one queue setting per sweep."""
     from orchestrator.config.errors import ConfigError
     from orchestrator.parallel import Point, _check_queue
     from orchestrator.validate import compose_experiment
@@ -140,10 +145,20 @@ def test_queue_settings_a_real_sweep_cannot_follow(first: list[str], other: list
     base = ["provider=sim"]
     exp0 = compose_experiment("icac19_k80", base + first)
     exp1 = compose_experiment("icac19_k80", base + other)
-    point = Point(1, other, None, Path("1"), gpus=1, predicted_s=1.0)
+    point = Point(1, other, None, Path("1"), gpus=gpus, predicted_s=1.0)
     with pytest.raises(ConfigError) as err:
         _check_queue(exp1, exp0, point)
     assert err.value.line().startswith(f"config error: {field}: ") and text in err.value.line()
+    _check_queue(exp0, exp0, Point(0, first, None, Path("0"), gpus=1, predicted_s=1.0))
+
+
+def test_a_nonpositive_las_threshold_is_a_config_error() -> None:
+    from orchestrator.config.errors import ConfigError
+    from orchestrator.validate import compose_experiment
+
+    with pytest.raises(ConfigError) as err:
+        compose_experiment("icac19_k80", ["provider=sim", "queue.las_threshold_gpu_h=0"])
+    assert err.value.line().startswith("config error: queue.las_threshold_gpu_h: ")
 
 
 # --- the sweep id reaches the provider ----------------------------------------------------------
