@@ -332,12 +332,14 @@ def _preempt(run: _Live, job: Any, scheduler: Any, record: _Recorder, out: _Outp
 def _requeue(run: _Live, record: _Recorder, out: _Output, total: int) -> bool:
     """A preempted point's process ended: True when it stopped to be resumed (exit 130 and
     not completed or failed meanwhile), recorded as ``stopped``; False: it ended for good."""
-    from orchestrator import results
+    from orchestrator import results, resume
 
     code = run.proc.wait()
     for relay in run.relays:
         relay.join(timeout=5)
     status = (results.read_summary(run.point.run_dir) or {}).get("status")
+    if code == -resume.PREEMPT_SIGNAL:  # before its handler was set: nothing had started
+        code = _EXIT_INTERRUPTED
     if code != _EXIT_INTERRUPTED or status in (results.STATUS_COMPLETED,
                                                results.STATUS_FAILED):
         return False

@@ -3,7 +3,8 @@
 Hydra finds this module by scanning the ``hydra_plugins`` namespace package (in the checkout
 and in the installed wheel alike) and imports it at every start, so it imports nothing heavy:
 the work is done by :mod:`orchestrator.parallel`. Its settings are the sweep's ``queue.*``
-keys (``queue.max_concurrent``, ``queue.quota_gpus``, ``queue.policy``, ``queue.run_gpus``),
+keys (``queue.max_concurrent``, ``queue.quota_gpus``, ``queue.policy``, ``queue.run_gpus``,
+``queue.las_threshold_gpu_h``: ``las`` and ``gittins`` preempt points),
 schema-checked and range-checked with the rest of the experiment.
 """
 
