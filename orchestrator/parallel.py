@@ -265,12 +265,8 @@ def launch(points: Sequence[Point], queue: Any, hydra_context: Any, task_functio
             now = time.monotonic()
             for num, run in live.items():  # service so far: GPUs × wall time live
                 jobs[num].attained = run.service_before + run.point.gpus * (now - run.since)
-            waiting = [jobs[p.num] for p in points if codes[p.num] is None
-                       and (p.num not in live or live[p.num].stopping)]
-            for job in waiting:
-                job.running = False
-            for num, run in live.items():
-                jobs[num].running = not run.stopping
+            for num, job in jobs.items():  # a point stopping for a preemption waits already
+                job.running = num in live and not live[num].stopping
             want = scheduler.running_set(
                 [j for j in jobs.values() if codes[j.key] is None])
             for num, run in live.items():

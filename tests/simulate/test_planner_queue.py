@@ -43,12 +43,15 @@ def test_quota_policies_order_and_las_needs_no_lengths() -> None:
     fifo, spf = schedule(runs, 16, "fifo"), schedule(runs, 16, "spf")
     las = schedule(runs, 16, "las", las_threshold_gpu_h=0.5)
     assert las.average_s < fifo.average_s and spf.average_s < fifo.average_s
+    # Gittins, knowing the distribution of lengths, preempts less for the same average here
+    gittins = schedule(runs, 16, "gittins", las_threshold_gpu_h=0.5)
+    assert gittins.average_s <= las.average_s and gittins.preemptions < las.preemptions
     # LAS ignores predictions: scrambled predictions change SPF, not LAS
     wrong = [QueuedRun(r.name, r.gpus, r.duration_s, 1e5 - r.duration_s) for r in runs]
     assert schedule(wrong, 16, "las", 0.5).completion_s == las.completion_s
     assert schedule(wrong, 16, "spf").average_s > spf.average_s
     # the quota is never exceeded and every run completes after its duration
-    for s in (fifo, spf, las):
+    for s in (fifo, spf, las, gittins):
         assert all(s.completion_s[r.name] >= r.duration_s for r in runs)
     ranked = compare(runs, 16, 0.5, 0.0)
     assert [s.average_s for s in ranked] == sorted(s.average_s for s in ranked)
