@@ -157,7 +157,7 @@ def execute_run(cfg: ExperimentConfig, plan: RunPlan, run_dir: Path,
         status, interrupted = results.STATUS_INTERRUPTED, ex
         error = "interrupted by the user (Ctrl-C or SIGTERM)"
         if isinstance(ex, Preempted):  # resumed later from the store: checkpoint first
-            error = "preempted by the sweep's queue (queue.policy); resumed from its checkpoint"
+            error = "preempted by the sweep's queue (queue.policy): to resume from its checkpoint"
             if supervisor is not None:
                 supervisor.checkpoint_before_stop()
     except Exception as ex:

@@ -170,20 +170,20 @@ class Supervisor:
         chief for a checkpoint now and wait until it is written and synced to the store (the
         ``checkpoint`` event's handling), so the resumed run loses no steps. The step saved;
         None when training had not started, was over, or no checkpoint came in ``timeout_s``
-        (the run then resumes from the last periodic one). Only steps, checkpoints and evals
-        are acted on meanwhile; other events are recorded (no recovery starts now)."""
+        (the run then resumes from the last periodic one). Only steps, checkpoints, evals and
+        the training's end are acted on meanwhile; other events are recorded (no recovery
+        starts now)."""
         state = self.state
         if self.run_state.train_t0 is None or state.chief_done or self.awaiting_restart:
             return None
-        self.progress.status("checkpointing before the stop")
         self.control.request_checkpoint()
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             event = self.fleet.deployment.next_event(TICK_S)
             if event is None:
                 continue
-            if event.kind in ("step", "checkpoint", "eval"):
-                self.handle(event)
+            if event.kind in ("step", "checkpoint", "eval", "train_end"):
+                self.handle(event)  # a checkpoint or the end: synced to the store
             else:
                 self.emit(event.kind, role=event.role, time_s=event.received,
                           index=event.index, role_time=event.time, **event.fields)
