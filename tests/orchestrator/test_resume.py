@@ -449,6 +449,48 @@ def test_a_resumed_summary_counts_every_attempt(tmp_path: Path, fake_run) -> Non
                "restarts": 0, "global_steps": 100, "train_time_s": 5.0}
     resumption.fold_into(summary, hourly_usd=3.6)
     assert summary["run_id"] == "run-run" and summary["restarts"] == 1
-    assert summary["lost_steps"] == 2 + 12 + resumption.lost_steps == 2 + 12 + 80
+    # the attempt after the last resume recorded no step: it lost nothing more (the 80 steps
+    # before were counted by that resume, test_lost_steps_count_each_attempt_once_...)
+    assert resumption.lost_steps == 0 and summary["lost_steps"] == 2 + 12
     assert summary["wall_time_s"] == round(10.0 + resumption.earlier_s, 3)
     assert summary["cost_usd"] == round(3.6 * summary["wall_time_s"] / 3600, 6)
+
+
+def test_lost_steps_count_each_attempt_once_and_a_skipped_checkpoint(tmp_path: Path,
+                                                                      fake_run) -> None:
+    """lost_steps per resume = the furthest step the dead attempt's chief recorded (a
+    checkpoint event past the last step report included) minus the checkpoint resumed from;
+    an attempt killed before it trained loses nothing more (its predecessor's steps were counted
+    by its own resume); a chief that skips a damaged newest checkpoint loses the steps between."""
+    run_dir = tmp_path / "run"
+    fake_run(run_dir, None, step=180)  # attempt 1: reports up to 180 ...
+    store = run_dir / results.CHECKPOINT_DIR
+    store.mkdir()
+    (store / "ckpt-100.index").write_text("x")
+    rec = results.RunRecorder(run_dir)
+    rec.event("checkpoint", role="chief", step=200, path="ckpt-200")  # ... reached 200
+    rec.close()
+    first = resume.prepare_point(run_dir)
+    assert first is not None and (first.from_step, first.last_step) == (100, 200)
+    assert first.lost_steps == 100
+    rec = results.RunRecorder(run_dir)  # attempt 2: killed while provisioning, trained nothing
+    rec.event(resume.RESUMED_EVENT, **first.record())
+    rec.close()
+    second = resume.prepare_point(run_dir)
+    assert second is not None and second.lost_steps == 0  # not the 100 again
+    assert second.earlier["lost_steps"] == 100
+    # attempt 3: its chief restores 50, not 100 (ckpt-100 damaged), reaches 400 and ends
+    rec = results.RunRecorder(run_dir)
+    rec.event(resume.RESUMED_EVENT, **second.record())
+    rec.event("train_start", role="chief", step=50, resumed_from="ckpt-50")
+    rec.event("train_end", role="chief", step=400, train_time_s=10.0)
+    rec.close()
+    summary = {"run_id": "x", "wall_time_s": 10.0, "cost_usd": 0.0, "lost_steps": 0,
+               "global_steps": 400, "train_time_s": 10.0}
+    second.fold_into(summary, hourly_usd=0.0)
+    assert summary["lost_steps"] == 100 + 0 + 50
+    assert summary["steps_per_sec"] == (400 - 50) / 10.0
+    # had it been killed instead, the next resume counts the same 50 (once) in the earlier ones
+    third = resume.prepare_point(run_dir)
+    assert third is not None and third.earlier["lost_steps"] == 150
+    assert third.last_step == 400 and third.lost_steps == 300
