@@ -181,9 +181,10 @@ def measured_steps_per_sec(run_dir: Path) -> float | None:
     return sum(speeds) / len(speeds) if speeds else None
 
 
-def _plan_unstarted(point: PointPlan) -> dict[str, Any]:
-    """The plan of a point that never started, composed with the current code; refuses with
-    the field when it no longer composes."""
+def _plan_unstarted(point: PointPlan, search: list[str]) -> dict[str, Any]:
+    """The plan of a point that never started, composed with the current code (and the
+    recorded ``hydra.searchpath``: extra config dirs); refuses with the field when it no longer
+    composes."""
     from hydra import compose, initialize_config_module
 
     from orchestrator.config.errors import ConfigError
@@ -193,7 +194,7 @@ def _plan_unstarted(point: PointPlan) -> dict[str, Any]:
 
     try:
         with initialize_config_module(CONF_PACKAGE, version_base="1.3"):
-            cfg = compose("config", overrides=list(point.overrides))
+            cfg = compose("config", overrides=[*point.overrides, *search])
         return load_and_plan(cfg)[1].to_dict()
     except Exception as ex:
         err = ex if isinstance(ex, ConfigError) else config_error_from_hydra(ex)
@@ -334,7 +335,8 @@ def inspect(target: Target, retry: bool) -> None:
         point.status = point_status(point.run_dir)
         point.action = action_for(point.status, retry)
         if point.action == START:
-            plan = _plan_unstarted(point)
+            plan = _plan_unstarted(point, [a for a in target.argv
+                                           if a.startswith("hydra.searchpath=")])
         else:
             config = _read_yaml(point.run_dir / results.CONFIG_FILE)
             if not isinstance(config, dict):

@@ -591,6 +591,29 @@ def test_simulated_sweep_resumed_keeps_completed_points_and_retries_failed_on_re
     assert len(table) == 2 and [r["status"] for r in table] == ["completed", "completed"]
 
 
+@pytest.mark.slow
+def test_a_sweep_with_extra_config_dirs_is_validated_and_resumed_with_them(
+        repo_root: Path, tmp_path: Path) -> None:
+    """``hydra.searchpath`` (a provider of the user's own, as the SSH tests' bed inventory): the
+    sweep's up-front validation of every point and the resume's plan of a point never started
+    compose with it too (compose() builds its own search path; without it: "provider: unknown
+    option"). Simulated: seconds."""
+    conf = tmp_path / "conf"
+    (conf / "provider").mkdir(parents=True)
+    (conf / "provider" / "oursim.yaml").write_text(
+        (repo_root / "orchestrator" / "conf" / "provider" / "sim.yaml").read_text())
+    sweep_dir = (tmp_path / "sim").resolve()
+    killed = orchestrate(["+experiment=icac19_k80", "provider=oursim", "progress=false", "-m",
+                          "job.seed=1,2", f"hydra.searchpath=[file://{conf}]",
+                          f"hydra.sweep.dir={sweep_dir}"], kill_at="point_start:2")
+    assert killed.returncode == SIGKILLED, killed.stderr[-3000:]
+    dry = orchestrate(["--resume", str(sweep_dir), "dry_run=true"])
+    assert dry.returncode == 0 and "1 kept, 0 resumed, 1 started" in dry.stdout, dry.stderr
+    done = orchestrate(["--resume", str(sweep_dir)])
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert [r["status"] for r in rows(sweep_dir)] == ["completed", "completed"]
+
+
 def test_a_resumed_summary_counts_every_attempt(tmp_path: Path, fake_run) -> None:
     """The earlier attempts' recoveries, lost steps and host time are the run's too."""
     run_dir = tmp_path / "run"
