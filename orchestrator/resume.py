@@ -482,8 +482,12 @@ class Resumption:
         summary["lost_steps"] = (int(summary.get("lost_steps") or 0) + self.lost_steps
                                  + self.from_step - start)
         train = summary.get("train_time_s")  # this attempt's: its rate, not the run's steps
-        summary["steps_per_sec"] = (round((summary["global_steps"] - start) / train, 4)
-                                    if train else None)
+        done = summary["global_steps"] - start
+        summary["steps_per_sec"] = round(done / train, 4) if train and done > 0 else None
+        if summary["steps_per_sec"] is None and self.run_dir is not None:
+            # resumed from its last checkpoint, nothing left to train: the rate it had
+            speed = measured_steps_per_sec(self.run_dir)
+            summary["steps_per_sec"] = None if speed is None else round(speed, 4)
 
 
 def prepare_point(run_dir: Path) -> Resumption | None:

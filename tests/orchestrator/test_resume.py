@@ -401,6 +401,8 @@ def test_ssh_sweep_killed_twice_is_resumed_with_each_point_completed_once(
     # point 1 had trained to the end: it goes on from its last checkpoint, nothing redone
     assert len(resumed["1"]) == 1 and resumed["1"][0]["from_step"] == 200
     assert resumed["1"][0]["lost_steps"] == 0
+    row1 = next(r for r in table if r["run_dir"] == str(sweep_dir / "1"))
+    assert float(row1["steps_per_sec"]) > 0  # its first attempt's rate, not 0 of none
     steps1 = [e["step"] for e in events(sweep_dir / "1")
               if e["kind"] == "step" and e["role"] == "chief"]
     assert steps1 == sorted(steps1)  # never went back
