@@ -678,3 +678,16 @@ def test_lost_steps_count_each_attempt_once_and_a_skipped_checkpoint(tmp_path: P
     third = resume.prepare_point(run_dir)
     assert third is not None and third.earlier["lost_steps"] == 150
     assert third.last_step == 400 and third.lost_steps == 300
+
+
+def test_a_point_resumed_with_nothing_left_to_train_keeps_its_rate(tmp_path: Path,
+                                                                  fake_run) -> None:
+    """Killed after its last checkpoint (in the final evaluation, say), a resumed point trains
+    no step: its steps_per_sec is the rate its metrics recorded, not 0."""
+    run_dir = tmp_path / "run"
+    fake_run(run_dir, None, step=100)  # metrics.csv: 40 steps/s
+    resumption = resume.Resumption("run-1", 2, "killed", 100, 100, 1.0, {}, run_dir)
+    summary = {"run_id": "x", "wall_time_s": 2.0, "cost_usd": 0.0, "lost_steps": 0,
+               "global_steps": 100, "train_time_s": 0.4}
+    resumption.fold_into(summary, hourly_usd=0.0)
+    assert summary["steps_per_sec"] == 40.0 and summary["lost_steps"] == 0
