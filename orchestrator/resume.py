@@ -231,14 +231,14 @@ def last_recorded_step(run_dir: Path) -> int:
 
 def restored_step(run_dir: Path) -> int | None:
     """The step the latest attempt's chief restored from (its first ``train_start`` after the
-    last ``resumed`` event; None before it started)."""
-    restored = None
+    last ``resumed`` event; None before it started, or with no resume recorded)."""
+    restored, resumed = None, False
     for event in _events(run_dir):
         kind = event.get(results.EVENT_KIND)
         if kind == RESUMED_EVENT:
-            restored = None
+            restored, resumed = None, True
         elif kind == "train_start" and event.get(results.EVENT_ROLE) == "chief" \
-                and restored is None:
+                and resumed and restored is None:
             restored = int(event.get("step") or 0)
     return restored
 
