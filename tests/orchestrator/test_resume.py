@@ -37,9 +37,10 @@ SWEEP = ["+experiment=digits_local", "-m", "job.seed=1,2,3", "job.train_steps=40
 SIGKILLED = -9
 # How far a resumed point's final accuracy may be from an uninterrupted run's: digits, 400 steps,
 # 1 worker, measured here (2026-11-25): uninterrupted 0.986 / 0.989 / 0.978 for seeds 1 / 2 / 3
-# (the seed also draws the 360-image test split: one image is 0.0028); this chain's points 0
-# and 1 (resumed 7 times and once) 0.983 and 0.983, 0.003 and 0.006 from their seeds'
-# uninterrupted runs. ASP and the restores reorder updates, so a seed is not bit-identical.
+# (the seed also draws the 360-image test split: one image is 0.0028), seed 1 again 0.983;
+# this chain's three points (resumed 7 times, once, never) 0.983 / 0.983 / - and in a second
+# pass 0.978 / 0.978 / 0.986, at most 0.006 from their seeds' uninterrupted runs. ASP and the
+# restores reorder updates, so a seed is not bit-identical.
 # 0.03 (11 test images) is about three times the spread across seeds and far below what a
 # resume that lost or repeated training costs (0.70-0.77 at step 50 in these runs, 0.1 for a
 # model restored wrong).
