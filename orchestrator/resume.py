@@ -36,7 +36,8 @@ cloud VM it left bills until step 2 or ``orchestrator.gc`` deletes it); the
 recovery counts are every attempt's (the fold of the earlier events, orchestrator/record.py);
 ``lost_steps`` also adds, per resume, the steps the dead attempt's chief had recorded past the
 checkpoint the resume went on from (:func:`last_recorded_step`), and those of a newer
-checkpoint the new chief found damaged and skipped. Crash points for testing: orchestrator/killpoints.py.
+checkpoint the new chief found damaged and skipped. Crash points for testing:
+orchestrator/killpoints.py.
 """
 
 from __future__ import annotations

@@ -492,7 +492,7 @@ def trainers_on(bed, host) -> list[int]:
 @pytest.mark.headline
 @pytest.mark.timeout(2400)
 def test_fake_cloud_sweep_on_isolated_hosts_killed_twice_is_resumed(
-        gce_bed, baked_gce_image, emulator: str, tmp_path: Path) -> None:
+        gce_isolated_bed, baked_gce_image, emulator: str, tmp_path: Path) -> None:
     """A 3-point sweep on the fake cloud whose VMs are isolated hosts booted from the image the
     session baked (tests/provisioning/baked_image.py; no provider.python, ssh_user or
     remote_root: the VMs share nothing with this machine), checkpoints in a gs:// bucket (the
@@ -508,7 +508,7 @@ def test_fake_cloud_sweep_on_isolated_hosts_killed_twice_is_resumed(
     from tests.provisioning.baked_image import fake_with_image, provider_args
     from tests.provisioning.test_gce_storage import BUCKET
 
-    bed = gce_bed
+    bed = gce_isolated_bed
     sweep_dir = (tmp_path / "gsweep").resolve()
     with fake_with_image(bed, baked_gce_image, vms=6) as fake:
         env = {"STORAGE_EMULATOR_HOST": emulator, "GOOGLE_CLOUD_PROJECT": fake.project,

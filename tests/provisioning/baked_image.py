@@ -5,10 +5,11 @@ killed and resumed on the same fake cloud (tests/orchestrator/test_resume.py). B
 VMs from an image baked as a user would (README "Baked images"): `python -m orchestrator.image
 bake` on the fake, one VM of the base family installing the hosts' runtime (TensorFlow's CPU
 build, scikit-learn, our wheel) from a package index on the bed's bridge. That bake is the
-costliest single step of the target (minutes: TensorFlow installed on a VM), so it happens once:
-`gce_bed` is one isolated bed for the session, `baked_gce_image` bakes on a fake of its own and
-hands the image's disk on; each test makes its own `IsolatedFakeGce` on the bed and imports the
-image (`IsolatedFakeGce.import_image`), as another project's fake would see a shared image.
+costliest single step of the target (minutes: TensorFlow installed on a VM), so it happens
+once: `gce_isolated_bed` is one isolated bed for the session, `baked_gce_image` bakes on a fake
+of its own and hands the image's disk on; each test makes its own `IsolatedFakeGce` on the bed
+and imports the image (`IsolatedFakeGce.import_image`), as another project's fake would see a
+shared image.
 
 The fixtures are registered in tests/conftest.py (a session fixture imported into two test
 modules would be two fixtures, baked twice). Heavy imports stay inside the functions: every test
@@ -90,7 +91,7 @@ def bake_image(fake: IsolatedFakeGce, bed: IsolatedTestBed, cwd: Path) -> str:
 
 
 @pytest.fixture(scope="session")
-def gce_bed() -> Iterator[IsolatedTestBed]:
+def gce_isolated_bed() -> Iterator[IsolatedTestBed]:
     """One isolated bed for the session's fake clouds (each adds the hosts of its VMs); at the
     end everything is removed and nothing may be left."""
     from tests.testbed.isolated import IsolatedTestBed, skip_reason
@@ -112,15 +113,15 @@ def gce_bed() -> Iterator[IsolatedTestBed]:
 
 
 @pytest.fixture(scope="session")
-def baked_gce_image(gce_bed: IsolatedTestBed,
+def baked_gce_image(gce_isolated_bed: IsolatedTestBed,
                     tmp_path_factory: pytest.TempPathFactory) -> BakedImage:
     """The hosts' runtime baked into an image once per session (module docstring)."""
     from tests.provisioning.gce_fixtures import IsolatedFakeGce
 
     started = time.monotonic()
-    with IsolatedFakeGce(gce_bed, vms=1, login_refused_s=2.0, zones=ZONES,
+    with IsolatedFakeGce(gce_isolated_bed, vms=1, login_refused_s=2.0, zones=ZONES,
                          **FAKE_TIMES) as fake:
-        url = bake_image(fake, gce_bed, tmp_path_factory.mktemp("bake"))
+        url = bake_image(fake, gce_isolated_bed, tmp_path_factory.mktemp("bake"))
         disk = fake.custom_images[url.split("/compute/v1/", 1)[-1]]
     return BakedImage(url, disk, round(time.monotonic() - started, 1))
 

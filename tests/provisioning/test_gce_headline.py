@@ -11,9 +11,10 @@ the VMs run the trainer from the runtime baked into their image.
 
 As a user would (README "Baked images"), the image is baked first with the real command,
 `python -m orchestrator.image bake`, on a fake of the same bed (once per pytest session:
-tests/provisioning/baked_image.py, `baked_gce_image`; this fake imports it): one VM of the base family (`debian-13`, which
-the fake boots from the Debian 13 root filesystem) installs the hosts' runtime from a package
-index on the bed's bridge (pypiserver, `provider.index_url`), is stopped, its disk becomes the
+tests/provisioning/baked_image.py, `baked_gce_image`; this fake imports it): one VM of the
+base family (`debian-13`, which the fake boots from the Debian 13 root filesystem) installs the
+hosts' runtime from a package index on the bed's bridge (pypiserver, `provider.index_url`), is
+stopped, its disk becomes the
 image. The sweep then runs with `provider.image=<baked>` and the default `provider.index_url`
 (the public PyPI), which the VMs cannot reach: a VM that tried to install anything would fail
 the run, so the VMs only unpack our wheel.
@@ -101,9 +102,10 @@ def events(run_dir: Path) -> list[dict]:
     return out
 
 
-def test_headline_sweep_on_fake_gce(gce_bed: IsolatedTestBed, baked_gce_image: BakedImage,
-                                    emulator: str, tmp_path: Path) -> None:
-    bed = gce_bed
+def test_headline_sweep_on_fake_gce(gce_isolated_bed: IsolatedTestBed,
+                                    baked_gce_image: BakedImage, emulator: str,
+                                    tmp_path: Path) -> None:
+    bed = gce_isolated_bed
     data_dir = write_cifar10(tmp_path / "cifar10")
     sweep_dir = tmp_path / "sweep"
     image = baked_gce_image.url
