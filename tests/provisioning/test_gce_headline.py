@@ -14,8 +14,7 @@ As a user would (README "Baked images"), the image is baked first with the real 
 tests/provisioning/baked_image.py, `baked_gce_image`; this fake imports it): one VM of the
 base family (`debian-13`, which the fake boots from the Debian 13 root filesystem) installs the
 hosts' runtime from a package index on the bed's bridge (pypiserver, `provider.index_url`), is
-stopped, its disk becomes the
-image. The sweep then runs with `provider.image=<baked>` and the default `provider.index_url`
+stopped, its disk becomes the image. The sweep then runs with `provider.image=<baked>` and the default `provider.index_url`
 (the public PyPI), which the VMs cannot reach: a VM that tried to install anything would fail
 the run, so the VMs only unpack our wheel.
 
