@@ -5,7 +5,7 @@
 #   make test-fast  the tier to run while working: no TensorFlow cluster, no root or namespaces,
 #                   nothing slow (markers in pyproject.toml; docs/contributing.md)
 #   make ci         what CI runs (.ci/run): dry-run every committed experiment, lint, test, test-resume, gce-fake
-#   make gce-fake   the headline sweep on a fake Google Cloud (docs/gce.md)
+#   make gce-fake   the headline sweep on a fake Google Cloud, and a sweep killed and resumed there (docs/gce.md)
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -73,7 +73,7 @@ test-fast: setup
 gce-fake: bytecode
 	bash .ci/testbed-deps
 	$(MAKE) --no-print-directory isolated-images
-	$(PY) -m pytest -m headline tests/provisioning/test_gce_headline.py -s $(PYTEST_ARGS)
+	$(PY) -m pytest -m headline tests/provisioning/test_gce_headline.py tests/orchestrator/test_resume.py -s $(PYTEST_ARGS)
 
 validate: setup
 	$(PY) -m orchestrator.validate

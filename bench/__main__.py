@@ -15,9 +15,10 @@ order:
 * the sections of the modules in EXTRA_SECTIONS (each `section() -> list[str]`, measuring when
   called), appended in order; a missing module or a failing section leaves a note instead.
 
-``python -m bench --only startup`` (or ``ps_kill``, ``asp1``, ``protocols``) measures just that
-piece and prints its markdown instead of writing the document; ``protocols``
-(``bench/protocols.py``) is BSP against ASP, only measured on its own. The local runs share
+``python -m bench --only startup`` (or ``ps_kill``, ``asp1``, ``protocols``, ``resume``)
+measures just that piece and prints its markdown instead of writing the document; ``protocols``
+(``bench/protocols.py``) is BSP against ASP, only measured on its own; ``resume``
+(``bench/resume.py``, also the first of EXTRA_SECTIONS) is ``--resume`` against a cold start. The local runs share
 ``bench/runs.py``.
 """
 
@@ -44,9 +45,9 @@ from bench.throughput import (
 )
 
 DOC = ROOT / "docs" / "benchmarks.md"
-EXTRA_SECTIONS = ("bench.dispatch", "bench.ssh", "bench.hosts", "bench.sim", "bench.gce",
-                  "bench.gce_real")
-PIECES = ("startup", "ps_kill", "asp1", "protocols")
+EXTRA_SECTIONS = ("bench.resume", "bench.dispatch", "bench.ssh", "bench.hosts", "bench.sim",
+                  "bench.gce", "bench.gce_real")
+PIECES = ("startup", "ps_kill", "asp1", "protocols", "resume")
 
 
 def only(piece: str) -> list[str]:
@@ -60,6 +61,10 @@ def only(piece: str) -> list[str]:
         return asp1_lines(measure_asp1())
     if piece == "protocols":
         return protocol_lines(measure_protocols())
+    if piece == "resume":
+        from bench.resume import section
+
+        return section()
     raise SystemExit(f"--only: one of {', '.join(PIECES)} (got {piece!r})")
 
 

@@ -125,6 +125,11 @@ class RunState:
             self.last_checkpoint_step = resumed
         self.resume_step = None
 
+    def _resumed(self, event: Mapping[str, Any], at: float | None) -> None:
+        # orchestrator/resume.py: the next chief should restore this step; an older one (the
+        # newest checkpoint damaged) loses the steps between, as after a restart
+        self.resume_step = int(event.get("from_step") or 0)
+
     def _step(self, event: Mapping[str, Any], at: float | None) -> None:
         self.last_loss = _number(event.get("loss"))
         self.last_steps_per_sec = _number(event.get("steps_per_sec"))
@@ -197,6 +202,7 @@ class RunState:
 
 _HANDLERS = {
     "train_start": RunState._train_start,
+    "resumed": RunState._resumed,
     "step": RunState._step,
     "eval": RunState._eval,
     "checkpoint": RunState._checkpoint,

@@ -34,7 +34,10 @@ A resumed run's summary keeps its ``run_id``; ``wall_time_s`` and ``cost_usd`` a
 attempt's time (from its events; the time the orchestrator was dead is not counted, though a
 cloud VM it left bills until step 2 or ``orchestrator.gc`` deletes it); the
 recovery counts are every attempt's (the fold of the earlier events, orchestrator/record.py);
-``lost_steps`` also adds the steps past each checkpoint a resume went on from. Crash points for testing: orchestrator/killpoints.py.
+``lost_steps`` also adds, per resume, the steps the dead attempt's chief had recorded past the
+checkpoint the resume went on from (:func:`last_recorded_step`), and those of a newer
+checkpoint the new chief found damaged and skipped. Crash points for testing:
+orchestrator/killpoints.py.
 """
 
 from __future__ import annotations
@@ -191,9 +194,10 @@ def measured_steps_per_sec(run_dir: Path) -> float | None:
     return sum(speeds) / len(speeds) if speeds else None
 
 
-def _plan_unstarted(point: PointPlan) -> dict[str, Any]:
-    """The plan of a point that never started, composed with the current code; refuses with
-    the field when it no longer composes."""
+def _plan_unstarted(point: PointPlan, search: list[str]) -> dict[str, Any]:
+    """The plan of a point that never started, composed with the current code (and the
+    recorded ``hydra.searchpath``: extra config dirs); refuses with the field when it no longer
+    composes."""
     from hydra import compose, initialize_config_module
 
     from orchestrator.config.errors import ConfigError
@@ -203,7 +207,7 @@ def _plan_unstarted(point: PointPlan) -> dict[str, Any]:
 
     try:
         with initialize_config_module(CONF_PACKAGE, version_base="1.3"):
-            cfg = compose("config", overrides=list(point.overrides))
+            cfg = compose("config", overrides=[*point.overrides, *search])
         return load_and_plan(cfg)[1].to_dict()
     except Exception as ex:
         err = ex if isinstance(ex, ConfigError) else config_error_from_hydra(ex)
@@ -214,12 +218,42 @@ def _plan_unstarted(point: PointPlan) -> dict[str, Any]:
 
 
 def last_recorded_step(run_dir: Path) -> int:
-    """The furthest the chief is known to have got: the fold of the run's events
-    (orchestrator/record.py), its steps and checkpoints."""
-    from orchestrator.record import fold_events_file
+    """The furthest the chief of the run's latest attempt is known to have got: the highest
+    step any of its events names (``step`` reports, ``checkpoint``, ``train_start``, phases,
+    ``train_end``; metrics.csv rows are made from the same reports).
 
-    state = fold_events_file(run_dir / results.EVENTS_FILE)
-    return max(state.global_step, state.last_checkpoint_step or 0)
+    Only the latest chief counts: a ``resumed`` event (a new attempt) or a restart's
+    ``recovery_start`` (a new chief) starts the count again, because the steps before them
+    were lost, and counted, there already. The run's highest step ever would count them again
+    at each later resume: an attempt killed before it trained (during provisioning, say)
+    would lose the previous attempt's steps a second time."""
+    from orchestrator.transient.recovery import EVENT_RECOVERY_START, Action
+
+    reach = 0
+    for event in _events(run_dir):
+        kind = event.get(results.EVENT_KIND)
+        if kind == RESUMED_EVENT or (kind == EVENT_RECOVERY_START
+                                     and event.get("action") == Action.restart.value):
+            reach = 0
+        step = event.get("step")
+        if event.get(results.EVENT_ROLE) == "chief" and isinstance(step, int | float) \
+                and not isinstance(step, bool):
+            reach = max(reach, int(step))
+    return reach
+
+
+def restored_step(run_dir: Path) -> int | None:
+    """The step the latest attempt's chief restored from (its first ``train_start`` after the
+    last ``resumed`` event; None before it started, or with no resume recorded)."""
+    restored, resumed = None, False
+    for event in _events(run_dir):
+        kind = event.get(results.EVENT_KIND)
+        if kind == RESUMED_EVENT:
+            restored, resumed = None, True
+        elif kind == "train_start" and event.get(results.EVENT_ROLE) == "chief" \
+                and resumed and restored is None:
+            restored = int(event.get("step") or 0)
+    return restored
 
 
 def attempts_s(run_dir: Path) -> tuple[float, int]:
@@ -314,7 +348,8 @@ def inspect(target: Target, retry: bool) -> None:
         point.status = point_status(point.run_dir)
         point.action = action_for(point.status, retry)
         if point.action == START:
-            plan = _plan_unstarted(point)
+            plan = _plan_unstarted(point, [a for a in target.argv
+                                           if a.startswith("hydra.searchpath=")])
         else:
             config = _read_yaml(point.run_dir / results.CONFIG_FILE)
             if not isinstance(config, dict):
@@ -430,6 +465,7 @@ class Resumption:
     # the earlier attempts' counts (the fold of their events; lost steps include the steps
     # each earlier resume lost): the summary is the run's, not only this attempt's
     earlier: dict[str, int] = field(default_factory=dict)
+    run_dir: Path | None = None  # where this attempt's events go (its restore step is read)
 
     @property
     def cluster_id(self) -> str:
@@ -452,10 +488,19 @@ class Resumption:
         summary["cost_usd"] = round(hourly_usd * summary["wall_time_s"] / 3600.0, 6)
         for key, value in self.earlier.items():
             summary[key] = int(summary.get(key) or 0) + value
-        summary["lost_steps"] = int(summary.get("lost_steps") or 0) + self.lost_steps
+        # a chief that found the newest checkpoint damaged (killed mid-write) restored an
+        # older one: the steps between the two are lost as well
+        restored = restored_step(self.run_dir) if self.run_dir is not None else None
+        start = self.from_step if restored is None else min(restored, self.from_step)
+        summary["lost_steps"] = (int(summary.get("lost_steps") or 0) + self.lost_steps
+                                 + self.from_step - start)
         train = summary.get("train_time_s")  # this attempt's: its rate, not the run's steps
-        summary["steps_per_sec"] = (round((summary["global_steps"] - self.from_step) / train, 4)
-                                    if train else None)
+        done = summary["global_steps"] - start
+        summary["steps_per_sec"] = round(done / train, 4) if train and done > 0 else None
+        if summary["steps_per_sec"] is None and self.run_dir is not None:
+            # resumed from its last checkpoint, nothing left to train: the rate it had
+            speed = measured_steps_per_sec(self.run_dir)
+            summary["steps_per_sec"] = None if speed is None else round(speed, 4)
 
 
 def prepare_point(run_dir: Path) -> Resumption | None:
@@ -486,7 +531,8 @@ def prepare_point(run_dir: Path) -> Resumption | None:
     from_step = newest_checkpoint_step(run_dir / results.CHECKPOINT_DIR)
     # step events come every report_every_s: a checkpoint may be newer than the last of them
     resumption = Resumption(run_id, resumes + 2, status, from_step,
-                            max(from_step, last_recorded_step(run_dir)), earlier_s, earlier)
+                            max(from_step, last_recorded_step(run_dir)), earlier_s, earlier,
+                            run_dir)
     for stale in (results.SUMMARY_FILE, results.SUMMARY_FILE + ".tmp", results.ERROR_FILE):
         (run_dir / stale).unlink(missing_ok=True)
     killpoints.hit("resume")

@@ -95,9 +95,13 @@ class SweepValidator(Callback):
         task = [f"{k}={v}" for k, v in params.items()] + task
         combos = expand_sweep(task)
         sweep_size = len(combos)
+        # compose() builds its own search path: the command line's extra config dirs with it
+        search = [str(p) for p in OmegaConf.select(config, "hydra.searchpath") or []]
+        extra = [f"hydra.searchpath=[{','.join(search)}]"] if search else []
         for combo in combos:
             try:
-                validate(to_experiment(compose(config_name="config", overrides=combo)))
+                validate(to_experiment(compose(config_name="config",
+                                               overrides=[*combo, *extra])))
             except Exception as ex:
                 point_error_exit(ex, combo)
 

@@ -8,6 +8,9 @@ from pathlib import Path
 
 import pytest
 
+# session fixtures shared across modules live here (imported into two modules they would be two)
+from tests.provisioning.baked_image import baked_gce_image, gce_isolated_bed  # noqa: F401
+
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -21,7 +24,8 @@ def repo_root() -> Path:
 #: Fixtures whose tests run on isolated hosts (tests/testbed/isolated.py): such a test is marked
 #: `isolated` (and `namespaces`) by what it uses, so `-m "not isolated"` deselects it without a
 #: list to keep.
-_ISOLATED_FIXTURES = frozenset({"isolated_bed", "module_isolated_bed", "isolated_index"})
+_ISOLATED_FIXTURES = frozenset({"isolated_bed", "module_isolated_bed", "isolated_index",
+                                "gce_isolated_bed", "baked_gce_image"})
 #: Fixtures whose tests run on the SSH test bed (tests/testbed: sshd hosts in network
 #: namespaces, root): marked `namespaces`. A test that builds a bed itself, or gets one through
 #: `request.getfixturevalue` (the conformance suite's ssh and gce beds), is marked where it does.

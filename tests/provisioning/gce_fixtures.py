@@ -227,6 +227,16 @@ class IsolatedFakeGce(FakeGce):
             self.custom_images[url] = self.bed.snapshot(self.slots[inst.ip])
         return url
 
+    def import_image(self, url: str, disk: Disk) -> None:
+        """Know a custom image another fake of the bed made (`images.insert` there), as if it
+        had been made here: one bake serves a session's fakes (tests/provisioning/
+        baked_image.py)."""
+        path = url.split("/compute/v1/", 1)[-1]
+        name = path.rsplit("/", 1)[1]
+        with self._lock:
+            self.custom_images[f"projects/{self.project}/global/images/{name}"] = disk
+            self.images[name] = {"name": name, "status": "READY"}
+
     def insert(self, zone: str, body: dict[str, Any], request_id: str | None) -> FakeOperation:
         disks = body.get("disks") or [{}]
         source = disks[0].get("initializeParams", {}).get("sourceImage", "")

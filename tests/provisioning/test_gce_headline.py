@@ -10,10 +10,11 @@ gcp-storage-emulator. No `provider.python`, no `provider.ssh_user`, no `provider
 the VMs run the trainer from the runtime baked into their image.
 
 As a user would (README "Baked images"), the image is baked first with the real command,
-`python -m orchestrator.image bake`, on the fake: one VM of the base family (`debian-13`, which
-the fake boots from the Debian 13 root filesystem) installs the hosts' runtime from a package
-index on the bed's bridge (pypiserver, `provider.index_url`), is stopped, its disk becomes the
-image. The sweep then runs with `provider.image=<baked>` and the default `provider.index_url`
+`python -m orchestrator.image bake`, on a fake of the same bed (once per pytest session:
+tests/provisioning/baked_image.py, `baked_gce_image`; this fake imports it): one VM of the
+base family (`debian-13`, which the fake boots from the Debian 13 root filesystem) installs the
+hosts' runtime from a package index on the bed's bridge (pypiserver, `provider.index_url`), is
+stopped, its disk becomes the image. The sweep then runs with `provider.image=<baked>` and the default `provider.index_url`
 (the public PyPI), which the VMs cannot reach: a VM that tried to install anything would fail
 the run, so the VMs only unpack our wheel.
 
@@ -44,19 +45,17 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from provisioning import host_runtime
 from provisioning.gce.storage import GcsStore, GcsUrl
 from provisioning.journal import ResourceKind, list_unreleased
-from tests.provisioning.gce_fixtures import IsolatedFakeGce
+from tests.provisioning.baked_image import ENV, ZONES, BakedImage, fake_with_image, provider_args
 from tests.provisioning.test_gce_storage import BUCKET, emulator_fixture  # noqa: F401
-from tests.testbed import isolated, wheelhouse
-from tests.testbed.isolated import IsolatedTestBed, skip_reason
+from tests.testbed import isolated
+from tests.testbed.isolated import IsolatedTestBed
 
 # Costly for a test: a bake (TensorFlow installed once on a VM), 3 clusters, 38 TensorFlow
 # processes (19 for 16 workers) on 17 isolated hosts, ResNet-32 built by each chief and
@@ -67,17 +66,13 @@ pytestmark = [pytest.mark.slow, pytest.mark.headline, pytest.mark.isolated,
 REPO = Path(__file__).resolve().parents[2]
 WORKERS = (4, 8, 16)
 PREEMPTED_RUN = 2  # the sweep's third run: the 16-worker cluster
-# conf/provider/gce.yaml's zone order; the experiment plans us-west1-b, which is stocked out.
-ZONES = ("us-west1-b", "us-west1-a", "us-central1-a", "us-central1-b")
-FAMILY = ("debian-cloud", "debian-13")  # Python 3.13: not the orchestrator's minor
+# ZONES: conf/provider/gce.yaml's order; the experiment plans us-west1-b, which is stocked out.
 PREFIX = "headline"
 TRAIN_STEPS = 100
 PREEMPT_AT_STEP = 1  # the first progress report: training is under way
-BAKE_TIMEOUT_S = 900
 RUN_TIMEOUT_S = 1700
 CIFAR_TRAIN_PER_FILE, CIFAR_TEST = 40, 16
 TIMING_FILE = REPO / ".bench" / "gce-fake.json"  # bake and sweep seconds of the last pass
-ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONUNBUFFERED": "1"}
 
 
 def write_cifar10(root: Path, seed: int = 0) -> Path:
@@ -106,66 +101,16 @@ def events(run_dir: Path) -> list[dict]:
     return out
 
 
-@pytest.fixture(name="bed")
-def bed_fixture() -> Iterator[IsolatedTestBed]:
-    """An isolated bed of this test's own (its hosts are the fake's VMs)."""
-    reason = skip_reason()
-    if reason:
-        pytest.skip(reason)
-    bed = IsolatedTestBed()
-    try:
-        yield bed
-    finally:
-        sizes = subprocess.run(["du", "-sm", *map(str, bed.dir.glob("*/*"))],
-                               capture_output=True, text=True).stdout.split("\n")
-        started = time.monotonic()
-        bed.close()
-        big = sorted((ln.split("\t") for ln in sizes if ln), key=lambda x: -int(x[0]))[:4]
-        print(f"headline: bed removed in {time.monotonic() - started:.1f} s; largest (MB): "
-              f"{big}")
-    assert not bed.leftovers(), f"isolated bed left {bed.leftovers()}"
-
-
-def provider_args(fake: IsolatedFakeGce, bed: IsolatedTestBed) -> list[str]:
-    """The fake cloud and its VMs' facts: the endpoint, anonymous credentials, the bed's key,
-    the base family, and the fake's GPUs being labels (module docstring). Faster polls."""
-    return [f"provider.api_endpoint={fake.endpoint}", "provider.credentials=anonymous",
-            f"provider.project={fake.project}", f"provider.ssh_key={bed.client_key}",
-            f"provider.image_project={FAMILY[0]}", f"provider.image_family={FAMILY[1]}",
-            "provider.extra=cpu", "provider.gpu_check=false",
-            "provider.poll_interval_s=0.5", "provider.ready_poll_s=0.1",
-            "provider.host_key_poll_s=0.2"]
-
-
-def bake_image(fake: IsolatedFakeGce, bed: IsolatedTestBed, tmp_path: Path) -> str:
-    """`python -m orchestrator.image bake` on the fake, the VM installing from the bed's index."""
-    index_url = bed.serve_index(wheelhouse.wheelhouse(wheelhouse.HOST_REQUIREMENTS, "3.13"))
-    started = time.monotonic()
-    done = subprocess.run(
-        [sys.executable, "-m", "orchestrator.image", "bake", "--zone", ZONES[1],
-         *provider_args(fake, bed), f"provider.index_url={index_url}"],
-        cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=BAKE_TIMEOUT_S)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    url = done.stdout.strip().splitlines()[-1]
-    print(f"headline: image baked in {time.monotonic() - started:.1f} s: {url}")
-    name = url.rsplit("/", 1)[1]
-    assert name.startswith(f"transient-host-cpu-{host_runtime.load().digest('cpu')[:12]}-")
-    assert "runtime installed (Python 3.13)" in done.stdout, done.stdout
-    assert fake.images[name]["status"] == "READY" and fake.live_instances() == []
-    return url
-
-
-def test_headline_sweep_on_fake_gce(bed: IsolatedTestBed, emulator: str,
+def test_headline_sweep_on_fake_gce(gce_isolated_bed: IsolatedTestBed,
+                                    baked_gce_image: BakedImage, emulator: str,
                                     tmp_path: Path) -> None:
+    bed = gce_isolated_bed
     data_dir = write_cifar10(tmp_path / "cifar10")
     sweep_dir = tmp_path / "sweep"
-    started = time.monotonic()
+    image = baked_gce_image.url
     # one VM per address: the largest cluster's 17 VMs, and one for the preempted worker's
     # replacement (a preempted VM keeps its address until it is deleted)
-    with IsolatedFakeGce(bed, vms=max(WORKERS) + 2, login_refused_s=2.0, zones=ZONES,
-                         provision_s=0.2, staging_s=0.2, insert_op_s=0.1, delete_op_s=0.2,
-                         stop_s=0.2, wait_cap_s=1.0) as fake:
-        image = bake_image(fake, bed, tmp_path)
+    with fake_with_image(bed, baked_gce_image, vms=max(WORKERS) + 2) as fake:
         baked_at = time.monotonic()
         fake.stockout(ZONES[0])
         argv = [
@@ -202,7 +147,7 @@ def test_headline_sweep_on_fake_gce(bed: IsolatedTestBed, emulator: str,
             raise
         now = time.monotonic()
         timing = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-                  "bake_s": round(baked_at - started, 1), "sweep_s": round(now - baked_at, 1),
+                  "bake_s": baked_gce_image.bake_s, "sweep_s": round(now - baked_at, 1),
                   "load": round(os.getloadavg()[0], 1), "cores": os.cpu_count()}
         print(f"headline: bake {timing['bake_s']} s, sweep {timing['sweep_s']} s")
         assert proc.returncode == 0, out[-6000:]
@@ -214,16 +159,16 @@ def test_headline_sweep_on_fake_gce(bed: IsolatedTestBed, emulator: str,
         with open(sweep_dir / "runs.csv") as fh:
             rows = list(csv.DictReader(fh))
         assert sorted(int(r["workers"]) for r in rows) == list(WORKERS)
-        inserted = [op for op in fake.operations.values()  # VMs (not images.insert)
+        inserted = [op for op in fake.operations.values()  # VMs
                     if op.operation_type == "insert" and op.error is None and op.zone in ZONES]
         bodies = [fake.instances[(op.zone, op.target)].body for op in inserted]
         assert {op.zone for op in inserted} == {ZONES[1]}
         assert any(op.zone == ZONES[0] and op.error is not None  # the stock-out was met
                    for op in fake.operations.values() if op.operation_type == "insert")
-        assert len(inserted) == 1 + sum(n + 1 for n in WORKERS) + 1  # bake + the replacement
+        assert len(inserted) == sum(n + 1 for n in WORKERS) + 1  # + the replacement
         sources = [b["disks"][0]["initializeParams"]["sourceImage"] for b in bodies]
-        from_image = [s for s in sources if s.endswith(image)]
-        assert len(from_image) == len(inserted) - 1, sources  # all but the baking VM
+        from_image = [s for s in sources if s.endswith(baked_gce_image.name)]
+        assert len(from_image) == len(inserted), sources
         workers = [b for b in bodies if b["labels"]["role"] == "worker"]
         assert len(workers) == sum(WORKERS) + 1
         assert all("nvidia-tesla-t4" in b["guestAccelerators"][0]["acceleratorType"]
