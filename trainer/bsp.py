@@ -1,5 +1,5 @@
-"""The BSP runner on the chief: one-step rounds with the barrier on the chief, and, with
-one worker, groups of K rounds in one closure.
+"""The BSP runner on the chief: one-step rounds with the barrier on the chief, and groups of
+K rounds in one closure per worker with the barrier on the PS.
 
 What a BSP global step costs, per worker (the crossings are pinned by
 tests/trainer/test_bsp_cost.py; "per PS" is one tensor for each parameter server holding
@@ -11,24 +11,38 @@ weights, trainer/packing.py):
   ticket; the N-th ticket applies the mean and moves the global step in the same PS-side
   call (`Steps.apply_accumulated`). The chief's barrier (`barrier`, trainer/waits.py) waits
   for the N results (each copied to the chief: one RPC per closure), then dispatches the
-  next round at once: no apply call of its own. Where a worker waits: from its closure's
-  end until the slowest worker's gradient is in and the chief has seen every result and
-  dispatched again (a few ms of the chief's Python and RPCs per round). Where the chief
-  waits: on the slowest closure of the round.
-- A round of a group (`Steps.bsp_rounds(K)`, K rounds unrolled in one closure, one worker):
-  the weights in and the gradients out, nothing else: the only worker's gradient is the
-  round's mean, applied as it comes and masked by the group's checks as ASP's steps are by
-  their ticket (`Steps.ps_round`); the chief pays one dispatch and one result per K steps.
-  With N workers the same closure adds the barrier: the round's outcome comes back (one
-  int64 pair) and the worker's step goes out; the workers not last poll the PS (one pair
-  per poll) until the step moved. Measured slower than one-step rounds on 2 loaded cores
-  (20 against 30 global steps/s, 2 workers, 2026-11-25), so automatic K is 1 with several
-  workers; an explicit `job.steps_per_closure` > 1 still runs groups.
+  next round. Where a worker waits: from its closure's end until the slowest worker's
+  gradient is in and the chief has seen every result and dispatched again (a few ms of the
+  chief's Python and RPCs per round, most of a round's cost on 2 loaded cores). Where the
+  chief waits: on the slowest closure of the round.
+- A round of a group (K rounds in one closure per worker): the weights in and the
+  gradients out, one tensor per PS each, nothing else crosses. With one worker
+  (`Steps.bsp_rounds(K)`, unrolled) its gradient is the round's mean, applied as it comes
+  and masked by the group's checks as ASP's steps are by their ticket (`Steps.ps_round`).
+  With N workers the round's barrier is one PS-side call (`Steps.barrier_round`): add,
+  ticket, the N-th applies and wakes the N workers through one FIFO queue per admission
+  slot on the PS, each worker waits on its queue (a blocking dequeue: no poll, no RPC, none
+  of the PS's threads held). Where a worker waits: from its gradient's arrival on the PS
+  to the slowest's and the apply. The chief pays one dispatch and one result per worker
+  per K steps, and waits for the group's end.
+
+Automatic K is chosen as for ASP (`auto_steps_per_closure` from the sampled one-step
+rounds' step time). With one worker the unrolled group closure of that K is traced in the
+background. With several, the looped group closure (`Steps.bsp_looped`: a graph loop over
+a K given as a tensor) is traced and run once by `warm`, before training, and serves every
+K: no function is traced mid-run, when a worker hanging during the trace (seconds on a
+loaded host) would hold its registration with every worker, and the chief with it (seen:
+the chief stalled until the hung worker resumed). An explicit `job.steps_per_closure`
+runs the unrolled closure of that K, traced by `warm`.
 
 Before 2026-11-25: automatic K was 1 for every BSP run, each round ended with an apply
 call from the chief after its barrier, each worker added one tensor per weight to its own
 accumulator, and the group closure looped its rounds in a `tf.while_loop` (split into a
-worker loop and a PS loop kept in step by RPCs on every iteration).
+worker loop and a PS loop kept in step by RPCs on every iteration). Until the wake
+queues (2026-11-25, later), automatic K was 1 with several workers: a group's waiting
+workers polled the PS (the round's outcome back, then one int64 pair per poll) and
+measured slower than one-step rounds (20 against 30 global steps/s, 2 workers, 2 loaded
+cores).
 
 Exactly once: a group of K global steps is N closures, one per worker, each running the
 same K rounds; a group needs all N workers at once (each worker runs one closure at a
@@ -38,6 +52,8 @@ a worker fails or is named hung during a group, the chief closes it (`Steps.bsp_
 the survivors' remaining rounds apply nothing, the coordinator's rerun of the lost closure
 finds the group closed (or full: its admission ticket comes late) and applies nothing, and
 the round in flight is discarded (`Steps.bsp_discard`): the rounds already applied stay.
+The close wakes every slot's queue, so a survivor waiting at the barrier goes on at once
+(its remaining rounds apply nothing).
 While a worker is lost or named hung, one-step rounds run and the survivors take its
 share: its closure is scheduled again for a survivor by `barrier` (hung) or by the
 coordinator (lost), so every step still averages N gradients. A closure that ends late (a
@@ -78,9 +94,10 @@ class BspRunner:
 
     `steps_per_closure` 0 = automatic: after AUTO_SAMPLE_STEPS one-step rounds (and the
     first, which includes the trace), K from the median step time as for ASP, reported
-    through `on_choice(K, step_time_s)`; its group closure is traced in the background
-    (trainer/closures.py `prepare_unrolled`) and one-step rounds run meanwhile, as they do
-    for the rest of a stretch shorter than K. `groups` counts the multi-step groups run.
+    through `on_choice(K, step_time_s)`; with one worker its group closure is traced in the
+    background (trainer/closures.py `prepare_unrolled`) and one-step rounds run meanwhile,
+    with several the looped closure traced by `warm` serves it. One-step rounds run the
+    rest of a stretch shorter than K. `groups` counts the multi-step groups run.
     """
 
     def __init__(self, coordinator: Any, steps: Steps, args: tuple, workers: int,
@@ -93,11 +110,14 @@ class BspRunner:
         self.samples: list[list[Any]] = []  # automatic K: one-step rounds' results
         self.ready: dict[int, Callable] = {}  # K -> group closure, traced
         self.requested: set[int] = set()  # K whose group closure is (being) traced
+        self.looped: Callable | None = None  # the looped group closure, traced by `warm`
+        self.counts: dict[int, Any] = {}  # K -> its int64 tensor (the looped closure's)
 
     def __call__(self, n: int) -> tuple[int, list[Any]]:
         if self.k > 1 and self.k not in self.requested:  # an explicit K not warmed
             self._prepare(self.k)
-        if (n < self.k or self.k not in self.ready or self.membership.lost or any_hung()):
+        if (n < self.k or self._closure(self.k) is None or self.membership.lost
+                or any_hung()):
             return self._one_step()  # a group needs every worker; one step reschedules
         return self._group(self.k)
 
@@ -108,7 +128,10 @@ class BspRunner:
         """Trace BSP's functions now, before a worker can hang: a function first traced
         mid-run is registered with every worker then, which waits for a hung one
         (trainer/closures.py `prepare_unrolled`). With `groups` and an explicit K, the
-        group closure too, run once for a group that is not open (it applies nothing)."""
+        group closure too, run once for a group that is not open (it applies nothing);
+        with an automatic K and several workers, the looped group closure, which serves every
+        K (so none is traced mid-run: a worker that hangs while it is traced, seconds on a
+        loaded host, would hold its registration, and the chief with it)."""
         import tensorflow as tf
 
         steps = self.steps
@@ -119,7 +142,15 @@ class BspRunner:
         steps.bsp_open.get_concrete_function(scalar, scalar)
         steps.bsp_close.get_concrete_function()
         steps.bsp_discard.get_concrete_function()
-        if groups:
+        if groups and not self.k and self.workers > 1:
+            closed = tf.constant(BSP_CLOSED - 1, tf.int64)
+            looped_args = (*self.args, closed, self._count(1))
+            with self.coordinator.strategy.scope():
+                self.looped = steps.bsp_looped.get_concrete_function(
+                    *tfcompat.schedule_specs(looped_args))
+            self.coordinator.schedule(self.looped, args=looped_args)
+            self.coordinator.join()
+        elif groups:
             self._prepare(self.k, background=False)
             if self.k in self.ready:
                 self.coordinator.schedule(self.ready[self.k], args=(
@@ -151,19 +182,33 @@ class BspRunner:
                 self.samples.clear()
         return 1, results
 
+    def _closure(self, k: int) -> tuple[Callable, tuple] | None:
+        """The group closure of `k` rounds and its arguments after the group's; None where
+        none is traced (one-step rounds serve)."""
+        if k in self.ready:
+            return self.ready[k], ()
+        if self.looped is not None and k > 1:
+            return self.looped, (self._count(k),)
+        return None
+
+    def _count(self, k: int) -> Any:
+        import tensorflow as tf
+
+        if k not in self.counts:
+            self.counts[k] = tf.constant(k, tf.int64)
+        return self.counts[k]
+
     def _schedule_accumulate(self) -> Any:
         return self.coordinator.schedule(self.steps.bsp_accumulate, args=self.args)
 
     def _choose(self, results: list[Any]) -> None:
-        """K from the sampled one-step rounds' median step time, as for ASP, with one
-        worker; 1 with several."""
+        """K from the sampled one-step rounds' median step time, as for ASP."""
         step_time = median_step_time(results)
         if step_time is None:
             return  # every sample was lost with a worker: measure again
-        # groups of several workers measured slower than one-step rounds (their waiters
-        # poll the PS; 20 against 30 global steps/s with 2 workers on 2 loaded cores)
-        self.k = auto_steps_per_closure(step_time) if self.workers == 1 else 1
-        self._prepare(self.k)
+        self.k = auto_steps_per_closure(step_time)
+        if self.workers == 1:  # with several, the looped closure serves (`warm`) or none
+            self._prepare(self.k)
         if self.on_choice is not None:
             self.on_choice(self.k, step_time)
 
@@ -174,7 +219,10 @@ class BspRunner:
         group_id = tf.constant(self.groups, tf.int64)
         disruptions = self.membership.disruptions
         start = int(self.steps.bsp_open(group_id, tf.constant(n, tf.int64)))
-        results = [self.coordinator.schedule(self.ready[n], args=(*self.args, group_id))
+        found = self._closure(n)
+        assert found is not None  # `__call__` runs groups only when one is traced
+        closure, extra = found
+        results = [self.coordinator.schedule(closure, args=(*self.args, group_id, *extra))
                    for _ in range(self.workers)]
         while True:
             running = [r for r in results if not finished(r)]

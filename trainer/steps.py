@@ -13,17 +13,22 @@
   accumulators on the PS and takes a ticket; the N-th ticket averages them by their count
   and updates the weights in the same call (`bsp_apply` applies from the chief, for the
   rare round whose closures were all stale).
-- BSP rounds (`bsp_rounds(K)`, K rounds unrolled; `bsp_open`, `bsp_close`, `bsp_discard`):
-  with one worker, its gradient applied as it comes (`_sole_round`). With N: the barrier of each
-  global step held on the PS instead of by the chief: every worker adds its gradient to the
-  accumulators, then takes a ticket (`ResourceCountUpTo` on a PS counter: an atomic
-  fetch-and-increment); the worker holding the N-th ticket applies the mean of the N
-  gradients, resets the accumulators and only then increments the global step; the others
-  wait until it moved (polling the PS, pauses from BARRIER_POLL_S doubling to
-  BARRIER_POLL_MAX_S), then start the next round on the new weights. So every global step
-  is still exactly one update from one gradient of every worker, and the group stops
-  exactly at the step the chief opened it for (`bsp_stop`). A late `bsp_joined` ticket
-  keeps a rerun of a lost worker's closure out of a group still open.
+- BSP rounds (`bsp_rounds(K)`, K rounds unrolled, or `bsp_looped(iterator, worker_id,
+  group, K)`, one trace for every K; `bsp_open`, `bsp_close`, `bsp_discard`): with one
+  worker, its gradient applied as it comes (`_sole_round`). With N: the barrier of each
+  global step held on the PS instead of by the chief, in one PS-side call per round
+  (`barrier_round`): every worker adds its gradient to the accumulators, then takes a
+  ticket (`ResourceCountUpTo` on a PS counter: an atomic fetch-and-increment); the worker
+  holding the N-th ticket applies the mean of the N gradients, resets the accumulators,
+  increments the global step and then wakes the round's workers: one token `[step, group]`
+  into each admission slot's FIFO queue on the PS (`wake`); every worker, the applier too,
+  then waits for its slot's token (`wait_wake`: a blocking dequeue, an asynchronous kernel
+  that holds none of the PS's threads and sends nothing while it waits) and starts the next
+  round on the new weights. So every global step is still exactly one update from one
+  gradient of every worker, and the group stops exactly at the step the chief opened it for
+  (`bsp_stop`). A late `bsp_joined` ticket keeps a rerun of a lost worker's closure out of a
+  group still open; the chief's `bsp_close` wakes every slot (the waiters find the group
+  closed and apply nothing more), and `bsp_open` drains what tokens a closed group left.
 
 The weights come in and the gradients go out as one tensor per PS (trainer/packing.py).
 
@@ -48,9 +53,14 @@ from trainer.spec import StragglerSpec
 
 UNKNOWN_WORKER = -1
 BSP_CLOSED = -1  # `bsp_group` value of no open group
-BARRIER_POLL_S = 0.0005  # first pause of a BSP worker waiting at a round's barrier
-BARRIER_POLL_MAX_S = 0.016  # the pause doubles up to this
+WAKE_CAPACITY = 2 ** 30  # a BSP wake queue's bound; never reached (drained by each group)
 TICKET_LIMIT = 2 ** 62  # ResourceCountUpTo needs a limit; never reached
+
+
+def tf_range(n: Any) -> Any:
+    import tensorflow as tf
+
+    return tf.range(n)
 
 
 @dataclass
@@ -151,7 +161,8 @@ class Steps:
 
     Workers (scheduled by the chief, args `(iterator, worker_id, ...)`, a result vector
     back): `asp(iterator, worker_id, steps)`, `asp_unrolled(K)(iterator, worker_id)`,
-    `bsp_accumulate(iterator, worker_id)`, `bsp_rounds(K)(iterator, worker_id, group)`.
+    `bsp_accumulate(iterator, worker_id)`, `bsp_rounds(K)(iterator, worker_id, group)`,
+    `bsp_looped(iterator, worker_id, group, K)`.
     Chief, ops on the PS: `asp_open(stop)`, `bsp_apply()`, `bsp_open(group, steps)` -> the
     global step at the group's start, `bsp_close()`, `bsp_discard()` -> global step.
     `workers`: the gradients per BSP round."""
@@ -173,6 +184,11 @@ class Steps:
         self.decayed = [len(w.shape) > 1 for w in self.weights.variables]  # skips biases, BN
         with tf.device(v.global_step.device):  # one applier at a time: check, then apply
             self.exclusive = tf.CriticalSection(name="bsp_apply")
+            # a BSP group's barrier: one queue of wake tokens per admission slot (module
+            # docstring); not checkpointed, drained by every `bsp_open`
+            self.wakes = [tf.queue.FIFOQueue(WAKE_CAPACITY, [tf.int64], shapes=[[2]],
+                                             name=f"bsp_wake_{slot}")
+                          for slot in range(workers)]
         self.quorum = tf.constant(workers, tf.int64)
         self.flats: list[Any] = []  # the packed gradients of the BSP round being built
         self.adds: list[Any] = []  # the accumulate ops of the one-step closure being built
@@ -186,6 +202,9 @@ class Steps:
         self.bsp_open = tf.function(self._bsp_open)
         self.bsp_close = tf.function(self._bsp_close)
         self.bsp_discard = tf.function(self._bsp_discard)
+        self.bsp_looped = tf.function(self._bsp_looped)
+        self.barrier_round = tf.function(self._barrier_round,
+                                         experimental_attributes={"_noinline": True})
 
     # --- one step on a worker ---------------------------------------------------------------
 
@@ -371,9 +390,10 @@ class Steps:
 
     def apply_accumulated(self, expected: Any, group: Any = None) -> Any:
         """One update from the mean of the accumulated gradients, then the accumulators and
-        tickets reset and the counters moved, the global step last (a BSP round's waiters go
-        on when it moves), if the global step is still `expected` (and the BSP group `group`
-        still open); returns the global step after.
+        tickets reset and the counters moved, the global step last, if the global step is
+        still `expected` (and the BSP group `group` still open; then the round's waiters
+        are woken once the step moved: one token per slot, `wake`); returns the global
+        step after.
 
         Exactly one update per global step, whoever dies when: every op runs on a PS, its
         inputs read there, so once the PS holds the request it completes the update, the
@@ -407,7 +427,11 @@ class Steps:
                                                       read_value=False),
                            v.bsp_updates.assign_add(1, read_value=False)]
             with tf.control_dependencies(resets):
-                return v.global_step.assign_add(1)
+                after = v.global_step.assign_add(1)
+            if group is None:
+                return after
+            with tf.control_dependencies([self.wake(after, group)]):
+                return tf.identity(after)
 
         def check_and_apply() -> Any:
             current = v.global_step.read_value()
@@ -433,11 +457,17 @@ class Steps:
             self.rounds[k] = tf.function(rounds_k)
         return self.rounds[k]
 
-    def _bsp_rounds(self, iterator: Any, worker_id: Any, group: Any, k: int) -> Any:
-        """`k` rounds of the open group `group`. What crosses per round: the weights in (one
-        tensor per PS) and the gradients out (one per PS); with several workers also the
-        round's outcome back (one int64 pair) and the step out, and, for a worker that
-        waits at the barrier, one int64 pair per poll."""
+    def _bsp_looped(self, iterator: Any, worker_id: Any, group: Any, k: Any) -> Any:
+        # `k` is an int64 tensor: one trace, made before training, serves every K
+        return self._bsp_rounds(iterator, worker_id, group, k, tf_range(k))
+
+    def _bsp_rounds(self, iterator: Any, worker_id: Any, group: Any, k: Any,
+                    loop: Any = None) -> Any:
+        """`k` rounds of the open group `group`, one per item of `loop` (a `tf.range`, a
+        graph loop) or unrolled (`loop` None: a Python range). What crosses per round: the
+        weights in (one tensor per PS) and the gradients out (one per PS), as for an ASP
+        step; the barrier (`ps_round`) is wholly on the PS, and the next round's clock on the
+        worker is ordered after it (a control edge)."""
         import tensorflow as tf
 
         v, zero = self.v, tf.constant(0.0, tf.float64)
@@ -447,21 +477,15 @@ class Steps:
             with tf.control_dependencies([joined]):
                 step = v.global_step.read_value()
             admitted = joined < self.quorum
-        with tf.device(v.global_step.device if self.workers == 1 else None):
-            rounds = tf.constant(0, tf.int64)  # counted where `ended` is
-        loss, total, ended = zero, zero, step
-        for _ in range(k):
-            with tf.control_dependencies([ended]):  # after the previous round ended
+            rounds = tf.constant(0, tf.int64)  # counted where the step is
+        loss, total = zero, zero
+        for _ in range(k) if loop is None else loop:
+            with tf.control_dependencies([step]):  # after the previous round's barrier
                 loss, seconds = self.timed(iterator, worker_id, self._rounds_body)
             total += seconds
-            outcome = self.ps_round(self.flats, step, group_on_ps, admitted)
-            if self.workers > 1:  # on the worker: it polls from there
-                ended = self.wait_round(step, group, outcome)
+            ended = self.ps_round(self.flats, step, group_on_ps, admitted, joined)
+            with tf.device(v.global_step.device):
                 rounds += tf.cast(ended > step, tf.int64)
-            else:  # the only worker applies every round: nothing to wait for, nothing crosses
-                with tf.device(v.global_step.device):
-                    ended = outcome[0]
-                    rounds += tf.cast(ended > step, tf.int64)
             step = ended
         return self.result(loss, worker_id,
                            total / tf.cast(tf.maximum(rounds, 1), tf.float64), rounds)
@@ -470,13 +494,15 @@ class Steps:
         loss, self.flats = self.loss_and_grads(batch, packed=True)
         return loss
 
-    def ps_round(self, flats: list[Any], step: Any, group: Any, admitted: Any) -> Any:
+    def ps_round(self, flats: list[Any], step: Any, group: Any, admitted: Any,
+                 slot: Any) -> Any:
         """The PS's part of a round, in one call: if the closure is admitted, the group
         `group` open, the global step still `step` and below the group's stop, add the
         gradients to the accumulators (masked: one add per PS either way), take a ticket,
-        and, from the N-th ticket on, apply (`apply_accumulated`, which lets one applier of
-        the round through); one worker applies at once (`_sole_round`). Returns the int64
-        pair [global step after, open group]."""
+        from the N-th ticket on, apply (`apply_accumulated`, which lets one applier of the
+        round through and wakes the round's workers), and wait for the wake token of this
+        closure's admission `slot`; one worker applies at once (`_sole_round`). Returns the
+        global step after the round (`step` if the closure took no part in it)."""
         import tensorflow as tf
 
         v = self.v
@@ -488,6 +514,18 @@ class Steps:
                 tf.equal(v.global_step.read_value(), step), step < v.bsp_stop.read_value()))
         if self.workers == 1:
             return self._sole_round(flats, go)
+        with tf.device(v.global_step.device):
+            return self.barrier_round(flats, step, group, go, slot)
+
+    def _barrier_round(self, flats: list[Any], step: Any, group: Any, go: Any,
+                       slot: Any) -> Any:
+        """`ps_round`'s part with several workers, a function of its own on the PS
+        (`barrier_round`, not inlined): its conditionals (the apply, the wait) are traced and
+        instantiated once, not once per round of every K (measured in process, K = 14: the
+        first call of a group closure took 8 s with them inlined, 0.8 s for one worker's)."""
+        import tensorflow as tf
+
+        v = self.v
         adds = []
         for acc, flat in zip(v.accumulators, flats, strict=True):
             with tf.device(acc.device):
@@ -500,18 +538,19 @@ class Steps:
                 mine = self.ticket(v.bsp_tickets)
                 # from the N-th ticket on, every gradient of the round is in; a stale
                 # closure's ticket may come first, so every such holder tries
-                return tf.cond(mine + 1 >= self.quorum,
-                               lambda: self.apply_accumulated(step, group), lambda: step)
+                applied = tf.cond(mine + 1 >= self.quorum,
+                                  lambda: self.apply_accumulated(step, group), lambda: step)
+                with tf.control_dependencies([applied]):
+                    return self.wait_wake(slot)[0]
 
             with tf.control_dependencies(adds):
-                after = tf.cond(go, contribute, lambda: step)
-            return tf.stack([after, v.bsp_group.read_value()])
+                return tf.cond(go, contribute, lambda: step)
 
     def _sole_round(self, flats: list[Any], go: Any) -> Any:
         """`ps_round` of the only worker: its gradient is the round's mean, so it is applied
         as it comes, masked by `go` as ASP's steps are by their ticket (no accumulator, no
-        ticket, no lock: no other applier can be admitted to the open group); one update
-        and one step, or, not `go`, nothing."""
+        ticket, no lock, no wait: no other applier can be admitted to the open group); one
+        update and one step, or, not `go`, nothing."""
         import tensorflow as tf
 
         v = self.v
@@ -522,40 +561,41 @@ class Steps:
                 counters = [v.bsp_gradients.assign_add(counted, read_value=False),
                             v.bsp_updates.assign_add(counted, read_value=False)]
             with tf.control_dependencies(counters):
-                after = v.global_step.assign_add(counted)
-            return tf.stack([after, v.bsp_group.read_value()])
+                # read now: `assign_add`'s value is a lazy read, which a later round's
+                # comparison would take after that round's own add
+                return tf.identity(v.global_step.assign_add(counted))
 
-    def wait_round(self, step: Any, group: Any, outcome: Any) -> Any:
-        """Poll the PS until the applier moved the global step past `step` or the chief
-        closed the group; returns the step seen. `outcome` (ps_round's pair) is the first
-        look: the applier, or a closure of a closed group, does not poll. The pause doubles
-        from BARRIER_POLL_S to BARRIER_POLL_MAX_S, so a short wait costs little latency and
-        a long one (a straggler) few RPCs. Not a blocking dequeue on the PS: a call blocked
-        for a while draws gRPC keepalive pings without data, which TF's servers answer with
-        GOAWAY "too many pings" (measured: the run failed)."""
+    def wake(self, step: Any, group: Any) -> Any:
+        """One token `[step, group]` for every admission slot's queue (on the PS): the
+        round's applier wakes its N workers (itself included: each waits once per round),
+        the chief's close wakes whoever waits for a round that will not be applied."""
         import tensorflow as tf
 
-        v = self.v
+        token = tf.stack([tf.cast(step, tf.int64), tf.cast(group, tf.int64)])
+        return tf.group([queue.enqueue(token) for queue in self.wakes])
 
-        def waiting(seen: Any, pause: Any) -> Any:
-            return tf.logical_and(tf.equal(seen[0], step), tf.equal(seen[1], group))
+    def wait_wake(self, slot: Any) -> Any:
+        """Block on the PS until this slot's next wake token comes; returns it. A queue's
+        dequeue is an asynchronous kernel: the wait holds none of the PS's threads, and no
+        RPC goes to or from the waiting worker meanwhile (the call stays open: the keepalive
+        of trainer/keepalive.py lets a call be silent for minutes). Each slot has its own
+        queue, so a worker quick into the next round cannot take a token meant for a worker
+        still waiting for the previous one."""
+        import tensorflow as tf
 
-        def poll(seen: Any, pause: Any) -> tuple[Any, Any]:
-            with tf.control_dependencies([seen]):
-                slept = tfcompat.sleep(pause)
-            with tf.device(v.global_step.device), tf.control_dependencies([slept]):
-                now = tf.stack([v.global_step.read_value(), v.bsp_group.read_value()])
-            return now, tf.minimum(pause * 2.0, BARRIER_POLL_MAX_S)
-
-        seen, _ = tf.while_loop(waiting, poll,
-                                (outcome, tf.constant(BARRIER_POLL_S, tf.float64)))
-        return seen[0]
+        return tf.switch_case(tf.cast(slot, tf.int32),
+                              [lambda queue=queue: queue.dequeue() for queue in self.wakes])
 
     def _bsp_open(self, group: Any, steps: Any) -> Any:
         import tensorflow as tf
 
         v = self.v
-        start = v.global_step.read_value()
+        # the tokens a closed group left (its close's, a round's nobody waited for): called
+        # only when every closure of the last group ended (or is a hung worker's, which the
+        # close woke), so nothing waits on the queues now
+        drained = [queue.dequeue_many(queue.size()) for queue in self.wakes]
+        with tf.control_dependencies(drained):
+            start = v.global_step.read_value()
         resets = [v.bsp_joined.assign(0, read_value=False),
                   v.bsp_tickets.assign(0, read_value=False),
                   v.bsp_stop.assign(start + steps, read_value=False)]
@@ -564,7 +604,12 @@ class Steps:
         return start
 
     def _bsp_close(self) -> None:
-        self.v.bsp_group.assign(BSP_CLOSED, read_value=False)
+        import tensorflow as tf
+
+        v = self.v
+        closed = v.bsp_group.assign(BSP_CLOSED, read_value=True)
+        with tf.control_dependencies([closed]):  # woken, a waiter finds the group closed
+            self.wake(v.global_step.read_value(), closed)
 
     def _bsp_discard(self) -> Any:
         import tensorflow as tf

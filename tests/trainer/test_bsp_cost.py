@@ -84,13 +84,13 @@ def test_a_round_of_one_worker_crosses_like_an_asp_step() -> None:
     assert counts["control_to_ps"] + counts["control_to_worker"] <= ORDERINGS, counts
 
 
-def test_a_round_of_two_workers_adds_the_barrier_only() -> None:
-    """With a barrier: besides the weights and the gradients, the round's outcome (one
-    int64 pair: the step after, the open group) comes back and the worker's step goes out
-    with its gradients, and the poll is ordered after the PS's call (TensorFlow orders ops
-    on the step counter); polls (a waiter's only) are one pair each, in the wait loop."""
+def test_a_round_of_two_workers_crosses_like_an_asp_step() -> None:
+    """With a barrier: still only the weights in and the gradients out, one tensor each per
+    PS; the barrier (the apply, the wake tokens, the wait) is one call on the PS
+    (`Steps.barrier_round`), and the next round's clock is ordered after it (a control
+    edge). No poll: nothing crosses while a worker waits."""
     counts = per_round(2)
-    assert (counts["to_ps"], counts["to_worker"]) == (2, 2), counts
+    assert (counts["to_ps"], counts["to_worker"]) == (1, 1), counts
     assert counts["control_to_ps"] + counts["control_to_worker"] <= ORDERINGS, counts
 
 

@@ -91,6 +91,45 @@ def test_a_group_applies_exactly_its_rounds_and_a_closed_one_nothing() -> None:
     assert int(v.global_step.numpy()) == int(v.bsp_updates.numpy()) == 3
 
 
+def test_a_group_of_two_workers_waits_on_the_ps_and_a_close_wakes_it() -> None:
+    """Two workers (two threads here) run a group of 3 rounds: 3 steps, each one update
+    from both gradients (their barrier held on the PS: the round's applier wakes both),
+    and no wake token is left over. A worker alone in a group waits at its first round's
+    barrier until the chief closes the group; woken, it applies nothing more."""
+    import threading
+
+    steps, v, _, _ = _steps(2)
+    rounds = steps.bsp_rounds(3)
+    group = tf.constant(7, tf.int64)
+    steps.bsp_open(group, tf.constant(3, tf.int64))
+    results: dict[int, object] = {}
+
+    def run(worker: int, group: object) -> None:
+        results[worker] = rounds(_dataset(), tf.constant(worker, tf.int32), group).numpy()
+
+    pair = [threading.Thread(target=run, args=(w, group)) for w in (0, 1)]
+    for thread in pair:
+        thread.start()
+    for thread in pair:
+        thread.join(120)
+    assert [int(results[w][3]) for w in (0, 1)] == [3, 3], results
+    assert int(v.global_step.numpy()) == int(v.bsp_updates.numpy()) == 3
+    assert int(v.bsp_gradients.numpy()) == 6
+    assert [int(q.size().numpy()) for q in steps.wakes] == [0, 0]
+
+    alone = tf.constant(8, tf.int64)
+    steps.bsp_open(alone, tf.constant(3, tf.int64))
+    waiter = threading.Thread(target=run, args=(0, alone), daemon=True)
+    waiter.start()
+    waiter.join(3)
+    assert waiter.is_alive()  # at the barrier: the other worker's gradient never comes
+    steps.bsp_close()
+    waiter.join(60)
+    assert not waiter.is_alive() and int(results[0][3]) == 0, results
+    assert int(steps.bsp_discard()) == 3 and float(v.grad_count.numpy()) == 0.0
+    assert int(v.bsp_updates.numpy()) == 3
+
+
 def test_asp_steps_past_the_stop_are_dropped_whole() -> None:
     """A stretch opened for 3 steps applies 3 of a 5-step closure; a closure run again (as
     TensorFlow reruns one after a worker loss) then changes no weight, no momentum and no
