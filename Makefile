@@ -44,6 +44,7 @@ bytecode: setup
 # /var/tmp/transient-isobed outside the checkout; a no-op once cached or when not root
 isolated-images: setup
 	$(PY) -m tests.testbed.images build
+	$(PY) -m tests.testbed.baked build  # the runtime baked in, for the SSH/GCE fault e2e tests
 
 run: bytecode
 	$(PY) -m orchestrator +experiment=digits_local
