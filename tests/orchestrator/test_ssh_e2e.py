@@ -147,6 +147,18 @@ def step_at_least(n: int):
     return lambda e: e.get("kind") == "step" and e.get("step", 0) >= n
 
 
+def wait_for_closures_settled(run_dir: Path) -> None:
+    """Wait until the chief has chosen its steps per closure and, if more than one, finished
+    tracing the unrolled closure (in the background, on every worker). A worker that hangs
+    during that trace stalls the chief until gRPC keepalive gives up on it (391 s, seen on
+    2026-11-25 with the worker frozen 1 s after the choice): a trainer limitation of its own,
+    not what the tests below inject their faults into."""
+    chosen = wait_for(run_dir, lambda e: e.get("kind") == "steps_per_closure",
+                      "steps_per_closure")
+    if chosen["steps"] > 1:
+        wait_for(run_dir, lambda e: e.get("kind") == "closure_unrolled", "closure_unrolled")
+
+
 def assert_nothing_left(bed: IsolatedTestBed, hosts: list[IsolatedHost]) -> None:
     assert bed.processes_left(hosts, within_s=10) == {h.name: [] for h in hosts}
 
@@ -197,6 +209,7 @@ def test_lost_worker_machine_shrinks_and_completes(repo_root: Path, bed: Isolate
                               f"job.train_steps={LOSS_STEPS}")
     try:
         wait_for(run_dir, step_at_least(100), "step >= 100")
+        wait_for_closures_settled(run_dir)
         (bed.cut if fault == "cut_link" else bed.freeze)(worker_host)
         out = finish(proc)
     finally:
