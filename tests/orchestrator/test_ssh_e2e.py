@@ -160,7 +160,16 @@ def wait_for_closures_settled(run_dir: Path) -> None:
 
 
 def assert_nothing_left(bed: IsolatedTestBed, hosts: list[IsolatedHost]) -> None:
-    assert bed.processes_left(hosts, within_s=10) == {h.name: [] for h in hosts}
+    left = bed.processes_left(hosts, within_s=10)
+    assert left == {h.name: [] for h in hosts}, {
+        name: [_cmdline(pid) for pid in pids] for name, pids in left.items() if pids}
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:300]
+    except OSError:
+        return f"{pid} (gone)"
 
 
 def assert_no_key_material(bed: IsolatedTestBed, run_dir: Path) -> None:
