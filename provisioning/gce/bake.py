@@ -3,7 +3,8 @@ unpack our wheel. The command is `python -m orchestrator.image bake` (orchestrat
 
 One VM from the base image (`provider.image_family`) is set up exactly as a run sets a bare VM up
 (`provisioning/ssh/setup.py`: the hosts' dependency set installed on the VM from
-`provider.index_url`, or a wheelhouse), our wheel and run files removed (only the venv stays), the
+`provider.index_url`, or a wheelhouse), what a role imports compiled to bytecode once (so the
+image's VMs do not each compile it), our wheel and run files removed (only the venv stays), the
 VM stopped, `images.insert` from its boot disk, the VM deleted. The image is named
 `transient-host-<cpu|gpu>-<dependency-set digest>-<base image digest>`: a run with
 `provider.image=projects/P/global/images/<that name>` finds the venv ready (same `remote_root`,
@@ -26,8 +27,12 @@ from provisioning.base import BadFieldError, ClusterRequest, HostSpec, Role
 from provisioning.gce.config import GceConfig
 from provisioning.gce.ssh import trainer_extra
 from provisioning.host_runtime import baked_image_name
+from provisioning.ssh.setup import INSTALL_TIMEOUT_S
 
 STOP_TIMEOUT_S = 300.0
+#: What a role imports (trainer/startup.py, models.py, problems.py), compiled on the baking VM.
+_WARM_UP = ("import keras, tensorflow, sklearn.datasets, sklearn.model_selection; "
+            "from keras import layers; import trainer.loop, trainer.evaluator")
 IMAGE_TIMEOUT_S = 1800.0  # creating an image from a 100 GB disk takes minutes
 
 
@@ -133,6 +138,13 @@ def bake(cfg: GceConfig, gpu: str | None = None, machine_type: str = "n1-standar
         runner.setup()
         env = runner.machine.environment  # type: ignore[attr-defined]
         root = runner.machine.root  # type: ignore[attr-defined]
+        # The bytecode of what a role imports goes into the image too: the venv is installed
+        # without it (host_setup.py), and each VM of the image would otherwise compile
+        # TensorFlow's and Keras' modules at its first import (about a minute of CPU).
+        runner.machine.connection.run(  # type: ignore[attr-defined]
+            " ".join(shlex.quote(a) for a in ("env", *(f"{k}={v}" for k, v in env.env.items()),
+                                              env.command[0], "-c", _WARM_UP)),
+            timeout_s=INSTALL_TIMEOUT_S)
         # only the venv goes into the image: not this run's wheel, environment or files
         runner.machine.connection.run(  # type: ignore[attr-defined]
             f"cd {shlex.quote(root)} && rm -rf wheels runs wheelhouse envs/[0-9a-f]* "

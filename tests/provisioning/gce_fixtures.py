@@ -93,17 +93,6 @@ def processes_die_with_vm(testbed: Any) -> Callable[[str], None]:
     return gone
 
 
-def preempt_a_worker(fake: FakeGce, testbed: Any) -> Any:
-    """Preempt one live worker VM of `fake` (backed by `testbed`'s namespace hosts) and kill
-    its processes, as the VM's end would; returns the preempted instance."""
-    by_address = {h.address: h for h in testbed.hosts}
-    worker = next(i for i in fake.live_instances() if i.body["labels"]["role"] == "worker")
-    fake.preempt(worker.zone, worker.name)
-    for pid in testbed.role_pids(by_address[worker.ip]):  # the VM's processes die with it
-        os.kill(pid, signal.SIGKILL)
-    return worker
-
-
 @pytest.fixture(name="fake")
 def fake_fixture() -> Iterator[FakeGce]:
     with FakeGce(project=PROJECT, zones=tuple(ZONES), provision_s=0.05, staging_s=0.05,
@@ -210,6 +199,15 @@ class IsolatedFakeGce(FakeGce):
                     return disk
         raise FakeHttpError(404, f"The resource '{path}' was not found", "notFound",
                             "NOT_FOUND")
+
+    def add_image(self, name: str, disk: Disk) -> str:
+        """Make `disk` (e.g. a baked image cached on this machine, tests/testbed/baked.py) the
+        project's custom image `name`, as if `images.insert` had made it here; its URL."""
+        url = f"projects/{self.project}/global/images/{name}"
+        with self._lock:
+            self.custom_images[url] = disk
+            self.images[name] = {"name": name, "status": "READY"}
+        return url
 
     def image_from_instance(self, zone: str, instance: str, image: str) -> str:
         """A custom image from a stopped (TERMINATED) VM's disk; returns its URL

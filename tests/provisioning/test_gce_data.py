@@ -1,7 +1,11 @@
 """A run with `job.data_dir=gs://...` on "Google Cloud": the real CLI with `provider=gce` against
 the fake Compute API (VMs = namespace sshd hosts) and gcp-storage-emulator for the bucket. The
 orchestrator downloads the CIFAR-shaped files into its data cache once and the deployer copies
-them to the VM whose roles read them; the chief trains on that copy."""
+them to the VM whose roles read them; the chief trains on that copy.
+
+On the shared-filesystem bed: the subject is the data's path (bucket, cache, the copy into the
+VM's run directory), not the VM; VMs that share nothing with this machine are test_gce_e2e.py
+and the headline (which stages its files to them the same way)."""
 
 # ruff: noqa: F811  (the test bed fixture is imported, then requested by name)
 from __future__ import annotations

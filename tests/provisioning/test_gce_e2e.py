@@ -1,11 +1,17 @@
-"""End to end on "Google Cloud": the real CLI with `provider=gce` against the fake Compute API,
-every VM backed by a namespace sshd host of the SSH test bed (the VM's internal and external IP),
-roles deployed and trained over SSH. The first zone is stocked out (the run lands in the second),
-a worker's Spot VM is preempted mid-run (its processes die, the VM goes away; the run replaces it
-at the same address and finishes), and afterwards no VM, no journal entry and no process is left.
+"""End to end on "Google Cloud": the real CLI with `provider=gce` against the fake Compute API
+whose VMs are isolated hosts (gce_fixtures.IsolatedFakeGce over tests/testbed/isolated.py: their
+own root filesystem, pid and network namespaces, the login user `transient` made by the guest
+agent from the `ssh-keys` metadata, logins refused while a VM boots), roles deployed and trained
+over SSH. The VMs boot the image `python -m orchestrator.image bake` makes (tests/testbed/baked.py,
+cached on this machine: Debian 13's Python 3.13 with the hosts' runtime), given as
+`provider.image`: no `provider.python`, `ssh_user` or `remote_root`, and the VMs reach no package
+index, so they only unpack our wheel. The first zone is stocked out (the run lands in the
+second), a worker's Spot VM is preempted mid-run (its host is powered off `stop_s` later, every
+process on it dies; the run replaces it at the same address and finishes), and afterwards no VM,
+no journal entry and no host is left.
 """
 
-# ruff: noqa: F811  (the test bed fixture is imported, then requested by name)
+# ruff: noqa: F811  (the bed fixtures are imported, then requested by name)
 from __future__ import annotations
 
 import json
@@ -19,10 +25,11 @@ from pathlib import Path
 import pytest
 
 from provisioning.journal import ResourceKind, list_unreleased
-from tests.provisioning.gce_fixtures import preempt_a_worker
-from tests.provisioning.test_gce_ssh import fake_on_bed
-from tests.testbed import SshTestBed
-from tests.testbed.fixtures import host_python, ssh_testbed  # noqa: F401
+from tests.provisioning.gce_fixtures import IsolatedFakeGce
+from tests.testbed import isolated
+from tests.testbed.baked import BakedRuntime
+from tests.testbed.isolated import IsolatedTestBed
+from tests.testbed.isolated_fixtures import baked_runtime, module_isolated_bed  # noqa: F401
 
 pytestmark = [pytest.mark.slow, pytest.mark.tf_cluster]
 
@@ -46,19 +53,22 @@ def events(run_dir: Path) -> list[dict]:
 
 
 def test_cli_on_fake_gce_stockout_preemption_and_nothing_left(
-        ssh_testbed: SshTestBed, tmp_path: Path) -> None:
-    bed = ssh_testbed
+        module_isolated_bed: IsolatedTestBed, baked_runtime: BakedRuntime,
+        tmp_path: Path) -> None:
+    bed = module_isolated_bed
     run_dir = tmp_path / "run"
-    with fake_on_bed(bed, 3, zones=ZONES, provision_s=0.2, staging_s=0.2, insert_op_s=0.1,
-                     delete_op_s=0.2, stop_s=0.2, wait_cap_s=1.0) as fake:
+    # 3 VMs, and an address to spare should the replacement not get its slot's
+    with IsolatedFakeGce(bed, 4, login_refused_s=2.0, zones=ZONES, provision_s=0.2,
+                         staging_s=0.2, insert_op_s=0.1, delete_op_s=0.2, stop_s=0.2,
+                         wait_cap_s=1.0) as fake:
+        image = fake.add_image(baked_runtime.name, baked_runtime.disk)
         fake.stockout(ZONES[0])
         argv = [
             sys.executable, "-m", "orchestrator", "+experiment=digits_local", "provider=gce",
             f"provider.api_endpoint={fake.endpoint}", "provider.credentials=anonymous",
             f"provider.project={fake.project}", f"provider.zones=[{','.join(ZONES)}]",
-            "provider.ssh_user=root", f"provider.ssh_key={bed.client_key}",
-            f"provider.python={host_python()}", f"provider.remote_root={tmp_path / 'vms'}",
-            "provider.poll_interval_s=0.5", "provider.ready_poll_s=0.1",
+            f"provider.ssh_key={bed.client_key}", f"provider.image={image}",
+            "provider.extra=cpu", "provider.poll_interval_s=0.5", "provider.ready_poll_s=0.1",
             "provider.host_key_poll_s=0.2", "cluster.recovery.on_revocation=replace",
             "cluster.recovery.replacement_delay_s=0", "job.train_steps=400",
             "job.checkpoint_frequency=100", "progress=false", f"hydra.run.dir={run_dir}"]
@@ -71,13 +81,18 @@ def test_cli_on_fake_gce_stockout_preemption_and_nothing_left(
                 assert proc.poll() is None, proc.stdout.read()[-4000:]  # type: ignore[union-attr]
                 assert time.monotonic() < deadline, "no training step 100"
                 time.sleep(0.2)
-            worker = preempt_a_worker(fake, bed)
+            worker = next(i for i in fake.live_instances()
+                          if i.body["labels"]["role"] == "worker")
+            pidns = fake.host_of(worker.zone, worker.name).pidns
+            fake.preempt(worker.zone, worker.name)  # its host goes off `stop_s` later
             out, _ = proc.communicate(timeout=max(10, deadline - time.monotonic()))
         except BaseException:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.communicate()
             raise
         assert proc.returncode == 0, out[-4000:]
+        assert not fake.boot_errors, fake.boot_errors
+        assert not isolated.live_processes([pidns])  # the preempted VM's processes died
         summary = json.loads((run_dir / "summary.json").read_text())
         assert summary["status"] == "completed" and summary["global_steps"] >= 400
         # The preempted worker was replaced by a new VM at its slot's endpoint (same IP, port).
@@ -90,6 +105,9 @@ def test_cli_on_fake_gce_stockout_preemption_and_nothing_left(
         inserted = [op for op in fake.operations.values()
                     if op.operation_type == "insert" and op.error is None]
         assert len(inserted) == 4  # 3 VMs + the replacement
+        sources = {fake.instances[(op.zone, op.target)].body["disks"][0]["initializeParams"]
+                   ["sourceImage"] for op in inserted}
+        assert {s.rsplit("/", 1)[1] for s in sources} == {baked_runtime.name}, sources
         # Everything ran in the second zone; every VM is gone, the journal agrees.
         zones = {op.zone for op in fake.operations.values() if op.operation_type == "insert"
                  and op.error is None}
@@ -97,4 +115,8 @@ def test_cli_on_fake_gce_stockout_preemption_and_nothing_left(
         assert fake.live_instances() == []
         assert [e for e in list_unreleased(run_dir / "journal.jsonl")
                 if e.kind is ResourceKind.VM] == []
-    assert bed.processes_left(bed.hosts[:3], within_s=10) == {h.name: [] for h in bed.hosts[:3]}
+        deadline = time.monotonic() + 10  # every VM's host powered off
+        while any(h.running for h in fake.slots.values()):
+            assert time.monotonic() < deadline, [h.name for h in fake.slots.values()
+                                                 if h.running]
+            time.sleep(0.2)

@@ -1,5 +1,8 @@
 """`python -m orchestrator.gc` against the fake: orphans of a SIGKILLed orchestrator are deleted,
-the VMs of a live run are kept."""
+the VMs of a live run are kept.
+
+On the shared-filesystem bed: the subject is the API's view (labels, leases, the journal), not
+the hosts."""
 
 # ruff: noqa: F811  (fixtures are imported, then requested by name)
 from __future__ import annotations

@@ -1,6 +1,9 @@
 """The GCE backend end to end at the provider level: VMs from the fake Compute API, each backed by
 a namespace sshd host of the SSH test bed, roles started over SSH with the host key pinned from
-guest attributes, a preemption detected and the VM replaced at the same address, nothing left."""
+guest attributes, a preemption detected and the VM replaced at the same address, nothing left.
+
+On the shared-filesystem bed on purpose: the subject is the provider's calls and their order,
+not the VM; the CLI on VMs that share nothing with this machine is test_gce_e2e.py."""
 
 # ruff: noqa: F811  (the test bed fixture is imported, then requested by name)
 from __future__ import annotations

@@ -3,6 +3,12 @@
 What the provider conformance suite does not cover: host-key policy, key refusal, unreachable
 hosts, loss detection without TCP's help (cut link, frozen host), environment setup and its
 cache, clean-up from the journal after a crash, and the config checks.
+
+On the shared-filesystem bed (hosts that share this machine's files and pid table, declaring
+this venv's interpreter) on purpose: the subject is the provider's side of the protocol, which
+such a host exercises in full in seconds. The same faults on hosts that share nothing, from the
+CLI, are tests/orchestrator/test_ssh_e2e.py; bare hosts setting themselves up,
+tests/provisioning/test_bare_hosts.py.
 """
 
 # ruff: noqa: F811  (the test bed fixture is imported, then requested by name)

@@ -203,6 +203,20 @@ class HostSignals:
     def thaw(self, host: Any) -> None:
         self.kill_processes(host, signal.SIGCONT)
 
+    def role_pids(self, host: Any) -> list[int]:
+        """Live processes of the host other than its sshd and sshd's sessions: what runs
+        there for a run (the host's only service is sshd)."""
+        return [p for p in self.pids(host) if not _comm(p).startswith("sshd")]
+
+    def processes_left(self, hosts: list[Any], within_s: float = 5.0) -> dict[str, list[int]]:
+        """The role processes still alive on `hosts` once they had `within_s` to end (a
+        follower streaming a killed role's output exits on its own a moment later);
+        {name: pids}, empty lists when nothing was left."""
+        deadline = time.monotonic() + within_s
+        while any(self.role_pids(h) for h in hosts) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        return {h.name: self.role_pids(h) for h in hosts}
+
 
 class SshTestBed(HostSignals):
     """N sshd hosts in network namespaces. Use as a context manager or call `close()`."""
@@ -306,19 +320,6 @@ class SshTestBed(HostSignals):
         """Live (non-zombie) processes inside the host's namespace, sshd included."""
         out = _ip("netns", "pids", host.netns, check=False).stdout.split()
         return [int(p) for p in out if _is_live(int(p))]
-
-    def role_pids(self, host: TestHost) -> list[int]:
-        """Live processes inside the namespace other than its sshd and sshd's sessions."""
-        return [p for p in self.pids(host) if not _comm(p).startswith("sshd")]
-
-    def processes_left(self, hosts: list[TestHost], within_s: float = 5.0) -> dict[str, list[int]]:
-        """The role processes still alive on `hosts` once they had `within_s` to end (a
-        follower streaming a killed role's output exits on its own a moment later);
-        {name: pids}, empty lists when nothing was left."""
-        deadline = time.monotonic() + within_s
-        while any(self.role_pids(h) for h in hosts) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        return {h.name: self.role_pids(h) for h in hosts}
 
     def change_host_key(self, host: TestHost) -> None:
         """Give the host a new host key (a reinstalled server) and restart its sshd; the test

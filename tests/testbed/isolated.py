@@ -333,7 +333,8 @@ class IsolatedTestBed(HostSignals):
     def snapshot(self, host: IsolatedHost, dest: Path | None = None) -> Disk:
         """A new image from a stopped host's disk (a cloud's `images.insert` from a VM's disk):
         its upper dir copied into a layer over the host's own layers. The host keys are left
-        out, so every host made from it makes its own. `dest` (default: inside the bed, removed
+        out, so every host made from it makes its own, and so are the metadata's accounts and
+        startup script (a host of that image gets its own: `reimage`). `dest` (default: inside the bed, removed
         with it) must not exist; it is written atomically."""
         if host.running:
             raise RuntimeError(f"{host.name} must be stopped before its disk is snapshotted")
@@ -349,6 +350,9 @@ class IsolatedTestBed(HostSignals):
                            capture_output=True)
             for key in (tmp / "etc/ssh").glob("ssh_host_*"):
                 key.unlink()
+            # the guest agent's inputs come from each VM's metadata, not from its image
+            for name in ("guest-accounts", "guest-startup-script"):
+                (tmp / "etc" / name).unlink(missing_ok=True)
             tmp.rename(dest)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
