@@ -418,6 +418,8 @@ def _finish(run: _Live, record: _Recorder, out: _Output, total: int) -> int:
     code = run.proc.wait()
     for relay in run.relays:
         relay.join(timeout=5)
+    if code in (-signal.SIGINT, -signal.SIGTERM):  # stopped before its handlers were set
+        code = _EXIT_INTERRUPTED  # (a Ctrl-C during its start): interrupted, not failed
     summary = results.read_summary(run.point.run_dir) or {}
     status = summary.get("status") or {0: "completed", 2: "config error",
                                        _EXIT_INTERRUPTED: "interrupted"}.get(code, "failed")

@@ -22,6 +22,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -42,26 +43,33 @@ def _jsonl(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-@pytest.mark.slow
-@pytest.mark.tf_cluster
-def test_las_preempts_a_local_point_and_resumes_it_from_its_checkpoint(
-        repo_root: Path, tmp_path: Path) -> None:
-    sweep_dir = tmp_path / "sweep"
+def _sweep(repo_root: Path, tmp_path: Path, sweep_dir: Path,
+           threshold_gpu_h: float = THRESHOLD_GPU_H) -> dict[str, Any]:
+    """The two-point las sweep, as keyword arguments of ``subprocess.run``/``Popen``: run from a
+    user repository that defines the points, in a session of its own (a Ctrl-C sent to its
+    process group reaches the launcher and its points, as a terminal's would)."""
     user_repo = tmp_path / "lab"
     (user_repo / "conf" / "point").mkdir(parents=True)
     for name, (steps, gpus) in POINTS.items():
         (user_repo / "conf" / "point" / f"{name}.yaml").write_text(
             f"# @package _global_\njob:\n  train_steps: {steps}\nqueue:\n  run_gpus: {gpus}\n")
-    proc = subprocess.run(
-        [sys.executable, "-m", "orchestrator", "+experiment=digits_local", "-m",
-         "+point=long,short", "cluster.workers=1", "cluster.evaluator=false",
-         "job.checkpoint_frequency=50", "job.eval_frequency=0", "hydra/launcher=parallel",
-         "queue.quota_gpus=8", "queue.policy=las",
-         f"queue.las_threshold_gpu_h={THRESHOLD_GPU_H}", f"hydra.sweep.dir={sweep_dir}"],
+    return dict(
+        args=[sys.executable, "-m", "orchestrator", "+experiment=digits_local", "-m",
+              "+point=long,short", "cluster.workers=1", "cluster.evaluator=false",
+              "job.checkpoint_frequency=50", "job.eval_frequency=0", "hydra/launcher=parallel",
+              "queue.quota_gpus=8", "queue.policy=las",
+              f"queue.las_threshold_gpu_h={threshold_gpu_h}", f"hydra.sweep.dir={sweep_dir}"],
         cwd=user_repo, env={**ENV, "PYTHONPATH": str(repo_root), "TRANSIENT_REPO": str(user_repo)},
-        capture_output=True,
-        text=True, timeout=600, start_new_session=True,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+        start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+
+
+@pytest.mark.slow
+@pytest.mark.tf_cluster
+def test_las_preempts_a_local_point_and_resumes_it_from_its_checkpoint(
+        repo_root: Path, tmp_path: Path) -> None:
+    sweep_dir = tmp_path / "sweep"
+    proc = subprocess.run(**_sweep(repo_root, tmp_path, sweep_dir), capture_output=True,
+                          text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-3000:]
     rec = _jsonl(sweep_dir / sweep.LAUNCHES_FILE)
     kinds = [(e["kind"], e["num"]) for e in rec]
@@ -115,3 +123,63 @@ def test_las_preempts_a_local_point_and_resumes_it_from_its_checkpoint(
     real_order = [n for k, n in kinds if k == "ended"]
     assert sorted(STEPS, key=lambda n: simulated.completion_s[str(n)]) == real_order
     assert simulated.preemptions == sum(1 for k, _ in kinds if k == "preempted")
+
+
+@pytest.mark.slow
+@pytest.mark.tf_cluster
+def test_ctrl_c_while_a_point_waits_preempted_leaves_it_resumable(
+        repo_root: Path, tmp_path: Path) -> None:
+    """Ctrl-C after the long point stopped for its preemption (its hosts released, waiting): the
+    launcher stops the short point, writes the waiting point's runs.csv row as interrupted and
+    ``not_resumed`` in launches.jsonl, exits 130 and leaves no process; ``--resume`` of the
+    sweep then sees the long point as resumable from its checkpoint."""
+    sweep_dir = tmp_path / "sweep"
+    launches = sweep_dir / sweep.LAUNCHES_FILE
+    # a later first boundary (0.06 GPU-h: 27 s live) than the test above, so that the long
+    # point has usually begun training, and checkpointed, when it is preempted (both cases are
+    # checked below)
+    proc = subprocess.Popen(**_sweep(repo_root, tmp_path, sweep_dir, threshold_gpu_h=0.06),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 600
+        while not (launches.exists() and ("stopped", 0) in
+                   [(e["kind"], e["num"]) for e in _jsonl(launches)]):
+            assert proc.poll() is None, proc.stdout.read()[-3000:]
+            assert time.monotonic() < deadline, "the long point was never preempted"
+            time.sleep(0.2)
+        os.killpg(proc.pid, signal.SIGINT)  # a terminal's Ctrl-C: the whole process group
+        out, _ = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 130, out[-3000:]
+    rec = _jsonl(launches)
+    kinds = [(e["kind"], e["num"]) for e in rec]
+    assert ("not_resumed", 0) in kinds and ("resumed", 0) not in kinds, kinds
+    # the short point, stopped by the Ctrl-C (even before its own handlers were set), was
+    # interrupted, not failed
+    assert all(e["status"] in ("interrupted", "completed") for e in rec if e["kind"] == "ended")
+    assert not live_processes_mentioning(str(sweep_dir))
+    runs_csv = sweep_dir / sweep.RUNS_CSV
+    rows = {}
+    if runs_csv.exists():
+        with open(runs_csv) as fh:
+            rows = {r["point"]: r for r in csv.DictReader(fh)}
+    events_file = sweep_dir / "0" / "events.jsonl"
+    events = _jsonl(events_file) if events_file.exists() else []
+    saved = [e["step"] for e in events if e["kind"] == "checkpoint" and e["role"] == "chief"]
+    dry = subprocess.run([sys.executable, "-m", "orchestrator", "--resume", str(sweep_dir),
+                          "dry_run=true"], cwd=tmp_path / "lab", capture_output=True, text=True,
+                         timeout=300, env={**ENV, "PYTHONPATH": str(repo_root),
+                                           "TRANSIENT_REPO": str(tmp_path / "lab")})
+    assert dry.returncode == 0, dry.stderr[-3000:]
+    long_line = next(line for line in dry.stdout.splitlines() if "+point=long" in line)
+    summary_file = sweep_dir / "0" / "summary.json"
+    if summary_file.exists():  # preempted once its run had begun: interrupted, resumable
+        assert json.loads(summary_file.read_text())["status"] == "interrupted"
+        assert rows["long"]["status"] == "interrupted", rows
+        assert f"resumed from step {saved[-1] if saved else 0}" in long_line, dry.stdout
+    else:  # preempted while its process was still starting: nothing of it to keep
+        assert "long" not in rows and not saved, rows
+        assert "started" in long_line, dry.stdout
