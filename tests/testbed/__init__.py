@@ -16,6 +16,7 @@ which is missing so tests can skip loudly.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import secrets
 import shutil
@@ -86,14 +87,19 @@ def _keygen(path: Path) -> None:
                    check=True, capture_output=True)
 
 
-def _free_subnet() -> int:
-    """A third octet X such that 10.231.X.0/24 is on no interface of this machine."""
-    used = _ip("-o", "-4", "addr", "show").stdout
-    for _ in range(200):
-        octet = secrets.randbelow(240) + 10
-        if f" {SUBNET_PREFIX}.{octet}." not in used:
-            return octet
-    raise RuntimeError("no free 10.231.X.0/24 subnet for the SSH test bed")
+@contextlib.contextmanager
+def claimed_subnet(prefix: str = SUBNET_PREFIX) -> Iterator[int]:
+    """A third octet X such that `prefix`.X.0/24 is on no interface of this machine, held under
+    a machine-wide lock until the caller's block has put it on its bridge: two beds starting
+    at once (pytest-xdist workers, two test sessions) never pick the same /24."""
+    SUBNET_LOCK.parent.mkdir(parents=True, exist_ok=True)
+    with open(SUBNET_LOCK, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        used = _ip("-o", "-4", "addr", "show").stdout
+        free = [x for x in range(10, 250) if f" {prefix}.{x}." not in used]
+        if not free:
+            raise RuntimeError(f"no free {prefix}.X.0/24 subnet for a test bed")
+        yield secrets.choice(free)
 
 
 @dataclass
@@ -122,6 +128,8 @@ class TestHost:
 
 #: Where the SSH beds record their owners (tmpfs: gone with a reboot, as namespaces are).
 SSH_BEDS_DIR = Path("/run/transient-testbed/ssh")
+#: Held while a bed picks its /24 and puts it on its bridge (`claimed_subnet`).
+SUBNET_LOCK = Path("/run/transient-testbed/subnet.lock")
 
 
 def owner_stamp(pid: int) -> str:
@@ -230,17 +238,17 @@ class SshTestBed(HostSignals):
         self.scratch = Path(scratch)
         self.scratch.mkdir(parents=True, exist_ok=True)
         self.bridge = f"tb{self.tag}br"
-        self.octet = _free_subnet()
-        self.gateway = f"{SUBNET_PREFIX}.{self.octet}.1"
         self.client_key = self.scratch / "client_ed25519"
         self.known_hosts = self.scratch / "known_hosts"
         self.hosts: list[TestHost] = []
         self._created_links: list[str] = []
         try:
             _keygen(self.client_key)
-            _ip("link", "add", self.bridge, "type", "bridge")
-            self._created_links.append(self.bridge)
-            _ip("addr", "add", f"{self.gateway}/24", "dev", self.bridge)
+            with claimed_subnet() as self.octet:
+                self.gateway = f"{SUBNET_PREFIX}.{self.octet}.1"
+                _ip("link", "add", self.bridge, "type", "bridge")
+                self._created_links.append(self.bridge)
+                _ip("addr", "add", f"{self.gateway}/24", "dev", self.bridge)
             _ip("link", "set", self.bridge, "up")
             for _ in range(hosts):
                 self.add_host()

@@ -51,6 +51,7 @@ from tests.testbed import (
     _is_live,
     _keygen,
     bed_leftovers,
+    claimed_subnet,
     images,
     reserve_bed,
     sweep_stale_beds,
@@ -191,12 +192,12 @@ class IsolatedTestBed(HostSignals):
         self._launcher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="isobed-launch")
         try:
             _keygen(self.client_key)
-            self.octet = _free_subnet()
-            self.gateway = f"{SUBNET_PREFIX}.{self.octet}.1"
-            _ip("link", "add", self.bridge, "type", "bridge")
-            self._links.append(self.bridge)
-            _sysctl(f"net.ipv6.conf.{self.bridge}.disable_ipv6=1")
-            _ip("addr", "add", f"{self.gateway}/24", "dev", self.bridge)
+            with claimed_subnet(SUBNET_PREFIX) as self.octet:
+                self.gateway = f"{SUBNET_PREFIX}.{self.octet}.1"
+                _ip("link", "add", self.bridge, "type", "bridge")
+                self._links.append(self.bridge)
+                _sysctl(f"net.ipv6.conf.{self.bridge}.disable_ipv6=1")
+                _ip("addr", "add", f"{self.gateway}/24", "dev", self.bridge)
             _ip("link", "set", self.bridge, "up")
             for _ in range(hosts):
                 self.add_host()
@@ -548,15 +549,6 @@ def sweep_stale() -> list[str]:
 
 
 # --- helpers --------------------------------------------------------------------------------
-
-def _free_subnet() -> int:
-    used = _ip("-o", "-4", "addr", "show").stdout
-    for _ in range(200):
-        octet = secrets.randbelow(240) + 10
-        if f" {SUBNET_PREFIX}.{octet}." not in used:
-            return octet
-    raise RuntimeError(f"no free {SUBNET_PREFIX}.X.0/24 subnet for isolated hosts")
-
 
 def _sysctl(setting: str) -> None:
     subprocess.run(["sysctl", "-qw", setting], check=True, capture_output=True)
