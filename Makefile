@@ -51,10 +51,16 @@ isolated-images: setup
 run: bytecode
 	$(PY) -m orchestrator +experiment=digits_local
 
+# on TEST_JOBS processes (pytest-xdist; TEST_JOBS=0 runs in this one): most of the suite waits
+# on multi-process runs and booting hosts rather than computing, so two processes on two cores
+# finish well inside CI's budget. A file's tests stay on one process (--dist loadfile): a module's
+# bed of hosts is built once; beds claim their own names and /24 (tests/testbed)
+TEST_JOBS ?= 2
 test: bytecode
 	bash .ci/testbed-deps  # sshd + iproute2 for the SSH test bed, when missing
 	$(MAKE) --no-print-directory isolated-images
-	$(PY) -m pytest -m "not (headline or resume_matrix)" --durations=25 $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not (headline or resume_matrix)" -n $(TEST_JOBS) --dist loadfile \
+	  --durations=25 $(PYTEST_ARGS)
 
 # --resume on the parallel launcher, a recovery, SSH and the fake cloud (about 3 min): kept
 # out of `make test` to hold it inside CI's 25 minutes; `make ci` runs it (the sweep killed

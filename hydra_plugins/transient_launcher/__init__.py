@@ -13,15 +13,11 @@ def register_plugins() -> None:
     Hydra finds plugins by scanning the ``hydra_plugins`` namespace package, which an editable
     install (a path hook, not a folder on ``sys.path``) hides from it when the command runs
     outside the checkout. Registering them here works for every kind of install; a plugin the
-    scan already found is not registered twice.
+    scan already found is not registered twice. Code below the entry points that only composes
+    (the simulator's composer) registers the user's repository alone
+    (:func:`hydra_plugins.transient_launcher.user_repo.register`): the launcher imports the
+    orchestrator's sweep code, which imports the simulator.
     """
-    from hydra.core.plugins import Plugins
-
     from hydra_plugins.transient_launcher import parallel, user_repo
 
-    plugins = Plugins.instance()  # scans first, so what it finds is not registered twice
-    known = {f"{c.__module__}.{c.__name__}" for c in plugins.discover()}
-    for clazz in (parallel.ParallelLauncher, user_repo.UserRepoSearchPathPlugin,
-                  user_repo.UserRepoConfigSource):
-        if f"{clazz.__module__}.{clazz.__name__}" not in known:
-            plugins.register(clazz)
+    user_repo.register(parallel.ParallelLauncher)

@@ -138,3 +138,16 @@ class UserRepoConfigSource(ConfigSource):
         if config_path == "experiment" and want_configs:
             names.update(user_repo.pinned_names())
         return sorted(names)
+
+
+def register(*extra: type) -> None:
+    """Register this module's two plugins (and ``extra`` plugin classes) with Hydra, each
+    unless Hydra's scan found it already (see
+    :func:`hydra_plugins.transient_launcher.register_plugins`)."""
+    from hydra.core.plugins import Plugins
+
+    plugins = Plugins.instance()  # scans first, so what it finds is not registered twice
+    known = {f"{c.__module__}.{c.__name__}" for c in plugins.discover()}
+    for clazz in (UserRepoSearchPathPlugin, UserRepoConfigSource, *extra):
+        if f"{clazz.__module__}.{clazz.__name__}" not in known:
+            plugins.register(clazz)

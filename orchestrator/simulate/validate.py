@@ -54,9 +54,9 @@ def compose(overrides: list[str]) -> Any:
     from orchestrator.paths import CONF_DIR
 
     register_configs()
-    from hydra_plugins.transient_launcher import register_plugins
+    from hydra_plugins.transient_launcher import user_repo
 
-    register_plugins()  # the user's experiments and groups, as the CLI finds them
+    user_repo.register()  # the user's experiments and groups, as the CLI finds them
     # scoped: Hydra is left as found, so later compose_experiment calls can initialize it
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         return to_experiment(hydra_compose(config_name="config", overrides=overrides))
