@@ -47,12 +47,11 @@ if not np.isfinite(float(loss)):
     raise FloatingPointError(f"loss is {float(loss)} after one step")
 print(f"preflight ok: one step of {job['model']}/{job['hparam_set']}, loss {float(loss):.4f}")
 if timed:  # calibration: the benchmarks' single-process loop, and one checkpoint write
-    import dataclasses, statistics, tempfile
+    import statistics, tempfile
     from trainer.baseline import measure_single_process
     from trainer.spec import JobSpec
     ready = time.perf_counter() - started
-    names = {f.name for f in dataclasses.fields(JobSpec)}
-    rate = measure_single_process(JobSpec(**{k: v for k, v in job.items() if k in names}), timed)
+    rate = measure_single_process(JobSpec(**job), timed)
     ckpt = tf.train.Checkpoint(model=model, optimizer=opt)
     writes = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -79,9 +78,9 @@ def run_preflight(cfg: ExperimentConfig, timeout_s: float = PREFLIGHT_TIMEOUT_S,
     :mod:`orchestrator.simulate.calibrate`). Raises PreflightError with the last line of the
     trainer's error (and the job fields that shaped it) when the step fails or does not finish
     within ``timeout_s``."""
-    job = {k: (v.value if hasattr(v, "value") else v) for k, v in asdict(cfg.job).items()}
+    job = json.dumps(asdict(cfg.job))  # the trainer spec's ``job`` text (Contract 1)
     try:
-        proc = subprocess.run([sys.executable, "-c", _STEP, json.dumps(job), str(timed_steps)],
+        proc = subprocess.run([sys.executable, "-c", _STEP, job, str(timed_steps)],
                               capture_output=True, text=True, timeout=timeout_s)
     except subprocess.TimeoutExpired:
         raise PreflightError(f"preflight: one training step of {cfg.job.model}/"

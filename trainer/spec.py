@@ -9,49 +9,74 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field, fields
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
 from trainer.layout import CLUSTER_JOBS, PROTOCOLS, RunLayout
 
-OPTIMIZERS = ("sgd", "momentum", "adam")
-LR_SCHEDULES = ("constant", "cosine", "step")
 PHASE_HPARAMS = ("learning_rate", "momentum")  # what a phase may override in place
 __all__ = ["CLUSTER_JOBS", "PROTOCOLS"]  # re-exported: the spec's allowed values
 
 
+class Optimizer(StrEnum):
+    """``job.optimizer``; str-valued, so the JSON spec holds the plain name."""
+
+    sgd = "sgd"
+    momentum = "momentum"
+    adam = "adam"
+
+
+class LrSchedule(StrEnum):
+    """``job.lr_schedule``; str-valued, so the JSON spec holds the plain name."""
+
+    constant = "constant"
+    cosine = "cosine"
+    step = "step"
+
+
 @dataclass
 class JobSpec:
-    """What to train and how; identical for every role of a run."""
+    """What is trained and how; identical for every role of a run.
 
-    model: str = "cnn"
-    hparam_set: str = "cnn_small"
-    problem: str = "digits"
-    data_dir: str | None = None
-    train_steps: int = 1000
-    batch_size: int = 64  # per worker and per closure
-    optimizer: str = "momentum"
+    Also the orchestrator's ``job`` config group schema (orchestrator/config/schema.py mounts
+    it), so a field is declared once: the comments here are what the user reads.
+    """
+
+    model: str = "cnn"  # model registry name: resnet | cnn
+    hparam_set: str = "cnn_small"  # e.g. resnet_cifar_32; must belong to the model
+    problem: str = "digits"  # problem registry: digits | image_cifar10 | image_cifar100 | synthetic
+    data_dir: str | None = None  # folder or gs://BUCKET/PREFIX with the files; None = the cache
+    train_steps: int = 1000  # global steps (with phases: the budget in BSP-equivalent steps)
+    batch_size: int = 64  # per worker and step
+    optimizer: Optimizer = Optimizer.momentum
     learning_rate: float = 0.02
-    momentum: float = 0.9
-    weight_decay: float = 0.0  # L2 coefficient on conv/dense kernels
-    lr_schedule: str = "constant"
-    lr_decay_steps: list[int] = field(default_factory=list)  # global steps, for "step"
-    lr_decay_factor: float = 0.1
-    warmup_steps: int = 0
-    checkpoint_frequency: int = 0  # steps; 0 = only at the end
+    momentum: float = 0.9  # for optimizer=momentum
+    weight_decay: float = 0.0  # L2 factor on conv/dense kernels
+    lr_schedule: LrSchedule = LrSchedule.constant
+    lr_decay_steps: list[int] = field(default_factory=list)  # global steps, for lr_schedule=step
+    lr_decay_factor: float = 0.1  # multiplier at each lr_decay_steps boundary
+    warmup_steps: int = 0  # linear warm-up
+    checkpoint_frequency: int = 0  # steps between checkpoints; 0 = only at the end
     keep_checkpoints: int = 3
-    eval_frequency: int = 0  # steps; 0 = only at the end
+    eval_frequency: int = 0  # steps between evaluations; 0 = only at the end
     seed: int = 0
-    steps_per_closure: int = 0  # steps per worker closure (ASP, BSP); 0 = from step time
+    steps_per_closure: int = 0  # steps per worker closure (ASP, BSP); 0 = from the step time
+
+    def __post_init__(self) -> None:
+        # a spec read from JSON or built by hand names its choices as text: hold the member;
+        # an unknown name stays as given, for validate() to name
+        self.optimizer = _member(Optimizer, self.optimizer)
+        self.lr_schedule = _member(LrSchedule, self.lr_schedule)
 
     def validate(self) -> None:
         """Raise AssertionError naming the field and the allowed values."""
         assert self.train_steps >= 1, f"job.train_steps: must be >= 1 (got {self.train_steps})"
         assert self.batch_size >= 1, f"job.batch_size: must be >= 1 (got {self.batch_size})"
-        assert self.optimizer in OPTIMIZERS, (
-            f"job.optimizer: unknown {self.optimizer!r} (one of {', '.join(OPTIMIZERS)})")
-        assert self.lr_schedule in LR_SCHEDULES, (
-            f"job.lr_schedule: unknown {self.lr_schedule!r} (one of {', '.join(LR_SCHEDULES)})")
+        assert self.optimizer in tuple(Optimizer), (
+            f"job.optimizer: unknown {self.optimizer!r} (one of {', '.join(Optimizer)})")
+        assert self.lr_schedule in tuple(LrSchedule), (
+            f"job.lr_schedule: unknown {self.lr_schedule!r} (one of {', '.join(LrSchedule)})")
         assert self.learning_rate > 0, (
             f"job.learning_rate: must be > 0 (got {self.learning_rate})")
         assert 0.0 <= self.momentum < 1.0, f"job.momentum: must be in [0, 1) (got {self.momentum})"
@@ -256,6 +281,14 @@ class TrainerSpec:
 def single_phase(protocol: str, train_steps: int) -> list[PhaseSpec]:
     """The common case: one protocol for the whole run."""
     return [PhaseSpec(protocol=protocol, end_step=train_steps)]
+
+
+def _member(kind: type[StrEnum], value: Any) -> Any:
+    """``value`` as a member of ``kind`` when it names one, else unchanged."""
+    try:
+        return kind(value)
+    except ValueError:
+        return value
 
 
 def _reject_unknown(cls: type, data: dict[str, Any], prefix: str) -> None:

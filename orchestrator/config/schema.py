@@ -1,4 +1,5 @@
-"""Structured-config schemas: the source of truth for every config group.
+"""Structured-config schemas: the source of truth for every config group (the ``job`` group's
+is the trainer's own launch spec, :class:`trainer.spec.JobSpec`, mounted here).
 
 YAML files in ``conf/<group>/`` and ``experiments/`` choose and fill these dataclasses; Hydra
 checks types while composing and :mod:`orchestrator.config.validation` checks meaning afterwards.
@@ -27,6 +28,7 @@ from provisioning.base import ProviderConfig
 from provisioning.catalog import PricingConfig
 from provisioning.registry import all_backends
 from trainer import layout
+from trainer.spec import JobSpec
 
 
 class Protocol(StrEnum):
@@ -34,18 +36,6 @@ class Protocol(StrEnum):
 
     bsp = layout.PROTOCOL_BSP  # bulk synchronous: one global step = one gradient from every worker
     asp = layout.PROTOCOL_ASP  # asynchronous: every worker step is a global step
-
-
-class Optimizer(StrEnum):
-    sgd = "sgd"
-    momentum = "momentum"
-    adam = "adam"
-
-
-class LrSchedule(StrEnum):
-    constant = "constant"
-    cosine = "cosine"
-    step = "step"
 
 
 @dataclass
@@ -75,31 +65,6 @@ class ClusterConfig:
     chief_transient: bool = False  # the coordinator; a revoked chief restarts the run: a risk
     evaluator: bool = True  # run a side-car evaluator on the held-out split
     recovery: RecoveryConfig = field(default_factory=RecoveryConfig)  # what a revocation triggers
-
-
-@dataclass
-class JobConfig:
-    """What is trained and how (mirrors :class:`trainer.spec.JobSpec`)."""
-
-    model: str = "cnn"  # model registry name: resnet | cnn
-    hparam_set: str = "cnn_small"  # e.g. resnet_cifar_32; must belong to the model
-    problem: str = "digits"  # problem registry: digits | image_cifar10 | image_cifar100 | synthetic
-    data_dir: str | None = None  # folder or gs://BUCKET/PREFIX with the files; None = the cache
-    train_steps: int = 1000  # global steps (with phases: the budget in BSP-equivalent steps)
-    batch_size: int = 64  # per worker and step
-    optimizer: Optimizer = Optimizer.momentum
-    learning_rate: float = 0.02
-    momentum: float = 0.9  # for optimizer=momentum
-    weight_decay: float = 0.0  # L2 factor
-    lr_schedule: LrSchedule = LrSchedule.constant
-    lr_decay_steps: list[int] = field(default_factory=list)  # for lr_schedule=step
-    lr_decay_factor: float = 0.1  # multiplier at each lr_decay_steps boundary
-    warmup_steps: int = 0  # linear warm-up
-    checkpoint_frequency: int = 0  # steps between checkpoints; 0 = only at the end
-    keep_checkpoints: int = 3
-    eval_frequency: int = 0  # steps between evaluations; 0 = only at the end
-    seed: int = 0
-    steps_per_closure: int = 0  # steps per worker closure (ASP, BSP); 0 = from the step time
 
 
 @dataclass
@@ -140,7 +105,7 @@ class ExperimentConfig:
     report_every_s: float = 1.0  # chief's progress-report interval
     data_cache: str | None = None  # downloaded datasets; None = $TRANSIENT_DATA_CACHE or XDG cache
     cluster: ClusterConfig = MISSING
-    job: JobConfig = MISSING
+    job: JobSpec = MISSING  # the trainer's own spec: one definition (trainer/spec.py)
     sync: SyncConfig = MISSING
     provider: ProviderConfig = MISSING
     pricing: PricingConfig = MISSING
@@ -166,7 +131,7 @@ def register_configs() -> None:
     cs = ConfigStore.instance()
     cs.store(name="base_config", node=ExperimentConfig)
     cs.store(group="cluster", name="base_cluster", node=ClusterConfig)
-    cs.store(group="job", name="base_job", node=JobConfig)
+    cs.store(group="job", name="base_job", node=JobSpec)
     cs.store(group="sync", name="base_sync", node=SyncConfig)
     cs.store(group="provider", name="base_provider", node=ProviderConfig)
     for registered in all_backends():  # provider=<name> composes against its own schema

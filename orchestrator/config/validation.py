@@ -14,6 +14,7 @@ from orchestrator.config.errors import ConfigError
 from orchestrator.config.ranges import check_ranges
 from orchestrator.config.schema import ExperimentConfig, Protocol, schedule_phases
 from provisioning.catalog import retirement
+from trainer.spec import PHASE_HPARAMS
 
 PHASE_FRACTION_TOLERANCE = 1e-6
 LOCAL_ZONE = "local"
@@ -133,11 +134,11 @@ def validate_sync(cfg: ExperimentConfig) -> None:
         return
     total = 0.0
     for i, phase in enumerate(phases):
-        unknown = set(phase.hparams) - {"learning_rate", "momentum"}
+        unknown = set(phase.hparams) - set(PHASE_HPARAMS)
         if unknown:
             path = f"sync.phase_hparams.{i}" if sync.switch_order else f"sync.phases.{i}.hparams"
             raise ConfigError(path, f"unknown hparam {sorted(unknown)}",
-                              "allowed: learning_rate, momentum")
+                              "allowed: " + ", ".join(PHASE_HPARAMS))
         total += phase.fraction
     if abs(total - 1.0) > PHASE_FRACTION_TOLERANCE:
         raise ConfigError(where, f"fractions must add up to 1 (got {total:g})")

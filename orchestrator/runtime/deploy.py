@@ -28,7 +28,6 @@ not renewed for LEASE_S (trainer/control.py `watch_lease`).
 from __future__ import annotations
 
 import contextlib
-import json
 import queue
 import socket
 import threading
@@ -51,6 +50,7 @@ from provisioning.base import (
     Role,
 )
 from trainer import layout
+from trainer.events import parse_event
 
 #: How long a ps/worker may take to become ready (TF servers take about 5 s; imports 3-4 s).
 READY_TIMEOUT_S = 120.0
@@ -65,7 +65,6 @@ READER_JOIN_TIMEOUT_S = 2.0
 #: lost machine still runs when it comes back ends within a minute.
 LEASE_RENEW_S = 5.0
 LEASE_S = 45.0
-EVENT_PREFIX = layout.EVENT_PREFIX
 EVENT_READY = "ready"
 EVENT_PROCESS_EXIT = "process_exit"
 # Without this the trainer's stdout is block-buffered into the pipe and events arrive late.
@@ -95,11 +94,14 @@ class TrainerEvent:
 
 
 def parse_event_line(line: str) -> TrainerEvent | None:
-    """The event on this stdout line; None if it is log text or a malformed event line."""
-    if not line.startswith(EVENT_PREFIX):
-        return None
+    """The event on this stdout line; None if it is log text or a malformed event line.
+
+    The trainer's own reader finds the JSON (Contract 2 is read in one place); a line it cannot
+    read, or one without the fields every event carries, is treated as log text here."""
     try:
-        raw = json.loads(line[len(EVENT_PREFIX) :])
+        raw = parse_event(line)
+        if raw is None:
+            return None
         return TrainerEvent(
             kind=str(raw.pop("kind")),
             time=float(raw.pop("time", time.time())),

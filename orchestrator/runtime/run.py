@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 import time
 import traceback
-from dataclasses import asdict
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +30,7 @@ from provisioning.base import Cluster, ClusterRequest, Role
 from provisioning.journal import JOURNAL_FILE, Journal
 from provisioning.registry import get_provider, provider_class
 from trainer.layout import CHECKPOINT_DIR, CLUSTER_JOBS, CONTROL_FILE
-from trainer.spec import JobSpec, PhaseSpec, StragglerSpec, TrainerSpec
+from trainer.spec import PhaseSpec, StragglerSpec, TrainerSpec
 
 
 def before_provisioning(cfg: ExperimentConfig) -> None:
@@ -55,13 +55,10 @@ def build_trainer_spec(cfg: ExperimentConfig, plan: RunPlan, cluster: Cluster, r
     dir), where the control file, TensorBoard and the spec itself live; `checkpoint_dir` is
     where the chief writes checkpoints (the checkpoint store's location for this cluster).
     `gpus_checked` (`Provider.gpus_checked`): the servers of hosts with a GPU must see it."""
-    job = asdict(cfg.job)
-    job = {k: (v.value if hasattr(v, "value") else v) for k, v in job.items()}
-    job["train_steps"] = plan.total_steps
     return TrainerSpec(
         run_id=run_id,
         cluster={job: cluster.endpoints(job) for job in CLUSTER_JOBS},
-        job=JobSpec(**job),
+        job=replace(cfg.job, train_steps=plan.total_steps),
         phases=[PhaseSpec(p.protocol, p.end_step, dict(p.hparams)) for p in plan.phases],
         run_dir=run_dir,
         report_every_s=cfg.report_every_s,

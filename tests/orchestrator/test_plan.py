@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from orchestrator.plan import make_plan
+from orchestrator.runtime.run import build_trainer_spec
 from orchestrator.simulate.models import SimModels
 from orchestrator.validate import compose_experiment
+from provisioning.base import Cluster, Host
+from trainer.spec import JobSpec, LrSchedule, Optimizer
 
 
 def test_icac19_plan_matches_the_papers_prices() -> None:
@@ -63,6 +69,24 @@ def test_switch_schedule_turns_budget_into_global_step_targets() -> None:
     # Sync-Switch: b5-a95 with N=8, B=8000 -> BSP to 400, then ASP to 400 + 7600*8
     assert [p.end_step for p in plan.phases] == [400, 400 + 7600 * 8]
     assert [p.protocol for p in plan.phases] == ["bsp", "asp"]
+
+
+def test_the_roles_read_the_composed_job_with_the_plans_step_target() -> None:
+    """``job`` composes into the trainer's own JobSpec: the launch spec carries it as composed,
+    but for ``train_steps`` (the plan's global-step target), its choices as plain names."""
+    cfg = compose_experiment("cifar10_res32", [
+        "cluster.workers=8", "job.train_steps=8000", "job.optimizer=adam", "job.seed=7",
+        "sync.phases=[{protocol: bsp, fraction: 0.05}, {protocol: asp, fraction: 0.95}]"])
+    assert isinstance(cfg.job, JobSpec)
+    assert (cfg.job.optimizer, cfg.job.lr_schedule) == (Optimizer.adam, LrSchedule.step)
+    plan = make_plan(cfg)
+    cluster = Cluster("r", [Host(f"h{i}", spec, f"10.0.0.{i}", 2222, Path("/w"))
+                            for i, spec in enumerate(plan.host_specs())])
+    job = json.loads(json.dumps(build_trainer_spec(cfg, plan, cluster, "r").to_dict()))["job"]
+    assert job["train_steps"] == 400 + 7600 * 8 and cfg.job.train_steps == 8000
+    assert (job["optimizer"], job["lr_schedule"], job["lr_decay_steps"]) == (
+        "adam", "step", [32000, 48000])
+    assert (job["batch_size"], job["seed"], job["hparam_set"]) == (128, 7, "resnet_cifar_32")
 
 
 def test_transient_parameter_server_is_shown_as_a_risk() -> None:

@@ -7,7 +7,15 @@ from pathlib import Path
 
 import pytest
 
-from trainer.spec import JobSpec, PhaseSpec, StragglerSpec, TrainerSpec, single_phase
+from trainer.spec import (
+    JobSpec,
+    LrSchedule,
+    Optimizer,
+    PhaseSpec,
+    StragglerSpec,
+    TrainerSpec,
+    single_phase,
+)
 
 CLUSTER = {"ps": ["127.0.0.1:2222"], "worker": ["127.0.0.1:2223", "127.0.0.1:2224"],
            "chief": ["127.0.0.1:2225"]}
@@ -46,6 +54,12 @@ def test_json_round_trip(tmp_path: Path) -> None:
                          "stragglers", "control_file", "checkpoint_dir", "gpu_tasks"}
     assert data["phases"][1] == {"protocol": "asp", "end_step": 100,
                                  "hparams": {"learning_rate": 0.1}}
+    # the job's choices are str-valued enums: plain names in the file, members when read back
+    assert '"optimizer": "momentum"' in path.read_text()
+    assert (data["job"]["optimizer"], data["job"]["lr_schedule"]) == ("momentum", "constant")
+    read = TrainerSpec.from_json(path).job
+    assert (read.optimizer, read.lr_schedule) == (Optimizer.momentum, LrSchedule.constant)
+    assert type(read.optimizer) is Optimizer and type(read.lr_schedule) is LrSchedule
 
 
 def test_single_phase() -> None:
