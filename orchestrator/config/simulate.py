@@ -40,7 +40,7 @@ class Objective(StrEnum):
 class SimConfig:
     """``provider=sim``: how the simulated cloud behaves and how often to draw it. Its market
     (preemptible with the 24 h cap, or Spot) is not set here: it follows the cloud that would
-    run it (:func:`orchestrator.simulate.engine.cloud_market`)."""
+    run it (:func:`orchestrator.simulate.cloud.cloud_market`)."""
 
     seed: int = 0  # seeds every draw of a simulated run (start-up, lifetimes, delays)
     repeats: int = 20  # simulations per configuration for the dry run's band (planner: its own)

@@ -15,7 +15,8 @@ from typing import Any
 from orchestrator.config.schema import ExperimentConfig
 from orchestrator.plan import RunPlan
 from orchestrator.preflight import PreflightError
-from orchestrator.simulate.engine import cloud_market, simulate
+from orchestrator.simulate.cloud import cloud_market
+from orchestrator.simulate.engine import simulate
 from orchestrator.simulate.models import NoModelError, SimModels
 
 BAND = (10, 50, 90)  # percentiles shown

@@ -11,14 +11,17 @@ What happens, in order (every duration from :class:`orchestrator.simulate.models
    state changes (a revocation, a replacement joining, a straggler, a policy switch).
 3. revocations come from :class:`orchestrator.transient.revocation.RevocationSchedule`: the
    experiment's ``revocation`` model when it has one, otherwise the simulated cloud's: the
-   measured lifetimes per GPU and region, on the market of :func:`cloud_market` (the 24 h
-   cap only for preemptible VMs).
+   measured lifetimes per GPU and region, on the market of
+   :func:`orchestrator.simulate.cloud.cloud_market` (the 24 h cap only for preemptible VMs).
    A notice lets the chief checkpoint; the kill becomes a ``HostLoss`` handed to the real
    :class:`orchestrator.transient.recovery.RecoveryPlanner`, whose decisions (continue,
    replace, restart, fail) are executed here against :class:`provisioning.sim.SimProvider`.
 4. stragglers come from :class:`orchestrator.transient.stragglers.InjectionSchedule`; the real
    ``StragglerDetector`` sees the slowed step times and the real sync policy decides switches.
 5. cost: every host is billed from its request until its revocation or the end of the run.
+
+The cloud's part (market, lifetimes, replacement start-ups, billing) is
+:mod:`orchestrator.simulate.cloud`; this module plays the run.
 
 ``simulate(cfg, plan, seed)`` returns a :class:`SimResult` (summary, events, metrics rows) and
 writes nothing; :mod:`orchestrator.simulate.run` writes it as a run directory.
@@ -37,9 +40,9 @@ import simpy
 
 from orchestrator import results
 from orchestrator.config.schema import ExperimentConfig, Protocol
-from orchestrator.config.transient import GCE_NOTICE_S, RevocationModel
-from orchestrator.plan import HostPlan, RunPlan
+from orchestrator.plan import RunPlan
 from orchestrator.record import fold, summarize
+from orchestrator.simulate.cloud import Billing, cloud_revocations, provision_delay
 from orchestrator.simulate.models import CPU, SimModels
 from orchestrator.transient.recovery import (
     Action,
@@ -51,15 +54,10 @@ from orchestrator.transient.recovery import (
     hosts_to_replace,
 )
 from orchestrator.transient.revocation import (
-    LifetimeModel,
     RevocationEvent,
-    RevocationSchedule,
-    _sample_fitted,
-    zone_to_region,
 )
 from orchestrator.transient.stragglers import InjectionSchedule, StragglerDetector, get_sync_policy
 from provisioning.base import ClusterRequest, Host, Role
-from provisioning.catalog import PREEMPTIBLE_CAP_H, Market
 from provisioning.sim import SimProvider
 
 _EPS = 1e-9
@@ -69,66 +67,6 @@ def stream(seed: int, *parts: object) -> random.Random:
     """An independent random stream per purpose, reproducible from the seed."""
     key = "/".join(str(p) for p in (seed, *parts)).encode()
     return random.Random(int.from_bytes(hashlib.sha256(key).digest()[:8], "big"))
-
-
-def cloud_market(cfg: ExperimentConfig) -> tuple[Market | None, float | None]:
-    """The market whose revocations a prediction of ``cfg`` draws, and the hours after which a
-    transient VM ends whatever its lifetime (None: never).
-
-    Not a setting of its own, so a plan cannot be simulated on another market than the one it
-    would run on (``Provider.transient_market``): ``provider=sim`` simulates the priced cloud
-    (``pricing.transient_market``: preemptible in the papers' 2019 catalog, Spot in today's); a
-    real backend names the VMs it creates (GCE makes Spot VMs, and validation holds the pricing
-    to it), and None for backends no cloud revokes (local processes, an SSH inventory), whose
-    runs lose only what the ``revocation`` model injects. Preemptible VMs end at 24 h; a Spot VM
-    ends at the provider's max run duration when one is set."""
-    from provisioning.registry import provider_class
-
-    market = provider_class(cfg.provider.name).transient_market(cfg.pricing)
-    if market is None:
-        return None, None
-    cap_s = cfg.provider.transient_lifetime_cap_s()
-    caps = ([PREEMPTIBLE_CAP_H] if market == Market.preemptible else []) + (
-        [cap_s / 3600.0] if cap_s else [])
-    return market, min(caps) if caps else None
-
-
-class CloudLifetimes(LifetimeModel):
-    """The simulated cloud's revocations: measured lifetimes per GPU and region.
-
-    Preemptible: the Kaplan–Meier CDF of the measurements (right-censored at 24 h), and a VM
-    that outlives them is stopped at the 24 h cap. Spot: the fitted Weibull, without the cap
-    (past 24 h its tail is an extrapolation), unless the VM has a max run duration. A GPU nobody
-    measured (T4, L4, A100) is revoked by the measured GPUs pooled: each draw picks a measured
-    GPU with the odds of its share of the VMs measured (in the host's region where measured),
-    so the band reflects preemption as measured, not a figure made up for that GPU."""
-
-    name = "cloud"
-
-    def __init__(self, cfg: Any, models: dict[str, Any], market: Market,
-                 region: str | None, cap_h: float | None) -> None:
-        super().__init__(cfg)
-        self.models = {**models, "cap_hours": float("inf")}  # the cap is applied below
-        self.sampling = "empirical" if market == Market.preemptible else "weibull"
-        self.region = region
-        self.cap_h = cap_h
-
-    def sample_lifetime_h(self, host: Any, rng: random.Random) -> float | None:
-        from orchestrator.config.transient import TraceSampling
-
-        region = self.region if self.region else zone_to_region(host.zone)
-        region = None if region == "all" else region
-        gpus = self.models["gpus"]
-        gpu = (host.gpu or "K80").upper()
-        if gpu not in {g.upper() for g in gpus}:  # unmeasured: the measured GPUs pooled
-            names = sorted(gpus)
-            weights = [(gpus[g].get(region or "all") or gpus[g]["all"]).get("vms", 1)
-                       for g in names]
-            gpu = rng.choices(names, weights)[0]
-        life = _sample_fitted(self.models, gpu, region, TraceSampling(self.sampling), rng)
-        if self.cap_h is None:
-            return life
-        return self.cap_h if life is None else min(life, self.cap_h)
 
 
 @dataclass
@@ -170,11 +108,10 @@ class Simulation:
                                                             Path(".")))
         self.by_name = {h.name: h for h in plan.hosts}
         self.alive: set[str] = set()
-        self.billed: list[tuple[str, float, float]] = []  # (slot, start, end) of every VM
-        self.billing_since: dict[str, float] = {}
+        self.bill = Billing()
         self.rcfg = dataclasses.replace(cfg.cluster.recovery)
         self.planner = RecoveryPlanner(self.rcfg)
-        self.revocations = self._revocation_schedule()
+        self.revocations = cloud_revocations(cfg, plan, seed, self.models)
         self.injection = InjectionSchedule(cfg.straggler.injections, cfg.straggler.enabled)
         self.detector = StragglerDetector.from_config(cfg.straggler.detection)
         self.policy = get_sync_policy(cfg.sync.policy)
@@ -197,23 +134,6 @@ class Simulation:
         self.train_end: float | None = None
 
     # --- set-up -------------------------------------------------------------------------
-    def _revocation_schedule(self) -> RevocationSchedule:
-        rev = self.cfg.revocation
-        if rev.model != RevocationModel.none:
-            return RevocationSchedule.from_config(rev, self.plan.hosts)
-        market, cap_h = cloud_market(self.cfg)
-        if market is None:  # no cloud revokes these hosts (local processes, SSH inventory)
-            return RevocationSchedule.from_config(rev, self.plan.hosts)
-        notice = rev.notice_s or GCE_NOTICE_S  # the cloud's notice unless one is configured
-        cloud = CloudLifetimes(dataclasses.replace(rev, seed=self.seed, notice_s=notice),
-                               self.models.lifetime_models(str(self.cfg.sim.lifetimes)),
-                               market, self.cfg.sim.lifetime_region, cap_h)
-        # the cloud revokes transient VMs only (include_ps/include_chief inject, not model);
-        # roles sharing ps-0's VM go with it (see revoke)
-        cloud.cfg = dataclasses.replace(cloud.cfg, include_ps=False, include_chief=False)
-        return RevocationSchedule(cloud, [h for h in self.plan.hosts
-                                          if h.colocate_with is None])
-
     def now_s(self) -> float:
         """Run seconds (since train_start), the clock of revocations, injections and policies."""
         return self.env.now - (self.t0 if self.t0 is not None else self.env.now)
@@ -230,14 +150,6 @@ class Simulation:
         """Wake the trainer: the state changed, so the current segment's rate is stale."""
         old, self.wake = self.wake, self.env.event()
         old.succeed()
-
-    def bill_start(self, name: str) -> None:
-        self.billing_since[name] = self.env.now
-
-    def bill_stop(self, name: str) -> None:
-        since = self.billing_since.pop(name, None)
-        if since is not None:
-            self.billed.append((name, since, self.env.now))
 
     # --- rates ----------------------------------------------------------------------------
     def protocol(self) -> str:
@@ -280,7 +192,7 @@ class Simulation:
         self.record("provision", hosts=len(self.plan.hosts), provider=self.plan.provider)
         ready = 0.0
         for h in self.plan.hosts:
-            self.bill_start(h.name)
+            self.bill.start(h.name, self.env.now)
             if h.colocate_with is None:  # a colocated role starts with its owner's VM
                 ready = max(ready, self.models.vm_startup_s(h.transient, rng))
         yield self.env.timeout(ready)
@@ -437,12 +349,13 @@ class Simulation:
         losses = []
         for lost in names:
             self.alive.discard(lost)
-            self.bill_stop(lost)
+            self.bill.stop(lost, self.env.now)
             chost = next(h for h in self.cluster.hosts if h.spec.name == lost)
             self.provider.revoke(chost)
             losses.append(HostLoss(chost.id, lost, Role(self.by_name[lost].role),
                                    round(self.now_s(), 3)))
-        self.rcfg.replacement_delay_s = self.provision_delay(host)
+        self.rcfg.replacement_delay_s = provision_delay(
+            self.models, host, stream(self.seed, "replacement", len(self.events)))
         workers_alive = sum(1 for h in self.plan.hosts
                             if h.role == "worker" and h.name in self.alive)
         progress = TrainingProgress(int(self.step + _EPS), self.last_ckpt, workers_alive)
@@ -461,17 +374,6 @@ class Simulation:
                 self.env.process(self.complete(decision, restart=False))
         self.rate_changed()
 
-    def provision_delay(self, host: HostPlan) -> float:
-        """A replacement's request-to-ready time: CM-DARE's replacement servers for GPU hosts,
-        a VM start-up for CPU hosts (PS, chief)."""
-        rng = stream(self.seed, "replacement", len(self.events))
-        if self.models.local_start_s is not None:  # this machine: a new process (a restart
-            # pays it as its TensorFlow start)
-            return self.models.local_start_s if host.role == "worker" else 0.0
-        if host.gpu is None:
-            return self.models.vm_startup_s(host.transient, rng)
-        return self.models.replacement_s(host.gpu, rng)
-
     def complete(self, decision: RecoveryDecision, restart: bool) -> Any:
         yield self.env.timeout(max(0.0, decision.execute_at_s - self.now_s()))
         if self.error is not None or self.done.triggered:
@@ -485,8 +387,9 @@ class Simulation:
         for new in new_hosts:
             name = new.spec.name
             self.alive.add(name)
-            self.billing_since[name] = self.env.now - max(
-                0.0, self.now_s() - min(loss.at_s for loss in decision.losses))
+            # billed from its request, when the first loss was seen
+            self.bill.start(name, self.env.now - max(
+                0.0, self.now_s() - min(loss.at_s for loss in decision.losses)))
             self.revocations.on_replacement(name, self.now_s())
         if not self.sched_wake.triggered:
             self.sched_wake.succeed()
@@ -579,8 +482,7 @@ class Simulation:
             self.record("step", role="chief", step=round(self.step))
         elif self.train_end is not None:
             self.record_final_accuracy()
-        for name in list(self.billing_since):
-            self.bill_stop(name)
+        self.bill.stop_all(self.env.now)
         self.record("teardown")
         if not self.done.triggered:
             self.done.succeed()
@@ -591,12 +493,7 @@ class Simulation:
         ``training_only`` only the part inside train_start..train_end (the papers' rule)."""
         lo = (self.t0 or 0.0) if training_only else 0.0
         hi = (self.train_end or self.env.now) if training_only else float("inf")
-        total = 0.0
-        for name, start, end in self.billed:
-            host = self.by_name[name]
-            if roles is None or host.role in roles:
-                total += host.hourly_usd * max(0.0, min(end, hi) - max(start, lo))
-        return total / 3600.0
+        return self.bill.cost_usd(self.by_name, roles, lo, hi)
 
     def record_final_accuracy(self) -> None:
         """The evaluator's final ``eval`` of a completed run: the accuracy the fitted models

@@ -11,7 +11,8 @@ import random
 import pytest
 
 from orchestrator.plan import make_plan
-from orchestrator.simulate.engine import CloudLifetimes, Simulation, cloud_market, simulate
+from orchestrator.simulate.cloud import CloudLifetimes, cloud_market
+from orchestrator.simulate.engine import Simulation, simulate
 from orchestrator.simulate.models import NoModelError, SimModels
 from orchestrator.simulate.validate import compose
 from provisioning.catalog import PREEMPTIBLE_CAP_H, Market

@@ -20,7 +20,8 @@ from orchestrator.display import render_plan
 from orchestrator.plan import make_plan
 from orchestrator.simulate import calibrate, planner, reliability
 from orchestrator.simulate.band import draws, predict_band, simulate_many, summarize_runs
-from orchestrator.simulate.engine import Simulation, cloud_market
+from orchestrator.simulate.cloud import cloud_market
+from orchestrator.simulate.engine import Simulation
 from orchestrator.simulate.models import SimModels
 from orchestrator.simulate.planner import (
     configure,
