@@ -27,7 +27,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
 
 EPILOG = """examples:
   python -m analysis report reference --out report/
-  python -m analysis report multirun/2026-01-01/12-00-00 --out report/
+  python -m analysis report multirun/syncswitch_digits/<time>-<pid> --out report/
   python -m analysis lifetimes --by-region --export revocation_models.json
   python -m analysis cost reference
   python -m analysis syncswitch reference --dataset cifar100_res50
