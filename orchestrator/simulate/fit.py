@@ -14,9 +14,9 @@ Every number below comes from a fit or a mean over the papers' measurements; not
 
 from __future__ import annotations
 
+import argparse
 import csv
 import json
-import sys
 import warnings
 from pathlib import Path
 from typing import Any
@@ -262,5 +262,18 @@ def export(path: Path = PARAMS_FILE) -> Path:
     return path
 
 
+def main(argv: list[str] | None = None) -> int:
+    """``python -m orchestrator.simulate.fit [PATH]``: re-fit and write the file, print its path.
+    Parsed, so that ``--help`` answers instead of being taken for the file to write."""
+    parser = argparse.ArgumentParser(
+        prog="python -m orchestrator.simulate.fit",
+        description="Re-fit the simulator's parameters from analysis/ on the papers' reference "
+                    "data (about 20 s) and write them as JSON.")
+    parser.add_argument("path", nargs="?", type=Path, default=PARAMS_FILE,
+                        help=f"where to write (default: the committed {PARAMS_FILE.name})")
+    print(export(parser.parse_args(argv).path))
+    return 0
+
+
 if __name__ == "__main__":
-    print(export(Path(sys.argv[1]) if len(sys.argv) > 1 else PARAMS_FILE))
+    raise SystemExit(main())

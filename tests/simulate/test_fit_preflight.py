@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +34,16 @@ def same(committed: Any, refit: Any, path: str = "") -> list[str]:
 @pytest.mark.slow  # fits every model of analysis/ (≈ 20–50 s on a busy 2-core machine)
 def test_committed_parameters_equal_a_refit() -> None:
     assert same(json.loads(PARAMS_FILE.read_text()), json.loads(json.dumps(build_params()))) == []
+
+
+def test_fit_command_answers_help_without_fitting_or_writing(tmp_path: Path) -> None:
+    """`--help` is answered, not taken for the file to write (which re-fitted for 20 s and
+    left a file named `--help` in the current folder)."""
+    done = subprocess.run([sys.executable, "-m", "orchestrator.simulate.fit", "--help"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "usage: python -m orchestrator.simulate.fit [-h] [path]" in done.stdout
+    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.slow  # starts TensorFlow in a subprocess (≈ 20–45 s here)
