@@ -213,8 +213,19 @@ def main(argv: list[str] | None = None) -> int:
             parser.error("--step-s must be > 0")
         record = record_gpu(cfg, args.gpu.lower(), args.step_s, "given on the command line")
     else:
+        from orchestrator.preflight import PreflightError
+        from orchestrator.runtime import data
+
         gpu = local_gpu()
-        measured = measure(cfg)
+        try:
+            data.prepare(cfg)  # the job's dataset, fetched into the cache as a run's data step does
+            measured = measure(cfg)
+        except ConfigError as err:  # a bad job.data_dir, or a DataError: the download failed
+            print(err.line(), file=sys.stderr)
+            return CONFIG_ERROR_EXIT_CODE
+        except PreflightError as err:
+            print(err, file=sys.stderr)
+            return 1
         record = (record_gpu(cfg, gpu, measured["step_s"], "measured here")
                   if gpu is not None else measured)
     print(json.dumps(record, indent=1, sort_keys=True))

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -103,3 +106,22 @@ def test_summary_of_a_real_run_carries_the_prediction(
     assert estimate["extrapolated"] == ["t4"]
     assert estimate["speed_error"]["t4"]["basis"] == "extrapolated"
     assert estimate["speed_error"]["t4"]["sigma_log"] > 0
+
+
+def test_calibrate_command_fetches_the_dataset_as_a_run_does(tmp_path: Path) -> None:
+    """`calibrate +experiment=cifar10_res32` first gets the job's data as a run's data step
+    does (it trained without it: "job.data_dir is required", as a traceback): offline, that
+    step's one line, exit 2, before TensorFlow and with nothing measured."""
+    from trainer import data
+
+    done = subprocess.run(
+        [sys.executable, "-m", "orchestrator.simulate.calibrate", "+experiment=cifar10_res32",
+         f"data_cache={tmp_path / 'datasets'}"],
+        capture_output=True, text=True, timeout=120,
+        env={**os.environ, data.MIRROR_ENV: "http://127.0.0.1:1",  # nothing listens there
+             "XDG_CACHE_HOME": str(tmp_path)})
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("data error: could not download http://127.0.0.1:1/")
+    assert done.stdout == ""
+    assert not (tmp_path / "transient-orchestrator" / "calibration.json").exists()
