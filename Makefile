@@ -39,11 +39,11 @@ $(STAMP): pyproject.toml
 bytecode: setup
 	@$(PY) -m compileall -q $(PACKAGES) > /dev/null
 
-# The isolated test hosts' Debian 12 and 13 root filesystems (tests/testbed/images.py): built
-# with debootstrap when missing (about 2 min each, 50 MB from the Debian mirror), cached in
-# /var/tmp/transient-isobed outside the checkout; a no-op once cached or when not root
-# the isolated hosts' Debian images, and the image with the hosts' runtime baked in (the SSH and
-# GCE fault end-to-end tests boot it); each built once per machine, cached in /var/tmp
+# The isolated test hosts' Debian 12 and 13 root filesystems (tests/testbed/images.py: built
+# with debootstrap when missing, about 2 min each, 50 MB from the Debian mirror), and the image
+# with the hosts' runtime baked in (tests/testbed/baked.py; the SSH and GCE fault end-to-end
+# tests boot it): each built once per machine, cached in /var/tmp/transient-isobed outside the
+# checkout; a no-op once cached or when not root
 isolated-images: setup
 	$(PY) -m tests.testbed.images build
 	$(PY) -m tests.testbed.baked build
