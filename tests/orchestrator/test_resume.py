@@ -25,7 +25,22 @@ from orchestrator import killpoints, record, results, resume, sweep
 from tests.orchestrator.proc_utils import live_processes_mentioning
 from tests.provisioning.test_gce_storage import emulator_fixture  # noqa: F401
 from tests.testbed import SshTestBed
-from tests.testbed.fixtures import ssh_testbed  # noqa: F401
+from tests.testbed.fixtures import provider_options, ssh_testbed  # noqa: F401
+
+
+def _testbed_provider_dir(bed: SshTestBed, tmp_path: Path) -> Path:
+    """A Hydra search dir holding `provider/testbed.yaml`: the shared-filesystem bed's first 4
+    hosts, the last a spare, running this venv's interpreter. The SSH resume tests stay on that
+    bed: their subject is what a resume finds and cleans up through the journals, not the host
+    (the SSH fault tests on isolated hosts are tests/orchestrator/test_ssh_e2e.py)."""
+    import yaml
+
+    conf = tmp_path / "conf"
+    (conf / "provider").mkdir(parents=True)
+    options = {"name": "ssh", **provider_options(bed, bed.hosts[:4], spares=1)}
+    (conf / "provider" / "testbed.yaml").write_text(
+        "defaults:\n  - ssh_schema\n  - _self_\n" + yaml.safe_dump(options))
+    return conf
 
 REPO = Path(__file__).resolve().parents[2]
 ENV = {**{k: v for k, v in os.environ.items()
@@ -341,7 +356,7 @@ def test_ssh_run_killed_while_training_is_resumed_and_leaves_nothing(
     env.pop(resume.ENV, None)
     run_dir = tmp_path / "run"
     argv = [sys.executable, "-m", "orchestrator", "+experiment=ssh_digits", "provider=testbed",
-            *e2e.SMALL, f"hydra.searchpath=[file://{e2e.provider_dir(ssh_testbed, tmp_path)}]",
+            *e2e.SMALL, f"hydra.searchpath=[file://{_testbed_provider_dir(ssh_testbed, tmp_path)}]",
             f"hydra.run.dir={run_dir}"]
     killed = subprocess.run(argv, cwd=repo_root, env=env, capture_output=True, text=True,
                             timeout=e2e.RUN_TIMEOUT_S)
@@ -375,7 +390,7 @@ def test_ssh_sweep_killed_twice_is_resumed_with_each_point_completed_once(
 
     bed = ssh_testbed
     sweep_dir = (tmp_path / "ssweep").resolve()
-    search = f"hydra.searchpath=[file://{e2e.provider_dir(bed, tmp_path)}]"
+    search = f"hydra.searchpath=[file://{_testbed_provider_dir(bed, tmp_path)}]"
     args = ["+experiment=ssh_digits", "provider=testbed", "-m", "job.seed=1,2,3",
             "cluster.workers=1", "job.train_steps=200", "job.checkpoint_frequency=50",
             "job.eval_frequency=0", "progress=false", "preflight=false", search,
