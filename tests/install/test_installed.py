@@ -26,10 +26,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-import yaml
 
 from tests.testbed import SshTestBed
-from tests.testbed.fixtures import provider_options, ssh_testbed  # noqa: F401
+from tests.testbed.fixtures import provider_options, ssh_testbed, write_provider_file  # noqa: F401
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 
@@ -270,11 +269,10 @@ def test_a_short_ssh_run_gets_the_installed_code_to_the_hosts(
     """provider=ssh from the installed tool: ps-0 (and the chief) on one namespace host, the
     worker on another; each host's interpreter is the venv's (it has TensorFlow), so setup only
     unpacks the hosts' wheel, which the installed tool rebuilt from its own files."""
-    options = {"name": "ssh", **provider_options(ssh_testbed, ssh_testbed.hosts[:2])}
+    options = provider_options(ssh_testbed, ssh_testbed.hosts[:2])
     for host in options["hosts"]:
         host["python"] = installed.bin("python")
-    (user_repo / "conf" / "provider" / "bed.yaml").write_text(
-        "defaults:\n  - ssh_schema\n  - _self_\n" + yaml.safe_dump(options))
+    write_provider_file(user_repo / "conf", "bed", options)
     proc = installed.run("transient-orchestrator", "+experiment=ssh_digits", "provider=bed",
                          "cluster.workers=1", "cluster.evaluator=false", "job.train_steps=60",
                          "job.eval_frequency=0", "job.checkpoint_frequency=0", "preflight=false",

@@ -25,7 +25,11 @@ from orchestrator import killpoints, record, results, resume, sweep
 from tests.orchestrator.proc_utils import live_processes_mentioning
 from tests.provisioning.test_gce_storage import emulator_fixture  # noqa: F401
 from tests.testbed import SshTestBed
-from tests.testbed.fixtures import provider_options, ssh_testbed  # noqa: F401
+from tests.testbed.fixtures import (  # noqa: F401
+    provider_options,
+    ssh_testbed,
+    write_provider_file,
+)
 
 
 def _testbed_provider_dir(bed: SshTestBed, tmp_path: Path) -> Path:
@@ -33,14 +37,8 @@ def _testbed_provider_dir(bed: SshTestBed, tmp_path: Path) -> Path:
     hosts, the last a spare, running this venv's interpreter. The SSH resume tests stay on that
     bed: their subject is what a resume finds and cleans up through the journals, not the host
     (the SSH fault tests on isolated hosts are tests/orchestrator/test_ssh_e2e.py)."""
-    import yaml
-
-    conf = tmp_path / "conf"
-    (conf / "provider").mkdir(parents=True)
-    options = {"name": "ssh", **provider_options(bed, bed.hosts[:4], spares=1)}
-    (conf / "provider" / "testbed.yaml").write_text(
-        "defaults:\n  - ssh_schema\n  - _self_\n" + yaml.safe_dump(options))
-    return conf
+    return write_provider_file(tmp_path / "conf", "testbed",
+                               provider_options(bed, bed.hosts[:4], spares=1))
 
 REPO = Path(__file__).resolve().parents[2]
 ENV = {**{k: v for k, v in os.environ.items()

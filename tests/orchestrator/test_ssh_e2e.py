@@ -30,11 +30,11 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
 
 from orchestrator.runtime.deploy import LEASE_S
 from tests.orchestrator.test_run_local import check_run_dir, read_events
 from tests.testbed.baked import BakedRuntime
+from tests.testbed.fixtures import write_provider_file
 from tests.testbed.isolated import IsolatedHost, IsolatedTestBed
 from tests.testbed.isolated_fixtures import baked_runtime, module_isolated_bed  # noqa: F401
 
@@ -83,16 +83,11 @@ def no_role_outlives_its_test(bed: IsolatedTestBed):
 def provider_dir(bed: IsolatedTestBed, root: str, tmp_path: Path) -> Path:
     """A Hydra search dir holding `provider/testbed.yaml`: the bed's 4 hosts, the last a spare,
     each with the image's root (no `python`: the hosts' own interpreter and runtime)."""
-    conf = tmp_path / "conf"
-    (conf / "provider").mkdir(parents=True)
     hosts = bed.inventory(bed.hosts[:HOSTS])
     for i, entry in enumerate(hosts):
         entry.update(root=root, spare=i == HOSTS - 1)
-    options = {"name": "ssh", "hosts": hosts, "known_hosts": str(bed.known_hosts),
-               "stop_grace_s": 1.0}
-    (conf / "provider" / "testbed.yaml").write_text(
-        "defaults:\n  - ssh_schema\n  - _self_\n" + yaml.safe_dump(options))
-    return conf
+    return write_provider_file(tmp_path / "conf", "testbed", {
+        "hosts": hosts, "known_hosts": str(bed.known_hosts), "stop_grace_s": 1.0})
 
 
 def start_run(repo_root: Path, bed: IsolatedTestBed, baked: BakedRuntime, tmp_path: Path,

@@ -30,13 +30,13 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
 
 from provisioning import host_runtime
 from provisioning.base import BadRequestError, ClusterRequest, HostSpec
 from provisioning.registry import get_provider
 from tests.orchestrator.test_run_local import check_run_dir
 from tests.testbed import wheelhouse
+from tests.testbed.fixtures import write_provider_file
 from tests.testbed.isolated import IsolatedTestBed
 from tests.testbed.isolated_fixtures import module_isolated_bed  # noqa: F401
 from trainer import layout
@@ -64,11 +64,7 @@ def index_url(bed: IsolatedTestBed) -> str:
 
 def provider_dir(tmp_path: Path, options: dict) -> Path:
     """A Hydra search dir holding `provider/bare.yaml` (an ssh provider file)."""
-    root = tmp_path / "conf"
-    (root / "provider").mkdir(parents=True)
-    (root / "provider" / "bare.yaml").write_text(
-        "defaults:\n  - ssh_schema\n  - _self_\n" + yaml.safe_dump({"name": "ssh", **options}))
-    return root
+    return write_provider_file(tmp_path / "conf", "bare", options)
 
 
 def orchestrate(repo_root: Path, tmp_path: Path, options: dict, *extra: str

@@ -14,9 +14,11 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from tests.testbed import SshTestBed, TestHost, skip_reason
 
@@ -65,3 +67,12 @@ def provider_options(bed: SshTestBed, hosts: list[TestHost] | None = None,
 def ssh_provider_config(ssh_testbed: SshTestBed) -> dict[str, Any]:
     """Options for the session's hosts (no spares)."""
     return provider_options(ssh_testbed)
+
+
+def write_provider_file(conf: Path, name: str, options: dict[str, Any]) -> Path:
+    """``conf/provider/<name>.yaml``, an ``provider=ssh`` file over ``ssh_schema`` holding
+    ``options`` (a Hydra search dir's, or a user repository's ``conf/``); returns ``conf``."""
+    (conf / "provider").mkdir(parents=True, exist_ok=True)
+    (conf / "provider" / f"{name}.yaml").write_text(
+        "defaults:\n  - ssh_schema\n  - _self_\n" + yaml.safe_dump({"name": "ssh", **options}))
+    return conf
