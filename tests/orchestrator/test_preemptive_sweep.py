@@ -43,8 +43,7 @@ def _jsonl(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def _sweep(repo_root: Path, tmp_path: Path, sweep_dir: Path,
-           threshold_gpu_h: float = THRESHOLD_GPU_H) -> dict[str, Any]:
+def _sweep(repo_root: Path, tmp_path: Path, sweep_dir: Path) -> dict[str, Any]:
     """The two-point las sweep, as keyword arguments of ``subprocess.run``/``Popen``: run from a
     user repository that defines the points, in a session of its own (a Ctrl-C sent to its
     process group reaches the launcher and its points, as a terminal's would)."""
@@ -58,7 +57,7 @@ def _sweep(repo_root: Path, tmp_path: Path, sweep_dir: Path,
               "+point=long,short", "cluster.workers=1", "cluster.evaluator=false",
               "job.checkpoint_frequency=50", "job.eval_frequency=0", "hydra/launcher=parallel",
               "queue.quota_gpus=8", "queue.policy=las",
-              f"queue.las_threshold_gpu_h={threshold_gpu_h}", f"hydra.sweep.dir={sweep_dir}"],
+              f"queue.las_threshold_gpu_h={THRESHOLD_GPU_H}", f"hydra.sweep.dir={sweep_dir}"],
         cwd=user_repo, env={**ENV, "PYTHONPATH": str(repo_root), "TRANSIENT_REPO": str(user_repo)},
         start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
@@ -135,10 +134,9 @@ def test_ctrl_c_while_a_point_waits_preempted_leaves_it_resumable(
     sweep then sees the long point as resumable from its checkpoint."""
     sweep_dir = tmp_path / "sweep"
     launches = sweep_dir / sweep.LAUNCHES_FILE
-    # a later first boundary (0.06 GPU-h: 27 s live) than the test above, so that the long
-    # point has usually begun training, and checkpointed, when it is preempted (both cases are
-    # checked below)
-    proc = subprocess.Popen(**_sweep(repo_root, tmp_path, sweep_dir, threshold_gpu_h=0.06),
+    # the first boundary of the test above: the long point is preempted before it could end on
+    # any machine, while starting or while training (both cases are checked below)
+    proc = subprocess.Popen(**_sweep(repo_root, tmp_path, sweep_dir),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + 600
