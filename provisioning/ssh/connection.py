@@ -18,6 +18,12 @@ paramiko's traps (gce-notes §F) and what this module does about each:
   then and fails with ONE line naming the machine and the last error; a refused key is retried
   only for `login_grace_s` after sshd first answered, so a wrong key or user on a VM that is
   clearly up is still reported as that. Without it (`provider=ssh`), nothing is waited for.
+- A command's exit status is not the end of its output: sshd sends `exit-status` when it reaps
+  the command and forwards what is still in the command's pipe after it (RFC 4254 orders
+  nothing between them), so a reader that stops at the status loses the last lines now and
+  then (a launch's pid, a role's `train_end`, under load). Readers stop at the channel's EOF
+  (`ChannelEnd`), waiting at most `EOF_AFTER_STATUS_S` for it after the status (a command
+  that left a child holding its stdout sends no EOF).
 - One `SSHClient` must not be shared carelessly across threads: channels are opened under a
   lock, SFTP is used under its own lock, and no channel is read by two threads.
 
@@ -51,6 +57,39 @@ logging.getLogger("paramiko").setLevel(logging.CRITICAL)
 #: paramiko's exceptions that mean "the handshake was dropped, try again" (sshd MaxStartups).
 _RETRYABLE = (paramiko.SSHException, EOFError, ConnectionResetError)
 _KEEPALIVE_REQUEST = "keepalive@openssh.com"
+#: After a command's exit status, how long its output may still be coming (module docstring).
+EOF_AFTER_STATUS_S = 10.0
+
+
+class ChannelEnd:
+    """Says when an exec channel has delivered all it will: its output ends with the remote
+    EOF (or the channel's close), not with the exit status that may come before the last of
+    it (module docstring). A status without an EOF ends it `grace_s` later."""
+
+    def __init__(self, channel: paramiko.Channel, grace_s: float = EOF_AFTER_STATUS_S) -> None:
+        self.channel = channel
+        self.grace_s = grace_s
+        self._status_at: float | None = None
+
+    def reached(self) -> bool:
+        """True when nothing is buffered and nothing more will come."""
+        channel = self.channel
+        if channel.recv_ready() or channel.recv_stderr_ready():
+            return False
+        if channel.closed or (channel.eof_received and channel.status_event.is_set()):
+            return not (channel.recv_ready() or channel.recv_stderr_ready())
+        if not channel.status_event.is_set():
+            return False
+        if self._status_at is None:
+            self._status_at = time.monotonic()
+        return time.monotonic() - self._status_at >= self.grace_s
+
+    def wait(self, timeout_s: float) -> None:
+        """Sleep until data or the status may have come (at most `timeout_s`)."""
+        if self.channel.status_event.is_set():
+            time.sleep(timeout_s)  # the event stays set: waiting on it would spin
+        else:
+            self.channel.status_event.wait(timeout_s)
 
 
 class HostKeyError(BadRequestError):
@@ -325,6 +364,7 @@ class SshConnection:
         ProvisionError for a non-zero exit when `check`."""
         timeout_s = self.timeouts.command_s if timeout_s is None else timeout_s
         channel = self.open_channel(command)
+        end = ChannelEnd(channel)
         out, err = bytearray(), bytearray()
         deadline = time.monotonic() + timeout_s
         try:
@@ -336,8 +376,7 @@ class SshConnection:
                 while channel.recv_stderr_ready():
                     err += channel.recv_stderr(65536)
                     got = True
-                if channel.exit_status_ready() and not channel.recv_ready() \
-                        and not channel.recv_stderr_ready():
+                if end.reached():
                     break
                 if self.lost.is_set():
                     raise SshUnreachableError(
@@ -346,7 +385,7 @@ class SshConnection:
                     raise CommandTimeout(
                         f"ssh host {self._where()}: command did not finish in {timeout_s:g} s")
                 if not got:
-                    channel.status_event.wait(0.02)
+                    end.wait(0.02)
             code = channel.recv_exit_status()
         finally:
             channel.close()

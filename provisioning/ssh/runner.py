@@ -38,7 +38,7 @@ from provisioning.base import (
     RemoteProcess,
     ResourceJournal,
 )
-from provisioning.ssh.connection import SshConnection
+from provisioning.ssh.connection import ChannelEnd, SshConnection
 
 #: Directory below a machine's work dir holding each role's pid, out, err and rc files.
 PROCS_DIR = ".procs"
@@ -162,6 +162,7 @@ class SshProcess(RemoteProcess):
 
     def _read(self) -> None:
         channel, pending = self._channel, b""
+        end = ChannelEnd(channel)
         log = open(self._log_path, "ab") if self._log_path is not None else None  # noqa: SIM115
         try:
             while True:
@@ -180,10 +181,9 @@ class SshProcess(RemoteProcess):
                         log.write(data)
                         log.flush()
                 if not moved:
-                    if channel.exit_status_ready() and not channel.recv_ready() \
-                            and not channel.recv_stderr_ready():
+                    if end.reached():
                         break
-                    channel.status_event.wait(_POLL_S)
+                    end.wait(_POLL_S)
             if pending:
                 self._lines.put(pending.decode(errors="replace") + "\n")
             status = channel.exit_status if channel.status_event.is_set() else -1
@@ -272,12 +272,17 @@ class RoleLauncher:
                               f"{self.host.id}-{next(self._seq)}-{int(time.time() * 1000)}")
         try:
             result = self.connection.run(launch_script(base, cwd, argv, env))
-            pid_text, ticks_text = [*result.stdout.split(), "", ""][:2]
-            pgid = int(pid_text)
         except ProvisionError as error:
             if self.connection.lost.is_set():
                 raise HostLostError(self.host.id, str(error)) from None
             raise
+        pid_text, ticks_text = [*result.stdout.split(), "", ""][:2]
+        if not pid_text.isdigit():  # the script always prints it: a broken channel or shell
+            raise ProvisionError(
+                f"ssh host {self.host.id}: starting {posixpath.basename(argv[0])} printed no "
+                f"process id (exit code {result.exit_code}, output {result.stdout.strip()[:200]!r}, "
+                f"errors {result.stderr.strip()[-300:]!r})")
+        pgid = int(pid_text)
         ticks = _ticks(ticks_text)
         if self._journal is not None:
             self._journal.record_process_group(

@@ -153,6 +153,25 @@ def test_unreachable_host_at_start_fails_and_leaves_nothing(ssh_testbed: SshTest
     assert ssh_testbed.role_pids(ssh_testbed.hosts[0]) == []
 
 
+def test_output_that_follows_the_exit_status_is_read(ssh_testbed: SshTestBed,
+                                                     tmp_path) -> None:
+    """sshd sends a command's exit status when it reaps the command and forwards what is still
+    in the command's pipe after it. A reader that stopped at the status lost, now and then, a
+    launch's process id and a role's last event (`train_end`) on a loaded machine. Here a
+    background child holds the command's stdout for a second after the shell exited, so the
+    status surely comes first: its lines are still part of the output."""
+    provider = get_provider("ssh", provider_options(ssh_testbed, ssh_testbed.hosts[:1]))
+    cluster = provider.acquire(one_host_request(tmp_path))
+    try:
+        connection = provider.runner(cluster.hosts[0]).machine.connection
+        result = connection.run("(sleep 1; echo late; echo late-err >&2) & echo early")
+    finally:
+        provider.release(cluster)
+    assert result.exit_code == 0
+    assert result.stdout.split() == ["early", "late"]
+    assert result.stderr.split() == ["late-err"]
+
+
 # --- liveness ----------------------------------------------------------------------------------
 
 
