@@ -16,6 +16,7 @@ from typing import Any
 
 from trainer import events
 from trainer.closures import (
+    CLOSURES_PER_CHUNK_PER_WORKER,
     MAX_AUTO_STEPS_PER_CLOSURE,
     auto_steps_per_closure,
     median_step_time,
@@ -23,7 +24,6 @@ from trainer.closures import (
 )
 from trainer.waits import settle, wait_for_chunk
 
-CLOSURES_PER_CHUNK_PER_WORKER = 8  # ASP closures scheduled between two host syncs
 MIN_CLOSURES_PER_CHUNK_PER_WORKER = 2  # with several steps per closure: keep double-buffering
 
 

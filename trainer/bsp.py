@@ -18,9 +18,13 @@ weights, trainer/packing.py):
 - A round of a group (K rounds in one closure per worker): the weights in and the
   gradients out, one tensor per PS each, nothing else crosses. With one worker
   (`Steps.bsp_rounds(K)`, unrolled) its gradient is the round's mean, applied as it comes
-  and masked by the group's checks as ASP's steps are by their ticket (`Steps.ps_round`).
-  With N workers the round's barrier is one PS-side call (`Steps.barrier_round`): add,
-  ticket, the N-th applies and wakes the N workers through one FIFO queue per admission
+  and masked by the group's checks as ASP's steps are by their ticket (`Steps.ps_round`);
+  its group is up to CLOSURES_PER_CHUNK_PER_WORKER closures of K rounds scheduled at once
+  (trainer/closures.py), run one after the other, so the worker idles for the chief's
+  turnaround (the open, the results, the next dispatch) once per group, not once per K
+  steps (ASP's chunks are double-buffered: its worker never waits for the chief). With N
+  workers the round's barrier is one PS-side call (`Steps.barrier_round`): add, ticket,
+  the N-th applies and wakes the N workers through one FIFO queue per admission
   slot on the PS, each worker waits on its queue (a blocking dequeue: no poll, no RPC, none
   of the PS's threads held). Where a worker waits: from its gradient's arrival on the PS
   to the slowest's and the apply. The chief pays one dispatch and one result per worker
@@ -28,9 +32,14 @@ weights, trainer/packing.py):
 
 Automatic K is chosen as for ASP (`auto_steps_per_closure` from the sampled one-step
 rounds' step time). With one worker the unrolled group closure of that K is traced in the
-background. With several, the looped group closure (`Steps.bsp_looped`: a graph loop over
-a K given as a tensor) is traced and run once by `warm`, before training, and serves every
-K: no function is traced mid-run, when a worker hanging during the trace (seconds on a
+background; one-step rounds serve meanwhile. That K comes out about twice ASP's (14 to 17
+against 7: the one-step round's clock leaves out the update, ASP's includes the wait for
+it), and its trace took 7 to 10 s on 2 loaded cores, when the one-step rounds ran at half
+the groups' speed (measured 2026-11-27). Timing the update too gave K = 3 to 5, whose
+groups ran at 60 to 95 global steps/s against 107 to 124 at K = 14 to 17: kept as it is.
+With several, the looped group closure (`Steps.bsp_looped`: a graph loop over a K given
+as a tensor) is traced and run once by `warm`, before training, and serves every K: no
+function is traced mid-run, when a worker hanging during the trace (seconds on a
 loaded host) would hold its registration with every worker, and the chief with it (seen:
 the chief stalled until the hung worker resumed). An explicit `job.steps_per_closure`
 runs the unrolled closure of that K, traced by `warm`.
@@ -69,6 +78,7 @@ from typing import Any
 
 from trainer import tfcompat
 from trainer.closures import (
+    CLOSURES_PER_CHUNK_PER_WORKER,
     MAX_AUTO_STEPS_PER_CLOSURE,
     auto_steps_per_closure,
     median_step_time,
@@ -119,7 +129,9 @@ class BspRunner:
         if (n < self.k or self._closure(self.k) is None or self.membership.lost
                 or any_hung()):
             return self._one_step()  # a group needs every worker; one step reschedules
-        return self._group(self.k)
+        # the sole worker's group: several closures, run one after the other on it
+        closures = min(CLOSURES_PER_CHUNK_PER_WORKER, n // self.k) if self.workers == 1 else 1
+        return self._group(self.k, closures)
 
     def drain(self) -> list[Any]:
         return []  # nothing is left in flight
@@ -212,18 +224,21 @@ class BspRunner:
         if self.on_choice is not None:
             self.on_choice(self.k, step_time)
 
-    def _group(self, n: int) -> tuple[int, list[Any]]:
+    def _group(self, k: int, closures: int = 1) -> tuple[int, list[Any]]:
+        """A group of `closures` x `k` global steps: every worker runs `closures` closures
+        of `k` rounds (several only for the sole worker, whose closures follow each other)."""
         import tensorflow as tf
 
         self.groups += 1
+        n = k * closures
         group_id = tf.constant(self.groups, tf.int64)
         disruptions = self.membership.disruptions
         start = int(self.steps.bsp_open(group_id, tf.constant(n, tf.int64)))
-        found = self._closure(n)
+        found = self._closure(k)
         assert found is not None  # `__call__` runs groups only when one is traced
         closure, extra = found
         results = [self.coordinator.schedule(closure, args=(*self.args, group_id, *extra))
-                   for _ in range(self.workers)]
+                   for _ in range(self.workers * closures)]
         while True:
             running = [r for r in results if not finished(r)]
             if not running:

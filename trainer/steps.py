@@ -473,14 +473,27 @@ class Steps:
         v, zero = self.v, tf.constant(0.0, tf.float64)
         with tf.device(v.global_step.device):
             group_on_ps = tf.identity(group)  # crosses once, not once per round
-            joined = self.ticket(v.bsp_joined)  # a rerun of a lost worker's closure comes late
-            with tf.control_dependencies([joined]):
+            if self.workers == 1:
+                # every closure of the sole worker's group is admitted: they run one after
+                # another on it, each round applied only at the step it expects and below
+                # the group's stop, so a rerun (after the worker's loss) or a closure the
+                # group no longer needs applies nothing past the stop (no ticket to take)
+                joined, admitted = tf.constant(0, tf.int64), tf.constant(True)
                 step = v.global_step.read_value()
-            admitted = joined < self.quorum
+            else:
+                joined = self.ticket(v.bsp_joined)  # a rerun of a lost worker's comes late
+                with tf.control_dependencies([joined]):
+                    step = v.global_step.read_value()
+                admitted = joined < self.quorum
             rounds = tf.constant(0, tf.int64)  # counted where the step is
         loss, total = zero, zero
+        # Each round's clock starts after the previous round's barrier. Not the sole worker's
+        # unrolled rounds: their reads of the weights wait for the previous update anyway
+        # (ops on one variable run in program order), as ASP's steps do, and waiting for the
+        # step too put a PS-to-worker crossing before the next batch is read.
+        ordered = self.workers > 1 or loop is not None
         for _ in range(k) if loop is None else loop:
-            with tf.control_dependencies([step]):  # after the previous round's barrier
+            with tf.control_dependencies([step] if ordered else []):
                 loss, seconds = self.timed(iterator, worker_id, self._rounds_body)
             total += seconds
             ended = self.ps_round(self.flats, step, group_on_ps, admitted, joined)

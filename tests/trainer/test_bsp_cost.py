@@ -46,12 +46,26 @@ def _iterator() -> object:
 def crossings(fn: object, *args: object) -> dict[str, int]:
     """Distinct tensors (and control edges) crossing each way in `fn`'s traced graph."""
     graph = fn.get_concrete_function(*args).graph
-    variables = {inner.name for _, inner in graph.captures if inner.dtype == tf.resource}
+    return graph_crossings(graph, [inner for _, inner in graph.captures])
+
+
+def loop_body(fn: object, *args: object) -> object:
+    """The body of the one graph loop (a While op) in `fn`'s traced graph."""
+    graph = fn.get_concrete_function(*args).graph
+    loops = [op for op in graph.get_operations() if op.type in ("While", "StatelessWhile")]
+    assert len(loops) == 1, [op.type for op in loops]
+    return graph._get_function(loops[0].get_attr("body").name).graph
+
+
+def graph_crossings(graph: object, resources: list) -> dict[str, int]:
+    """`crossings` of one graph whose variables come in as `resources` (a function's
+    captures, a loop body's inputs; the dataset iterator, the worker's, among them)."""
+    variables = {t.name for t in resources if t.dtype == tf.resource}
 
     def on_ps(op: object) -> bool:
         if op.device:
             return PS in op.device
-        if op.type in CALLS:  # runs where it is placed (its body's ops may be elsewhere)
+        if op.type in CALLS or op.type.startswith("Iterator"):  # runs where it is placed
             return False
         return any(t.dtype == tf.resource and t.name in variables for t in op.inputs)
 
@@ -101,3 +115,20 @@ def test_a_one_step_round_sends_one_tensor_each_way() -> None:
     assert len(v.accumulators) == 1  # one PS: one packed accumulator
     counts = crossings(steps.bsp_accumulate, _iterator(), tf.constant(0, tf.int32))
     assert (counts["to_ps"], counts["to_worker"]) == (1, 1), counts
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_round_of_the_looped_group_closure_crosses_two_scalars_more(workers) -> None:
+    """The looped group closure (`Steps.bsp_looped`, one trace for every K: a graph loop
+    whose body is one round) crosses what a round of the unrolled closure does (the weights
+    in, the gradients out, one tensor per PS each) and what the loop carries from one round
+    to the next: its values enter the body on the worker, so the global step and the count
+    of rounds applied, made on the PS, cross to the worker and back once per round (two
+    int64 scalars each way). Pinned so that nothing more creeps in."""
+    steps, _ = _steps(workers)
+    args = (_iterator(), tf.constant(0, tf.int32), tf.constant(1, tf.int64),
+            tf.constant(3, tf.int64))
+    body = loop_body(steps.bsp_looped, *args)
+    counts = graph_crossings(body, body.inputs)
+    assert (counts["to_ps"], counts["to_worker"]) == (1 + 2, 1 + 2), counts
+    assert counts["control_to_ps"] + counts["control_to_worker"] <= ORDERINGS, counts

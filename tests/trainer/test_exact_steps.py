@@ -91,6 +91,21 @@ def test_a_group_applies_exactly_its_rounds_and_a_closed_one_nothing() -> None:
     assert int(v.global_step.numpy()) == int(v.bsp_updates.numpy()) == 3
 
 
+def test_the_sole_workers_closures_share_a_group_up_to_its_stop() -> None:
+    """The sole worker's group holds several closures (trainer/bsp.py): opened for 7 steps,
+    closures of 3 rounds apply 3, 3, then the 1 left before the stop; one more (a rerun after
+    the worker's loss) applies nothing; every step is one update."""
+    steps, v, _, _ = _steps(1)
+    iterator, worker = _dataset(), tf.constant(0, tf.int32)
+    group = tf.constant(3, tf.int64)
+    steps.bsp_open(group, tf.constant(7, tf.int64))
+    rounds = steps.bsp_rounds(3)
+    applied = [int(rounds(iterator, worker, group).numpy()[3]) for _ in range(4)]
+    assert applied == [3, 3, 1, 0]
+    assert int(v.global_step.numpy()) == int(v.bsp_updates.numpy()) == 7
+    assert int(v.bsp_gradients.numpy()) == 7
+
+
 def test_a_group_of_two_workers_waits_on_the_ps_and_a_close_wakes_it() -> None:
     """Two workers (two threads here) run a group of 3 rounds: 3 steps, each one update
     from both gradients (their barrier held on the PS: the round's applier wakes both),
