@@ -355,9 +355,9 @@ class Deployment:
                 if event is None:
                     log.write(line + "\n")
                     continue
+                self._events.put(event)  # queued first: whoever sees it ready finds it
                 if event.kind == EVENT_READY:
                     task.ready.set()
-                self._events.put(event)
         exit_code = task.process.wait()
         task.exited.set()
         self._events.put(self._exit_event(task, exit_code))

@@ -280,8 +280,8 @@ class RoleLauncher:
         if not pid_text.isdigit():  # the script always prints it: a broken channel or shell
             raise ProvisionError(
                 f"ssh host {self.host.id}: starting {posixpath.basename(argv[0])} printed no "
-                f"process id (exit code {result.exit_code}, output {result.stdout.strip()[:200]!r}, "
-                f"errors {result.stderr.strip()[-300:]!r})")
+                f"process id (exit code {result.exit_code}, output "
+                f"{result.stdout.strip()[:200]!r}, errors {result.stderr.strip()[-300:]!r})")
         pgid = int(pid_text)
         ticks = _ticks(ticks_text)
         if self._journal is not None:

@@ -125,7 +125,11 @@ def test_run_to_completion_events_logs_and_order(deploy, tmp_path):
     deployment = deploy({})
     deployment.start()
     assert deployment.wait_for_completion(EVENT_WAIT_S)
-    events = collect_until(deployment, lambda es: len(exits(es)) == 2)
+    # every role's ready line too: a server may be taken as ready by its port alone (another
+    # test's process on a loaded machine can hold it), and print its line after the clients
+    # (which do not wait for the servers) have exited
+    events = collect_until(deployment, lambda es: len(exits(es)) == 2 and len(
+        {(e.role, e.index) for e in es if e.kind == "ready"}) == 5)
     assert deployment.chief_exit_code() == 0
     ready = {(e.role, e.index): e.time for e in events if e.kind == "ready"}
     assert set(ready) == {("ps", 0), ("worker", 0), ("worker", 1), ("chief", 0), ("evaluator", 0)}
