@@ -38,10 +38,10 @@ it), and its trace took 7 to 10 s on 2 loaded cores, when the one-step rounds ra
 the groups' speed (measured 2026-11-27). Timing the update too gave K = 3 to 5, whose
 groups ran at 60 to 95 global steps/s against 107 to 124 at K = 14 to 17: kept as it is.
 With several, the looped group closure (`Steps.bsp_looped`: a graph loop over a K given
-as a tensor) is traced, and run once on each worker, by `warm`, before training, and
-serves every K: no function is traced mid-run, when a worker hanging during the trace
-(seconds on a loaded host) would hold its registration with every worker, and the chief
-with it (seen: the chief stalled until the hung worker resumed). An explicit `job.steps_per_closure`
+as a tensor) is traced and run once by `warm`, before training, and serves every K: no
+function is traced mid-run, when a worker hanging during the trace (seconds on a
+loaded host) would hold its registration with every worker, and the chief with it (seen:
+the chief stalled until the hung worker resumed). An explicit `job.steps_per_closure`
 runs the unrolled closure of that K, traced by `warm`.
 
 Before 2026-11-25: automatic K was 1 for every BSP run, each round ended with an apply
@@ -94,7 +94,6 @@ from trainer.waits import (
     barrier,
     finished,
     pause,
-    warm_on_every_worker,
 )
 
 AUTO_SAMPLE_STEPS = 4  # one-step rounds measured (after the first) before choosing K
@@ -141,11 +140,10 @@ class BspRunner:
         """Trace BSP's functions now, before a worker can hang: a function first traced
         mid-run is registered with every worker then, which waits for a hung one
         (trainer/closures.py `prepare_unrolled`). With `groups` and an explicit K, the
-        group closure too, run once on each worker for a group that is not open (it
-        applies nothing); with an automatic K and several workers, the looped group
-        closure, which serves every K (so none is traced mid-run: a worker that hangs while
-        it is traced, seconds on a loaded host, would hold its registration, and the chief
-        with it)."""
+        group closure too, run once for a group that is not open (it applies nothing);
+        with an automatic K and several workers, the looped group closure, which serves every
+        K (so none is traced mid-run: a worker that hangs while it is traced, seconds on a
+        loaded host, would hold its registration, and the chief with it)."""
         import tensorflow as tf
 
         steps = self.steps
@@ -162,12 +160,14 @@ class BspRunner:
             with self.coordinator.strategy.scope():
                 self.looped = steps.bsp_looped.get_concrete_function(
                     *tfcompat.schedule_specs(looped_args))
-            warm_on_every_worker(self.coordinator, self.looped, looped_args, self.workers)
+            self.coordinator.schedule(self.looped, args=looped_args)
+            self.coordinator.join()
         elif groups:
             self._prepare(self.k, background=False)
             if self.k in self.ready:
-                warm_on_every_worker(self.coordinator, self.ready[self.k], (
-                    *self.args, tf.constant(BSP_CLOSED - 1, tf.int64)), self.workers)
+                self.coordinator.schedule(self.ready[self.k], args=(
+                    *self.args, tf.constant(BSP_CLOSED - 1, tf.int64)))
+                self.coordinator.join()
 
     def _prepare(self, k: int, background: bool = True) -> None:
         """Trace the group closure of `k` rounds (now, or in the background)."""

@@ -183,14 +183,3 @@ def barrier(results: list[Any], reschedule: Callable[[], Any],
             continue
         waiting = running
         pause(running[0], SETTLE_POLL_S)
-
-
-def warm_on_every_worker(coordinator: Any, fn: Any, args: tuple, workers: int) -> None:
-    """Run `fn(*args)` (a closure that changes nothing) once on each worker, before
-    training: a worker instantiates a function at its first run of it. The coordinator
-    has no public way to pick the worker; the N closures are scheduled together while the
-    N workers are idle, so each worker's thread takes one (each is busy with its own
-    instantiation meanwhile)."""
-    for _ in range(workers):
-        coordinator.schedule(fn, args=args)
-    coordinator.join()
