@@ -6,6 +6,7 @@ what would be created without the cloud SDK; `compute_v1.Instance.from_json` tak
 
 from __future__ import annotations
 
+import math
 import re
 import shlex
 from collections.abc import Mapping, Sequence
@@ -132,6 +133,13 @@ COMPUTE_URL = "https://compute.googleapis.com/compute/v1"
 COMPUTE_SCOPE = "https://www.googleapis.com/auth/compute"
 
 
+def lease_value(expires: float) -> str:
+    """The lease's metadata value: whole seconds (what the watcher's bash compares), rounded
+    up, because rounding must never shorten a lease (truncating took up to a second off a
+    short one, and a loaded orchestrator then lost VMs it was still renewing)."""
+    return str(math.ceil(expires))
+
+
 def lease_watcher_script(poll_s: int = 30) -> str:
     """Bash that ends the VM when the orchestrator stopped renewing its lease (the orchestrator
     was killed, its machine slept, its network is gone): every `poll_s` it reads
@@ -253,7 +261,7 @@ def instance_body(cfg: GceConfig, project: str, vm: VmRequest, run_id: str,
             gpu_check_script(int(cfg.gpu_timeout_s)) if gpu_vm and cfg.gpu_check else None)},
     ]
     if lease_expires is not None:
-        metadata.append({"key": LEASE_KEY, "value": str(int(lease_expires))})
+        metadata.append({"key": LEASE_KEY, "value": lease_value(lease_expires)})
     if gpu_vm:
         metadata.append({"key": "install-nvidia-driver", "value": "True"})
     body: dict[str, object] = {

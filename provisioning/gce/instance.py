@@ -33,6 +33,7 @@ from provisioning.gce.body import (
     LEASE_KEY,
     has_gpu,
     instance_body,
+    lease_value,
     remote_workdir,
     vm_name,
 )
@@ -242,7 +243,7 @@ class GceInstances:
             with self._lock:
                 vms = [vm for vm in self._vms.values()
                        if vm.specs and not vm.deleted and vm.revoked_reason is None]
-            expires = str(int(time.time() + self.config.lease_s))
+            expires = lease_value(time.time() + self.config.lease_s)
 
             def renew(vm: Vm, value: str = expires) -> None:
                 self.api.set_metadata_value(vm.zone, vm.name, LEASE_KEY, value)

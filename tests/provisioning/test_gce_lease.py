@@ -49,7 +49,7 @@ def test_every_vm_the_ps_too_gets_a_cloud_enforced_life_and_a_lease() -> None:
     assert body["scheduling"] == {"maxRunDuration": {"seconds": "7200"},
                                   "instanceTerminationAction": "DELETE"}
     items = {i["key"]: i["value"] for i in body["metadata"]["items"]}  # type: ignore[index]
-    assert items[LEASE_KEY] == "1234"
+    assert items[LEASE_KEY] == "1235"  # rounded up: rounding never shortens a lease
     assert "transient-lease-watcher" in items["startup-script"]
 
 
@@ -90,7 +90,9 @@ def test_the_vm_side_watcher_deletes_its_vm_once_the_lease_has_passed(fake: Fake
 
 def test_the_orchestrator_renews_every_lease_and_stops_at_release(
         fake: FakeGce, make_provider, tmp_path: Path) -> None:
-    provider = make_provider(lease_s=1.5)
+    # Short, yet three renewal rounds (one each lease_s / 3) long: a loaded machine's round
+    # may take a second, and a lease that passes deletes the VMs the test looks at.
+    provider = make_provider(lease_s=3.0)
     cluster = provider.acquire(small_request("lease", tmp_path, workers=1))
     try:
         first = {i.name: float(i.metadata()[LEASE_KEY]) for i in fake.live_instances()}
