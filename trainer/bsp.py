@@ -38,11 +38,14 @@ it), and its trace took 7 to 10 s on 2 loaded cores, when the one-step rounds ra
 the groups' speed (measured 2026-11-27). Timing the update too gave K = 3 to 5, whose
 groups ran at 60 to 95 global steps/s against 107 to 124 at K = 14 to 17: kept as it is.
 With several, the looped group closure (`Steps.bsp_looped`: a graph loop over a K given
-as a tensor) is traced and run once by `warm`, before training, and serves every K: no
-function is traced mid-run, when a worker hanging during the trace (seconds on a
-loaded host) would hold its registration with every worker, and the chief with it (seen:
-the chief stalled until the hung worker resumed). An explicit `job.steps_per_closure`
-runs the unrolled closure of that K, traced by `warm`.
+as a tensor) is traced and run on each worker by `warm`, before training, and serves any
+K until the chosen K's unrolled closure, traced in the background as with one worker,
+takes over (`closure_unrolled`). Looped throughout, 2-worker BSP ran at 39 to 47 steady
+global steps/s, 0.62 of ASP's examples/s (median of 3 pairs); with the unrolled closure
+taking over, 48 to 60, 0.97 (2026-11-28, 2 cores). An explicit `job.steps_per_closure` runs
+the unrolled closure of that K, traced by `warm`. A mid-run trace has a price (for ASP's
+too): a worker that hangs before it is registered holds the chief until the worker
+resumes (trainer/closures.py `prepare_unrolled`).
 
 Before 2026-11-25: automatic K was 1 for every BSP run, each round ended with an apply
 call from the chief after its barrier, each worker added one tensor per weight to its own
@@ -73,10 +76,11 @@ expected for, so no round is applied twice.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
-from trainer import tfcompat
+from trainer import events, tfcompat
 from trainer.closures import (
     CLOSURES_PER_CHUNK_PER_WORKER,
     MAX_AUTO_STEPS_PER_CLOSURE,
@@ -94,6 +98,7 @@ from trainer.waits import (
     barrier,
     finished,
     pause,
+    warm_on_every_worker,
 )
 
 AUTO_SAMPLE_STEPS = 4  # one-step rounds measured (after the first) before choosing K
@@ -122,12 +127,18 @@ class BspRunner:
         self.requested: set[int] = set()  # K whose group closure is (being) traced
         self.looped: Callable | None = None  # the looped group closure, traced by `warm`
         self.counts: dict[int, Any] = {}  # K -> its int64 tensor (the looped closure's)
+        self.abandoned: list[Any] = []  # hung workers' closures of abandoned groups
 
     def __call__(self, n: int) -> tuple[int, list[Any]]:
-        if self.k > 1 and self.k not in self.requested:  # an explicit K not warmed
+        if self.k > 1 and self.k not in self.requested:  # chosen, or an explicit K not warmed
             self._prepare(self.k)
+        # No group while a hung worker's closure of an abandoned group still runs (it has
+        # resumed and not yet left): seen 2026-11-28, a group opened then never ended (its
+        # first worker waited in the round, the resumed worker's thread sat idle), in 1
+        # run of 3 under load; 0 of 5 with this rule. One-step rounds serve meanwhile.
+        self.abandoned = [r for r in self.abandoned if not finished(r)]
         if (n < self.k or self._closure(self.k) is None or self.membership.lost
-                or any_hung()):
+                or any_hung() or self.abandoned):
             return self._one_step()  # a group needs every worker; one step reschedules
         # the sole worker's group: several closures, run one after the other on it
         closures = min(CLOSURES_PER_CHUNK_PER_WORKER, n // self.k) if self.workers == 1 else 1
@@ -140,10 +151,11 @@ class BspRunner:
         """Trace BSP's functions now, before a worker can hang: a function first traced
         mid-run is registered with every worker then, which waits for a hung one
         (trainer/closures.py `prepare_unrolled`). With `groups` and an explicit K, the
-        group closure too, run once for a group that is not open (it applies nothing);
-        with an automatic K and several workers, the looped group closure, which serves every
-        K (so none is traced mid-run: a worker that hangs while it is traced, seconds on a
-        loaded host, would hold its registration, and the chief with it)."""
+        group closure too; with an automatic K and several workers, the looped group
+        closure, which serves every K until the chosen K's unrolled closure is traced. Each
+        is run once on each worker (`warm_on_every_worker`: a worker instantiates a
+        function at its first run of it) for a group that is not open (it applies
+        nothing)."""
         import tensorflow as tf
 
         steps = self.steps
@@ -160,14 +172,12 @@ class BspRunner:
             with self.coordinator.strategy.scope():
                 self.looped = steps.bsp_looped.get_concrete_function(
                     *tfcompat.schedule_specs(looped_args))
-            self.coordinator.schedule(self.looped, args=looped_args)
-            self.coordinator.join()
+            warm_on_every_worker(self.coordinator, self.looped, looped_args, self.workers)
         elif groups:
             self._prepare(self.k, background=False)
             if self.k in self.ready:
-                self.coordinator.schedule(self.ready[self.k], args=(
-                    *self.args, tf.constant(BSP_CLOSED - 1, tf.int64)))
-                self.coordinator.join()
+                warm_on_every_worker(self.coordinator, self.ready[self.k], (
+                    *self.args, tf.constant(BSP_CLOSED - 1, tf.int64)), self.workers)
 
     def _prepare(self, k: int, background: bool = True) -> None:
         """Trace the group closure of `k` rounds (now, or in the background)."""
@@ -177,8 +187,12 @@ class BspRunner:
             return
         self.requested.add(k)
 
+        started = time.time()
+
         def use(fn: Callable) -> None:
             self.ready[k] = fn
+            events.emit("closure_unrolled", steps=k, trace_s=round(time.time() - started, 3),
+                        protocol="bsp")
 
         prepare_unrolled(self.steps.bsp_rounds(k), (*self.args, tf.constant(0, tf.int64)),
                          use, background, self.coordinator.strategy.scope)
@@ -260,4 +274,5 @@ class BspRunner:
         while any(not finished(r) for r in results) and not all_hung(
                 [r for r in results if not finished(r)]):
             pause(running[0], SETTLE_POLL_S)
+        self.abandoned += [r for r in results if not finished(r)]  # held by hung workers
         return int(self.steps.bsp_discard())

@@ -69,9 +69,11 @@ def prepare_unrolled(fn: Callable, args: tuple, on_ready: Callable[[Callable], A
     function is registered on every worker (`TFE_ContextAddFunction`), a call that waits
     for each worker to answer while it holds the GIL: with a worker hung then, every thread
     of the chief stopped, the heartbeat's included, until the worker resumed (seen: 30 s of
-    no step and no `worker_unresponsive`). So the trace runs off the chief's thread, only
-    while no worker is named hung (a worker that hangs within the registration's
-    milliseconds still holds it), and `schedule` gets the concrete function: given the
+    no step and no `worker_unresponsive`; again 2026-11-28 for BSP's, the heartbeat in its
+    4 s call 15 s after the stop). So the trace runs off the chief's thread, and starts only
+    while no worker is named hung (a worker that hangs during the trace's seconds, before
+    the registration, still holds it: tests that hang a worker wait for
+    `closure_unrolled`), and `schedule` gets the concrete function: given the
     plain function it looks the trace up under its own key (the strategy's scope is part
     of it) and, missing, traced and registered it again on the chief's thread. A trace that
     fails (a PS lost meanwhile) leaves the looped closure in use."""

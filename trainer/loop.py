@@ -235,6 +235,7 @@ class TrainingLoop:
         self.train_started = 0.0
         self.acting = 0.0  # when the loop could last act on a control request
         self.previous_phase: dict[str, Any] | None = None  # its `phase_end` fields
+        self.bsp_warmed = False  # BSP's functions traced and run (`warm_bsp`)
 
     def read_step(self) -> int:
         return int(self.v.global_step.numpy())  # one small RPC to the PS
@@ -251,7 +252,16 @@ class TrainingLoop:
         # traced now, not mid-run (a hung worker, trainer/tfcompat.py)
         self.steps.asp_open(self.tf.constant(self.progress.step, self.tf.int64))
         if any(p.protocol == "bsp" for p in self.spec.phases):
+            self.warm_bsp()
+
+    def warm_bsp(self) -> None:
+        """BSP's traces, once: before training when the schedule has BSP, else at the first
+        switch to it (a control's), before its first step, so that no BSP function is
+        first traced and registered during its groups (seen: a worker hung right after such
+        a switch held the first `bsp_open`'s registration, and the chief with it)."""
+        if not self.bsp_warmed:
             self.runners["bsp"].warm(groups=self.spec.job.steps_per_closure != 1)
+            self.bsp_warmed = True
 
     def run_phases(self) -> None:
         self.train_started = self.acting = time.time()
@@ -362,6 +372,8 @@ class TrainingLoop:
 
     def switch_to(self, protocol: str) -> float:
         """Run one step of `protocol` (the switch ends when it has applied one)."""
+        if protocol == "bsp":
+            self.warm_bsp()  # at a control's switch in an ASP-only schedule: counted in it
         self.progress.protocol = protocol
         self.open_stretch(self.progress.step + 1)
         _, results = self.runner(protocol)(1)

@@ -183,3 +183,16 @@ def barrier(results: list[Any], reschedule: Callable[[], Any],
             continue
         waiting = running
         pause(running[0], SETTLE_POLL_S)
+
+
+def warm_on_every_worker(coordinator: Any, fn: Any, args: tuple, workers: int) -> None:
+    """Run `fn(*args)` (a closure that changes nothing) on each worker, before training: a
+    worker instantiates a function at its first run of it, which cost a switch's first ASP
+    step 0.2 s where it landed on a worker that had not run it. `schedule` gives a closure
+    to whichever worker asks first and TF has no public way to pick one; N closures
+    scheduled together while the N workers are idle land one on each (each worker is busy
+    with its own first run meanwhile): 5 of 5 switches took 0.03 s after it (2026-11-28).
+    Per-worker resource closures, which do pick the worker, did not warm it (the switch
+    took 0.47 s after them, twice). Mid-run (BSP warmed at a control switch), closures
+    held by hung workers are not waited for (`settle`)."""
+    settle([coordinator.schedule(fn, args=args) for _ in range(workers)], coordinator)

@@ -16,7 +16,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from trainer_harness import HUNG_S, LocalCluster, Role, hang, make_spec, reported_between
+from trainer_harness import (
+    HUNG_S,
+    LocalCluster,
+    Role,
+    hang,
+    make_spec,
+    reported_between,
+    wait_for_closures_settled,
+)
 
 from trainer.checkpoints import checkpoint_paths
 from trainer.spec import PhaseSpec, StragglerSpec, TrainerSpec
@@ -124,7 +132,7 @@ def test_steps_per_closure_keeps_budgets_and_bsp_exact(cluster: LocalCluster,
     assert [(c["steps"], c["auto"]) for c in chosen] == [(8, False)], chosen
     # full ASP closures ran unrolled (traced before training), the short last ones looped
     unrolled = chief.of_kind("closure_unrolled")
-    assert [u["steps"] for u in unrolled] == [8], unrolled
+    assert [(u["protocol"], u["steps"]) for u in unrolled] == [("asp", 8), ("bsp", 8)], unrolled
     assert unrolled[0]["time"] <= chief.of_kind("train_start")[0]["time"]
     ends = chief.of_kind("phase_end")
     assert [e["step"] for e in ends] == [203, 263, 421], ends  # exact, no overshoot
@@ -255,10 +263,11 @@ def test_hung_worker_does_not_hold_the_bsp_barrier(cluster: LocalCluster,
     it (~5 s); then its closure is scheduled again for the survivor and the steps go on for
     as long as it stays hung (longer than the chief's own timeouts), each still one update
     from (at least) one gradient per worker."""
-    steps = 300
+    steps = 800  # room for the trace of the chosen K's closure, 7 to 18 s loaded
     _, path = spec_for(cluster, tmp_path / "bsphang", [PhaseSpec("bsp", steps)])
     chief = cluster.start("chief", 0, path)
     wait_for_step(chief, 30, timeout=180)
+    wait_for_closures_settled(chief, "bsp")
     victim = next(s for s in cluster.servers if s.name == "worker1")
     silent, _, resumed = hang(chief, victim, 1, HUNG_S)
     assert chief.wait(180) == 0, chief.tail()

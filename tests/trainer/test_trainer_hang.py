@@ -17,7 +17,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from trainer_harness import HUNG_S, LocalCluster, hang, make_spec, reported_between
+from trainer_harness import (
+    HUNG_S,
+    LocalCluster,
+    hang,
+    make_spec,
+    reported_between,
+    wait_for_closures_settled,
+)
 
 from trainer.spec import PhaseSpec
 
@@ -47,7 +54,7 @@ def test_three_workers_train_on_while_one_hangs_under_asp_and_bsp(cluster: Local
     path = spec.to_json(run_dir / "trainer_spec.json")
     chief = cluster.start("chief", 0, path)
     deadline_s = 240  # the chief's start-up and its first steps, on a loaded machine
-    chief.wait_event("closure_unrolled", timeout=deadline_s)  # K chosen, traced, in use
+    wait_for_closures_settled(chief, "asp", deadline_s)  # K chosen, traced, in use
     workers = {s.name: s for s in cluster.servers}
 
     # ASP: worker 2 hangs; the other two train on, through checkpoints
@@ -65,6 +72,7 @@ def test_three_workers_train_on_while_one_hangs_under_asp_and_bsp(cluster: Local
     control.with_suffix(".tmp").replace(control)
     switch = chief.wait_event("protocol_switch", timeout=60)
     assert switch["to"] == "bsp", switch
+    wait_for_closures_settled(chief, "bsp")
     silent, stopped, resumed = hang(chief, workers["worker0"], 0, HUNG_S)
     reported = [s for _, s in reported_between(chief, silent["time"], resumed, ("step",))]
     print(f"BSP, 3 workers: worker 0 named {silent['time'] - stopped:.1f} s after SIGSTOP, "

@@ -153,6 +153,25 @@ class LocalCluster:
 HUNG_S = 12.0
 
 
+def wait_for_closures_settled(chief: Role, protocol: str, timeout: float = 180) -> None:
+    """Until the chief has chosen `protocol`'s steps per closure and, if more than one,
+    traced that closure (`closure_unrolled`, in the background). A worker that hangs before
+    that trace is registered holds the whole chief until it resumes (trainer/closures.py
+    `prepare_unrolled`): a limit of its own, not what the hang tests inject into."""
+    deadline = time.time() + timeout
+
+    def first(kind: str) -> dict[str, Any] | None:
+        return next((e for e in chief.events
+                     if e["kind"] == kind and e.get("protocol") == protocol), None)
+
+    while time.time() < deadline and chief.proc.poll() is None:
+        chosen = first("steps_per_closure")
+        if chosen is not None and (chosen["steps"] <= 1 or first("closure_unrolled")):
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"{protocol}: closures not settled; log tail:\n{chief.tail()}")
+
+
 def hang(chief: Role, victim: Role, index: int, hold_s: float,
          timeout: float = 60) -> tuple[dict[str, Any], float, float]:
     """SIGSTOP worker `victim` (task `index`) until `hold_s` after the chief names it hung
