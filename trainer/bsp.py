@@ -19,10 +19,11 @@ weights, trainer/packing.py):
   gradients out, one tensor per PS each, nothing else crosses. With one worker
   (`Steps.bsp_rounds(K)`, unrolled) its gradient is the round's mean, applied as it comes
   and masked by the group's checks as ASP's steps are by their ticket (`Steps.ps_round`);
-  its group is up to CLOSURES_PER_CHUNK_PER_WORKER closures of K rounds scheduled at once
-  (trainer/closures.py), run one after the other, so the worker idles for the chief's
-  turnaround (the open, the results, the next dispatch) once per group, not once per K
-  steps (ASP's chunks are double-buffered: its worker never waits for the chief). With N
+  its group covers every full closure of the stretch (opened once, `Steps.bsp_open`), and
+  its closures are double-buffered as ASP's chunks: SOLE_BATCH closures of K rounds are
+  scheduled while the batch before still runs, so the worker never waits for the chief's
+  turnaround (until 2026-11-28 a group was 8 closures waited for, and the worker idled for
+  the turnaround, about 24 ms, once per 8 K steps, about 1 s; measured). With N
   workers the round's barrier is one PS-side call (`Steps.barrier_round`): add, ticket,
   the N-th applies and wakes the N workers through one FIFO queue per admission
   slot on the PS, each worker waits on its queue (a blocking dequeue: no poll, no RPC, none
@@ -31,18 +32,17 @@ weights, trainer/packing.py):
   per K steps, and waits for the group's end.
 
 Automatic K is chosen as for ASP (`auto_steps_per_closure` from the sampled one-step
-rounds' step time). With one worker the unrolled group closure of that K is traced in the
-background; one-step rounds serve meanwhile. That K comes out about twice ASP's (14 to 17
-against 7: the one-step round's clock leaves out the update, ASP's includes the wait for
-it), and its trace took 7 to 10 s on 2 loaded cores, when the one-step rounds ran at half
-the groups' speed (measured 2026-11-27). Timing the update too gave K = 3 to 5, whose
-groups ran at 60 to 95 global steps/s against 107 to 124 at K = 14 to 17: kept as it is.
-With several, the looped group closure (`Steps.bsp_looped`: a graph loop over a K given
-as a tensor) is traced and run on each worker by `warm`, before training, and serves any
-K until the chosen K's unrolled closure, traced in the background as with one worker,
-takes over (`closure_unrolled`). Looped throughout, 2-worker BSP ran at 39 to 47 steady
-global steps/s, 0.62 of ASP's examples/s (median of 3 pairs); with the unrolled closure
-taking over, 48 to 60, 0.97 (2026-11-28, 2 cores). An explicit `job.steps_per_closure` runs
+rounds' step time). The looped group closure (`Steps.bsp_looped`: a graph loop over a K
+given as a tensor) is traced and run on each worker by `warm`, before training, and serves
+any K until the chosen K's unrolled closure, traced in the background, takes over
+(`closure_unrolled`). That K comes out about twice ASP's (14 to 17 against 7: the one-step
+round's clock leaves out the update, ASP's includes the wait for it), and its trace took 4
+to 10 s on 2 cores. Timing the update too gave K = 3 to 5, whose groups ran at 60 to 95
+global steps/s against 107 to 124 at K = 14 to 17: kept as it is. Looped throughout,
+2-worker BSP ran at 39 to 47 steady global steps/s, 0.62 of ASP's examples/s (median of 3
+pairs); with the unrolled closure taking over, 48 to 60, 0.97 (2026-11-28, 2 cores). Until
+2026-11-28 the sole worker ran one-step rounds during its trace (44 to 57 global steps/s,
+against 47 to 67 looped, in 4 runs). An explicit `job.steps_per_closure` runs
 the unrolled closure of that K, traced by `warm`. A mid-run trace has a price (for ASP's
 too): a worker that hangs before it is registered holds the chief until the worker
 resumes (trainer/closures.py `prepare_unrolled`).
@@ -58,7 +58,10 @@ cores).
 
 Exactly once: a group of K global steps is N closures, one per worker, each running the
 same K rounds; a group needs all N workers at once (each worker runs one closure at a
-time, so N closures land on N workers). Every round is one update from one gradient of
+time, so N closures land on N workers). The sole worker's group runs its closures one after
+the other, each round applied only at the step it expects and below the group's stop; the
+steps of its batches are reported to the loop when scheduled, as ASP's, and those an
+abandoned group did not apply are taken back (a negative count: the loop runs them again). Every round is one update from one gradient of
 every worker, and the group stops at the step the chief opened it for (`bsp_stop`). When
 a worker fails or is named hung during a group, the chief closes it (`Steps.bsp_close`):
 the survivors' remaining rounds apply nothing, the coordinator's rerun of the lost closure
@@ -102,6 +105,8 @@ from trainer.waits import (
 )
 
 AUTO_SAMPLE_STEPS = 4  # one-step rounds measured (after the first) before choosing K
+# The sole worker's closures per batch: two batches in flight, as ASP's double buffer
+SOLE_BATCH = CLOSURES_PER_CHUNK_PER_WORKER // 2
 
 
 class BspRunner:
@@ -109,10 +114,10 @@ class BspRunner:
 
     `steps_per_closure` 0 = automatic: after AUTO_SAMPLE_STEPS one-step rounds (and the
     first, which includes the trace), K from the median step time as for ASP, reported
-    through `on_choice(K, step_time_s)`; with one worker its group closure is traced in the
-    background (trainer/closures.py `prepare_unrolled`) and one-step rounds run meanwhile,
-    with several the looped closure traced by `warm` serves it. One-step rounds run the
-    rest of a stretch shorter than K. `groups` counts the multi-step groups run.
+    through `on_choice(K, step_time_s)`; its unrolled group closure is traced in the
+    background (trainer/closures.py `prepare_unrolled`) and the looped closure traced by
+    `warm` serves meanwhile. One-step rounds run the rest of a stretch shorter than K.
+    `groups` counts the multi-step groups run.
     """
 
     def __init__(self, coordinator: Any, steps: Steps, args: tuple, workers: int,
@@ -128,6 +133,11 @@ class BspRunner:
         self.looped: Callable | None = None  # the looped group closure, traced by `warm`
         self.counts: dict[int, Any] = {}  # K -> its int64 tensor (the looped closure's)
         self.abandoned: list[Any] = []  # hung workers' closures of abandoned groups
+        # the sole worker's open group: its batches in flight (oldest first), the steps it
+        # may still schedule, the global step after every step reported to the loop
+        self.inflight: list[list[Any]] = []
+        self.group_left, self.reported_end, self.disruptions = 0, 0, 0
+        self.group_id: Any = None
 
     def __call__(self, n: int) -> tuple[int, list[Any]]:
         if self.k > 1 and self.k not in self.requested:  # chosen, or an explicit K not warmed
@@ -139,20 +149,28 @@ class BspRunner:
         self.abandoned = [r for r in self.abandoned if not finished(r)]
         if (n < self.k or self._closure(self.k) is None or self.membership.lost
                 or any_hung() or self.abandoned):
+            if self.inflight:  # the sole worker's group first (its end, or its abandon)
+                done, lost = self._wait_sole(0)
+                if lost:
+                    return -lost, done  # reported, never applied: the loop asks again
             return self._one_step()  # a group needs every worker; one step reschedules
-        # the sole worker's group: several closures, run one after the other on it
-        closures = min(CLOSURES_PER_CHUNK_PER_WORKER, n // self.k) if self.workers == 1 else 1
-        return self._group(self.k, closures)
+        if self.workers == 1:
+            return self._sole_batch(n)
+        return self._group(self.k)
 
     def drain(self) -> list[Any]:
-        return []  # nothing is left in flight
+        """Wait for the sole worker's batches in flight; its group ends here (a switch to
+        ASP may move the global step past its stop before the next stretch opens another)."""
+        done, _ = self._wait_sole(0)  # lost steps: the loop's accounting reads the step
+        self.group_left = 0
+        return done
 
     def warm(self, groups: bool = True) -> None:
         """Trace BSP's functions now, before a worker can hang: a function first traced
         mid-run is registered with every worker then, which waits for a hung one
         (trainer/closures.py `prepare_unrolled`). With `groups` and an explicit K, the
-        group closure too; with an automatic K and several workers, the looped group
-        closure, which serves every K until the chosen K's unrolled closure is traced. Each
+        group closure too; with an automatic K, the looped group closure, which serves
+        every K until the chosen K's unrolled closure is traced. Each
         is run once on each worker (`warm_on_every_worker`: a worker instantiates a
         function at its first run of it) for a group that is not open (it applies
         nothing)."""
@@ -166,7 +184,7 @@ class BspRunner:
         steps.bsp_open.get_concrete_function(scalar, scalar)
         steps.bsp_close.get_concrete_function()
         steps.bsp_discard.get_concrete_function()
-        if groups and not self.k and self.workers > 1:
+        if groups and not self.k:
             closed = tf.constant(BSP_CLOSED - 1, tf.int64)
             looped_args = (*self.args, closed, self._count(1))
             with self.coordinator.strategy.scope():
@@ -233,26 +251,77 @@ class BspRunner:
         if step_time is None:
             return  # every sample was lost with a worker: measure again
         self.k = auto_steps_per_closure(step_time)
-        if self.workers == 1:  # with several, the looped closure serves (`warm`) or none
-            self._prepare(self.k)
+        self._prepare(self.k)  # the looped closure (`warm`) serves meanwhile
         if self.on_choice is not None:
             self.on_choice(self.k, step_time)
 
-    def _group(self, k: int, closures: int = 1) -> tuple[int, list[Any]]:
-        """A group of `closures` x `k` global steps: every worker runs `closures` closures
-        of `k` rounds (several only for the sole worker, whose closures follow each other)."""
+    def _open(self, steps: int) -> int:
+        """Open the next group for `steps` global steps; returns its first global step."""
         import tensorflow as tf
 
         self.groups += 1
-        n = k * closures
-        group_id = tf.constant(self.groups, tf.int64)
-        disruptions = self.membership.disruptions
-        start = int(self.steps.bsp_open(group_id, tf.constant(n, tf.int64)))
+        self.group_id = tf.constant(self.groups, tf.int64)
+        self.disruptions = self.membership.disruptions
+        return int(self.steps.bsp_open(self.group_id, tf.constant(steps, tf.int64)))
+
+    def _schedule_group(self, k: int, closures: int) -> list[Any]:
         found = self._closure(k)
         assert found is not None  # `__call__` runs groups only when one is traced
         closure, extra = found
-        results = [self.coordinator.schedule(closure, args=(*self.args, group_id, *extra))
-                   for _ in range(self.workers * closures)]
+        return [self.coordinator.schedule(closure, args=(*self.args, self.group_id, *extra))
+                for _ in range(closures)]
+
+    def _sole_batch(self, n: int) -> tuple[int, list[Any]]:
+        """The sole worker's groups, double-buffered as ASP's chunks: one group for every
+        full closure of the stretch (`n` steps), scheduled SOLE_BATCH closures at a time;
+        each call schedules a batch, then waits for the one before (for all at the group's
+        end), so the worker never idles for the chief's turnaround. Returns (steps
+        scheduled, less those reported before and lost with an abandoned group; results)."""
+        k = self.k
+        if self.group_left < k:
+            self.reported_end = self._open((n // k) * k)
+            self.group_left = (n // k) * k
+        count = min(SOLE_BATCH, self.group_left // k, n // k)
+        self.inflight.append(self._schedule_group(k, count))
+        self.group_left -= count * k
+        self.reported_end += count * k
+        done, lost = self._wait_sole(1 if self.group_left >= k else 0)
+        return count * k - lost, done
+
+    def _wait_sole(self, keep: int) -> tuple[list[Any], int]:
+        """Wait until at most `keep` of the sole worker's batches are in flight; returns
+        (their finished results, steps reported and not applied). A failed closure or the
+        worker named hung ends the group (`_abandon`) with every batch in flight."""
+        done: list[Any] = []
+        waited = len(self.inflight) > keep
+        while len(self.inflight) > keep:
+            running = [r for r in self.inflight[0] if not finished(r)]
+            if not running:
+                done += self.inflight.pop(0)
+                continue
+            if self.membership.disruptions != self.disruptions or any_hung(running):
+                results = [r for batch in self.inflight for r in batch]
+                self.inflight, self.group_left = [], 0
+                step = self._abandon(results, [r for r in results if not finished(r)])
+                return done + [r for r in results if finished(r)], self.reported_end - step
+            if not tfcompat.watchable(running[0]):
+                self.coordinator.join()  # TF internals moved: no failure detection mid-group
+                done += [r for batch in self.inflight for r in batch]
+                self.inflight = []
+                break
+            tfcompat.wait_returned(running[0], CHUNK_POLL_S)
+        if waited and not self.inflight:
+            # raises a closure's error, if any; not when nothing was waited for: a hung
+            # worker's closure left from an abandoned group would hold it
+            self.coordinator.join()
+        return done, 0
+
+    def _group(self, k: int) -> tuple[int, list[Any]]:
+        """A group of `k` global steps with several workers: one closure of `k` rounds per
+        worker, waited for."""
+        start = self._open(k)
+        disruptions = self.disruptions
+        results = self._schedule_group(k, self.workers)
         while True:
             running = [r for r in results if not finished(r)]
             if not running:
@@ -264,7 +333,7 @@ class BspRunner:
                 break
             tfcompat.wait_returned(running[0], CHUNK_POLL_S)
         self.coordinator.join()  # raises a closure's error, if any
-        return n, results
+        return k, results
 
     def _abandon(self, results: list[Any], running: list[Any]) -> int:
         """A closure failed, or one is held by a hung worker: end the group; the survivors

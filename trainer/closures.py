@@ -23,10 +23,9 @@ from trainer.waits import fetch_or_none
 TARGET_CLOSURE_S = 0.05
 MAX_AUTO_STEPS_PER_CLOSURE = 32
 TRACE_NICE = 10  # the background trace of an unrolled closure (prepare_unrolled)
-# Closures scheduled at once per worker between two of the chief's turnarounds: an ASP
-# chunk's (steps per worker at K > 1, trainer/asp.py), and the closures of the sole BSP
-# worker's group (trainer/bsp.py): its worker idles once per group, not once per closure,
-# and a control request waits for at most this many closures (about 0.4 s at automatic K).
+# Closures in flight per worker: an ASP chunk's (steps per worker at K > 1, trainer/asp.py),
+# and the sole BSP worker's two batches (trainer/bsp.py); a control request waits for at
+# most this many closures (about 0.4 s at automatic K).
 CLOSURES_PER_CHUNK_PER_WORKER = 8
 
 

@@ -19,11 +19,11 @@ import pytest
 from trainer_harness import (
     HUNG_S,
     LocalCluster,
-    Role,
     hang,
     make_spec,
     reported_between,
     wait_for_closures_settled,
+    wait_for_step,
 )
 
 from trainer.checkpoints import checkpoint_paths
@@ -58,13 +58,6 @@ def final_eval(evaluator) -> dict:
     finals = [e for e in evaluator.of_kind("eval") if e["final"]]
     assert len(finals) == 1, evaluator.tail()
     return finals[0]
-
-
-def wait_for_step(chief: Role, step: int, timeout: float = 90) -> None:
-    deadline = time.time() + timeout
-    while not any(e["step"] >= step for e in chief.of_kind("step")):
-        assert time.time() < deadline and chief.proc.poll() is None, chief.tail()
-        time.sleep(0.1)
 
 
 def write_control(path: Path, **fields: object) -> None:

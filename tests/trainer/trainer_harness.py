@@ -153,6 +153,14 @@ class LocalCluster:
 HUNG_S = 12.0
 
 
+def wait_for_step(chief: Role, step: int, timeout: float = 90) -> None:
+    """Until the chief has reported global step `step` or later."""
+    deadline = time.time() + timeout
+    while not any(e["step"] >= step for e in chief.of_kind("step")):
+        assert time.time() < deadline and chief.proc.poll() is None, chief.tail()
+        time.sleep(0.1)
+
+
 def wait_for_closures_settled(chief: Role, protocol: str, timeout: float = 180) -> None:
     """Until the chief has chosen `protocol`'s steps per closure and, if more than one,
     traced that closure (`closure_unrolled`, in the background). A worker that hangs before
