@@ -7,6 +7,8 @@ order:
 * ``bench/throughput.py``: the local parameter-server cluster (ASP and BSP, 1 and 2 workers)
   against a plain single-process TensorFlow loop; ASP with 1 worker (the goal figure, ≥ 0.8×)
   several times, each run next to its own baseline;
+* ``bench/protocols.py``: BSP against ASP with 1 and 2 workers, PROTOCOL_REPEATS rounds, each
+  ratio taken within a round, and the in-place BSP→ASP switch's overhead;
 * ``bench/startup.py``: command start → first training step over the throughput runs, next
   to one process importing TensorFlow and Keras as the chief does, and where it goes per role;
 * ``bench/recovery.py``: worker kill → throughput back, PS kill → training resumed from a
@@ -15,11 +17,15 @@ order:
 * the sections of the modules in EXTRA_SECTIONS (each `section() -> list[str]`, measuring when
   called), appended in order; a missing module or a failing section leaves a note instead.
 
-``python -m bench --only startup`` (or ``ps_kill``, ``asp1``, ``protocols``, ``resume``)
-measures just that piece and prints its markdown instead of writing the document; ``protocols``
-(``bench/protocols.py``) is BSP against ASP, only measured on its own; ``resume``
-(``bench/resume.py``, also the first of EXTRA_SECTIONS) is ``--resume`` against a cold start. The local runs share
-``bench/runs.py``.
+``python -m bench --only startup`` (or ``ps_kill``, ``asp1``, ``protocols``, ``resume``,
+``syncswitch``) measures just that piece and prints its markdown instead of writing the
+document; ``resume`` (``bench/resume.py``) is ``--resume`` against a cold start,
+``syncswitch`` (``bench/syncswitch.py``) the committed Sync-Switch sweep read back by the
+analysis layer; both are also EXTRA_SECTIONS. The local runs share ``bench/runs.py``.
+
+The document is rewritten whole by each run; dated measurements made on their own (A/B pairs,
+a piece re-run after a change) and what was learnt from them go to
+``docs/benchmark-history.md``, which the benchmark never touches.
 """
 
 from __future__ import annotations
@@ -45,9 +51,9 @@ from bench.throughput import (
 )
 
 DOC = ROOT / "docs" / "benchmarks.md"
-EXTRA_SECTIONS = ("bench.resume", "bench.dispatch", "bench.ssh", "bench.hosts", "bench.sim",
+EXTRA_SECTIONS = ("bench.resume", "bench.syncswitch", "bench.dispatch", "bench.ssh", "bench.hosts", "bench.sim",
                   "bench.gce", "bench.gce_real")
-PIECES = ("startup", "ps_kill", "asp1", "protocols", "resume")
+PIECES = ("startup", "ps_kill", "asp1", "protocols", "resume", "syncswitch")
 
 
 def only(piece: str) -> list[str]:
@@ -61,10 +67,8 @@ def only(piece: str) -> list[str]:
         return asp1_lines(measure_asp1())
     if piece == "protocols":
         return protocol_lines(measure_protocols())
-    if piece == "resume":
-        from bench.resume import section
-
-        return section()
+    if piece in ("resume", "syncswitch"):
+        return importlib.import_module(f"bench.{piece}").section()
     raise SystemExit(f"--only: one of {', '.join(PIECES)} (got {piece!r})")
 
 
@@ -95,7 +99,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m bench",
         description="Measure the local stack on this machine and write docs/benchmarks.md "
-                    "(the whole run takes about 25 minutes; make bench runs it).")
+                    "(the whole run takes about 40 minutes on 2 cores; make bench runs it).")
     parser.add_argument("--only", choices=PIECES, metavar="PIECE",
                         help="measure just this piece (one of: " + ", ".join(PIECES) + ") and "
                              "print its markdown instead of writing the document")
@@ -111,6 +115,8 @@ def main(argv: list[str] | None = None) -> int:
     print("baseline: single-process TensorFlow loop ...", flush=True)
     baseline = measure_baseline()
     rows, delays, run_dirs, pairs = measure_throughput()
+    print("BSP against ASP ...", flush=True)
+    protocols = measure_protocols()
     print("TensorFlow import (start-up baseline) ...", flush=True)
     imports = measure_tf_import()
     print("dry runs ...", flush=True)
@@ -118,6 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     transient = measure_transient()
     extra = extra_sections()
     write_doc([*throughput_lines(baseline, rows), *asp1_lines(pairs),
+               *protocol_lines(protocols),
                *startup_lines(delays, run_dirs, imports), *transient_lines(transient),
                *dry_run_lines(dry), *extra])
     print(f"wrote {DOC.relative_to(ROOT)}")
@@ -132,7 +139,8 @@ def write_doc(sections: list[str]) -> None:
         f"Written by `make bench` on {time.strftime('%Y-%m-%d %H:%M')} "
         f"({platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}). "
         "Every role of the local cluster shares these cores, so the cluster numbers show the "
-        "overhead of the distributed stack, not scaling.",
+        "overhead of the distributed stack, not scaling. Measurements made on their own, "
+        "by date, and what was learnt from them: [benchmark-history.md](benchmark-history.md).",
         "",
     ]
     DOC.write_text("\n".join([*header, *sections]))
