@@ -43,7 +43,10 @@ global steps/s against 107 to 124 at K = 14 to 17: kept as it is. Looped through
 pairs); with the unrolled closure taking over, 48 to 60, 0.97 (2026-11-28, 2 cores). Until
 2026-11-28 the sole worker ran one-step rounds during its trace (44 to 57 global steps/s,
 against 47 to 67 looped, in 4 runs). An explicit `job.steps_per_closure` runs
-the unrolled closure of that K, traced by `warm`. A mid-run trace has a price (for ASP's
+the unrolled closure of that K, traced by `warm`. A stretch's last rounds, fewer than K, run
+in the looped closure too (one-step rounds, a barrier on the chief each, took up to 0.3 s at
+the end of a 1-worker run: 7 to 17 steps at 24 to 50 global steps/s, against ASP's short
+last closure at 70 to 90). A mid-run trace has a price (for ASP's
 too): a worker that hangs before it is registered holds the chief until the worker
 resumes (trainer/closures.py `prepare_unrolled`).
 
@@ -116,7 +119,7 @@ class BspRunner:
     first, which includes the trace), K from the median step time as for ASP, reported
     through `on_choice(K, step_time_s)`; its unrolled group closure is traced in the
     background (trainer/closures.py `prepare_unrolled`) and the looped closure traced by
-    `warm` serves meanwhile. One-step rounds run the rest of a stretch shorter than K.
+    `warm` serves meanwhile, and serves a stretch's last rounds fewer than K.
     `groups` counts the multi-step groups run.
     """
 
@@ -147,16 +150,17 @@ class BspRunner:
         # first worker waited in the round, the resumed worker's thread sat idle), in 1
         # run of 3 under load; 0 of 5 with this rule. One-step rounds serve meanwhile.
         self.abandoned = [r for r in self.abandoned if not finished(r)]
-        if (n < self.k or self._closure(self.k) is None or self.membership.lost
-                or any_hung() or self.abandoned):
+        size = self._group_size(n)
+        if not size or self.membership.lost or any_hung() or self.abandoned:
             if self.inflight:  # the sole worker's group first (its end, or its abandon)
                 done, lost = self._wait_sole(0)
                 if lost:
                     return -lost, done  # reported, never applied: the loop asks again
+            self.group_left = 0  # the sole worker's group ends (the rest: one-step rounds)
             return self._one_step()  # a group needs every worker; one step reschedules
         if self.workers == 1:
             return self._sole_batch(n)
-        return self._group(self.k)
+        return self._group(size)
 
     def drain(self) -> list[Any]:
         """Wait for the sole worker's batches in flight; its group ends here (a switch to
@@ -168,12 +172,12 @@ class BspRunner:
     def warm(self, groups: bool = True) -> None:
         """Trace BSP's functions now, before a worker can hang: a function first traced
         mid-run is registered with every worker then, which waits for a hung one
-        (trainer/closures.py `prepare_unrolled`). With `groups` and an explicit K, the
-        group closure too; with an automatic K, the looped group closure, which serves
-        every K until the chosen K's unrolled closure is traced. Each
-        is run once on each worker (`warm_on_every_worker`: a worker instantiates a
-        function at its first run of it) for a group that is not open (it applies
-        nothing)."""
+        (trainer/closures.py `prepare_unrolled`). With `groups`, the looped group closure
+        too, which serves every K until the chosen K's unrolled closure is traced, and a
+        stretch's last rounds fewer than K; with an explicit K, that K's unrolled closure as
+        well. Each is run once on each worker (`warm_on_every_worker`: a worker
+        instantiates a function at its first run of it) for a group that is not open (it
+        applies nothing)."""
         import tensorflow as tf
 
         steps = self.steps
@@ -184,14 +188,15 @@ class BspRunner:
         steps.bsp_open.get_concrete_function(scalar, scalar)
         steps.bsp_close.get_concrete_function()
         steps.bsp_discard.get_concrete_function()
-        if groups and not self.k:
-            closed = tf.constant(BSP_CLOSED - 1, tf.int64)
-            looped_args = (*self.args, closed, self._count(1))
-            with self.coordinator.strategy.scope():
-                self.looped = steps.bsp_looped.get_concrete_function(
-                    *tfcompat.schedule_specs(looped_args))
-            warm_on_every_worker(self.coordinator, self.looped, looped_args, self.workers)
-        elif groups:
+        if not groups:
+            return
+        closed = tf.constant(BSP_CLOSED - 1, tf.int64)
+        looped_args = (*self.args, closed, self._count(1))
+        with self.coordinator.strategy.scope():
+            self.looped = steps.bsp_looped.get_concrete_function(
+                *tfcompat.schedule_specs(looped_args))
+        warm_on_every_worker(self.coordinator, self.looped, looped_args, self.workers)
+        if self.k:
             self._prepare(self.k, background=False)
             if self.k in self.ready:
                 warm_on_every_worker(self.coordinator, self.ready[self.k], (
@@ -226,12 +231,23 @@ class BspRunner:
                 self.samples.clear()
         return 1, results
 
+    def _group_size(self, n: int) -> int:
+        """Rounds per closure of the next group for a stretch with `n` steps left: K once
+        its closure (or the looped one) is traced; the last `n` < K in the looped closure
+        (one-step rounds, with a barrier on the chief each, took up to a third of a second
+        at a stretch's end); 0: one-step rounds."""
+        if self.k > 1 and n >= self.k and self._closure(self.k) is not None:
+            return self.k
+        if self.group_left or (1 < n < self.k and self.looped is not None):
+            return n  # (the sole worker's open group: its last rounds, if only one)
+        return 0
+
     def _closure(self, k: int) -> tuple[Callable, tuple] | None:
         """The group closure of `k` rounds and its arguments after the group's; None where
         none is traced (one-step rounds serve)."""
         if k in self.ready:
             return self.ready[k], ()
-        if self.looped is not None and k > 1:
+        if self.looped is not None and k >= 1:
             return self.looped, (self._count(k),)
         return None
 
@@ -264,12 +280,16 @@ class BspRunner:
         self.disruptions = self.membership.disruptions
         return int(self.steps.bsp_open(self.group_id, tf.constant(steps, tf.int64)))
 
-    def _schedule_group(self, k: int, closures: int) -> list[Any]:
-        found = self._closure(k)
-        assert found is not None  # `__call__` runs groups only when one is traced
-        closure, extra = found
-        return [self.coordinator.schedule(closure, args=(*self.args, self.group_id, *extra))
-                for _ in range(closures)]
+    def _schedule_group(self, sizes: list[int]) -> list[Any]:
+        """One closure of the open group per item of `sizes` (its rounds)."""
+        results = []
+        for size in sizes:
+            found = self._closure(size)
+            assert found is not None  # `__call__` runs groups only when one is traced
+            closure, extra = found
+            results.append(self.coordinator.schedule(
+                closure, args=(*self.args, self.group_id, *extra)))
+        return results
 
     def _sole_batch(self, n: int) -> tuple[int, list[Any]]:
         """The sole worker's groups, double-buffered as ASP's chunks: one group for every
@@ -278,15 +298,18 @@ class BspRunner:
         end), so the worker never idles for the chief's turnaround. Returns (steps
         scheduled, less those reported before and lost with an abandoned group; results)."""
         k = self.k
-        if self.group_left < k:
-            self.reported_end = self._open((n // k) * k)
-            self.group_left = (n // k) * k
-        count = min(SOLE_BATCH, self.group_left // k, n // k)
-        self.inflight.append(self._schedule_group(k, count))
-        self.group_left -= count * k
-        self.reported_end += count * k
-        done, lost = self._wait_sole(1 if self.group_left >= k else 0)
-        return count * k - lost, done
+        if not self.group_left:  # with no looped closure, the rest < K runs one step each
+            self.group_left = n if self.looped is not None else (n // k) * k
+            self.reported_end = self._open(self.group_left)
+        sizes, left = [], min(self.group_left, n)
+        while len(sizes) < SOLE_BATCH and left > 0:
+            sizes.append(min(k, left))  # K, or the last rounds (`_group_size`)
+            left -= sizes[-1]
+        self.inflight.append(self._schedule_group(sizes))
+        self.group_left -= sum(sizes)
+        self.reported_end += sum(sizes)
+        done, lost = self._wait_sole(1 if self.group_left else 0)
+        return sum(sizes) - lost, done
 
     def _wait_sole(self, keep: int) -> tuple[list[Any], int]:
         """Wait until at most `keep` of the sole worker's batches are in flight; returns
@@ -321,7 +344,7 @@ class BspRunner:
         worker, waited for."""
         start = self._open(k)
         disruptions = self.disruptions
-        results = self._schedule_group(k, self.workers)
+        results = self._schedule_group([k] * self.workers)
         while True:
             running = [r for r in results if not finished(r)]
             if not running:

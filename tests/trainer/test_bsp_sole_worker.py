@@ -78,20 +78,22 @@ def test_a_killed_sole_worker_replaced_mid_group_keeps_the_budget_exact(
     """Runs last: it SIGKILLs the sole worker during BSP's groups and starts a new one at its
     address. The group in flight ends (the steps it applied kept, the ones reported for its
     batches taken back), the lost closures rerun on the new worker apply nothing, and the
-    budget is exact, one update per global step."""
+    budget is exact, one update per global step. An explicit K of 8 and stretches of 201
+    steps (checkpoints): each group's last closure is the looped one, of 1 round."""
     run_dir = tmp_path / "kill"
-    spec = make_spec(run_dir, 1, [PhaseSpec("bsp", 900)])
+    spec = make_spec(run_dir, 1, [PhaseSpec("bsp", 1206)], steps_per_closure=8,
+                     checkpoint_frequency=201)
     spec.cluster = cluster.spec.cluster
     chief = cluster.start("chief", 0, spec.to_json(run_dir / "trainer_spec.json"))
-    wait_for_step(chief, 30, timeout=240)
-    wait_for_closures_settled(chief, "bsp")
-    wait_for_step(chief, 300, timeout=120)
+    wait_for_step(chief, 300, timeout=240)  # its closures were traced before training
     cluster.servers[1].kill()
     chief.wait_event("worker_failure", timeout=30)
     cluster.servers.append(cluster.start("worker", 0))  # same address, new process: rejoins
     assert chief.wait(300) == 0, chief.tail()
     assert [e["worker"] for e in chief.of_kind("worker_rejoined")] == [0], chief.tail()
     done = json.loads((run_dir / "checkpoints" / "DONE").read_text())
-    assert done["step"] == 900 and done["bsp_updates"] == 900, done
-    assert 900 <= done["bsp_gradients"] <= 900 + 2, done
-    assert done["bsp_groups"] >= 2, done  # groups before the kill and after the rejoin
+    assert done["step"] == 1206 and done["bsp_updates"] == 1206, done
+    assert 1206 <= done["bsp_gradients"] <= 1206 + 2, done
+    assert done["bsp_groups"] >= 3, done  # groups before the kill and after the rejoin
+    saved = [c["step"] for c in chief.of_kind("checkpoint") if c["reason"] == "schedule"]
+    assert saved == [201, 402, 603, 804, 1005], saved

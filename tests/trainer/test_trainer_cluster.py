@@ -132,9 +132,8 @@ def test_steps_per_closure_keeps_budgets_and_bsp_exact(cluster: LocalCluster,
     done = json.loads((tmp_path / "spc" / "checkpoints" / "DONE").read_text())
     assert done["bsp_updates"] == 60 and done["bsp_gradients"] == WORKERS * 60, done
     # the phase's first step is the switch (one step per closure), then 59 = 7 groups of 8
-    # and 3 one-step rounds (a group closure is traced for one K: the rest of a stretch
-    # shorter than K runs one step per closure)
-    assert done["bsp_groups"] == 7, done
+    # and a group of the last 3 rounds in the looped closure (traced before training too)
+    assert done["bsp_groups"] == 8, done
     timings = chief.of_kind("worker_steps")
     assert {t["worker"] for t in timings} == {0, 1} and all(
         0 < t["step_time_s"] < 1 for t in timings), timings
