@@ -113,7 +113,8 @@ SOLE_BATCH = CLOSURES_PER_CHUNK_PER_WORKER // 2
 
 
 class BspRunner:
-    """run(n): up to `n` BSP global steps; returns (steps applied, closure results).
+    """run(n): up to `n` BSP global steps; returns (steps applied, or with the sole worker
+    scheduled, as ASP's, less those it reported before and lost; closure results).
 
     `steps_per_closure` 0 = automatic: after AUTO_SAMPLE_STEPS one-step rounds (and the
     first, which includes the trace), K from the median step time as for ASP, reported
