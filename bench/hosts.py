@@ -47,8 +47,8 @@ def _headline_lines() -> list[str]:
     run does not repeat the 10-minute sweep)."""
     path = Path(__file__).resolve().parent.parent / ".bench" / "gce-fake.json"
     if not path.exists():
-        return ["The headline on the fake (`make gce-fake`) has not passed on this machine yet.",
-                ""]
+        return ["No `make gce-fake` result is on record in this checkout (`.bench/gce-fake.json`, "
+                "written by its test when it passes; `make ci` runs it).", ""]
     t = json.loads(path.read_text())
     return [f"The headline on the fake (`make gce-fake`: `+experiment=cifar10_res32 -m "
             f"cluster.workers=4,8,16`, isolated hosts, a baked image), last passed "
@@ -142,7 +142,7 @@ def section() -> list[str]:
     lines += [
         "Measured on isolated hosts (own root filesystem, pid/mount/network namespaces, user "
         "`cloud`, no TensorFlow in the image; tests/testbed/isolated.py) on this 2-core "
-        "machine, which other work was loading at the same time; one measurement each. Setup "
+        "machine (the load average is given below); one measurement each. Setup "
         "= `runner.setup()` after the connection: copying our wheel, the remote script, the "
         "install. The index is pypiserver on the bed's bridge (a cloud VM reaches PyPI at "
         "in-cloud speed instead).",
@@ -178,7 +178,7 @@ def section() -> list[str]:
         f"per host. On {os.cpu_count()} cores that is a floor of "
         f"{sum(many_cpu.values()) / (os.cpu_count() or 1):.2f} s for the {MANY} setups, "
         f"{many_s / (sum(many_cpu.values()) / (os.cpu_count() or 1)):.1f} × of it measured "
-        f"(load average {load_before:.1f} before, {load_after:.1f} after, from other work too): "
+        f"(load average {load_before:.1f} before, {load_after:.1f} after): "
         f"the setups run in parallel ({MANY} threads, one SSH connection each), and what is "
         f"left is CPU, which {MANY} VMs would not share.",
         "",
