@@ -62,9 +62,9 @@ test: bytecode
 	$(PY) -m pytest -m "not (headline or resume_matrix)" -n $(TEST_JOBS) --dist loadfile \
 	  --durations=25 $(PYTEST_ARGS)
 
-# --resume on the parallel launcher, a recovery, SSH and the fake cloud (about 3 min): kept
-# out of `make test` to hold it inside CI's 25 minutes; `make ci` runs it (the sweep killed
-# at 12 points is in `make test`)
+# --resume on the parallel launcher, a recovery, SSH, the fake cloud and the local sweep killed
+# at 12 points (about 9 min): kept out of `make test` to hold it inside CI's 25 minutes;
+# `make ci` runs it
 test-resume: bytecode
 	bash .ci/testbed-deps
 	$(PY) -m pytest -m resume_matrix tests/orchestrator/test_resume.py --durations=10 $(PYTEST_ARGS)

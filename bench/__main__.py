@@ -94,7 +94,7 @@ def extra_sections() -> list[str]:
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    """The command line: nothing (the whole benchmark, ~25 min) or ``--only PIECE``. An unknown
+    """The command line: nothing (the whole benchmark, ~40 min on 2 cores) or ``--only PIECE``. An unknown
     argument or ``--help`` is answered before anything is measured."""
     parser = argparse.ArgumentParser(
         prog="python -m bench",

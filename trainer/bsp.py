@@ -293,8 +293,9 @@ class BspRunner:
         return results
 
     def _sole_batch(self, n: int) -> tuple[int, list[Any]]:
-        """The sole worker's groups, double-buffered as ASP's chunks: one group for every
-        full closure of the stretch (`n` steps), scheduled SOLE_BATCH closures at a time;
+        """The sole worker's groups, double-buffered as ASP's chunks: one group for the
+        stretch's `n` steps (its full closures only, where no looped closure is traced for
+        the last rounds), scheduled SOLE_BATCH closures at a time;
         each call schedules a batch, then waits for the one before (for all at the group's
         end), so the worker never idles for the chief's turnaround. Returns (steps
         scheduled, less those reported before and lost with an abandoned group; results)."""

@@ -106,6 +106,7 @@ def assert_sweep_complete(sweep_dir: Path) -> list[dict[str, str]]:
 
 @pytest.mark.tf_cluster
 @pytest.mark.slow
+@pytest.mark.resume_matrix  # 4 to 5 min: in `make test-resume`, keeping `make test` < 25 min
 @pytest.mark.timeout(1500)  # 14 orchestrators (276-449 s quiet); over 600 s at load 16-21
 def test_a_sweep_killed_at_every_point_is_resumed_to_completion(tmp_path: Path) -> None:
     sweep_dir = (tmp_path / "sweep").resolve()
