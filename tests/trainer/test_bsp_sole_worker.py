@@ -17,6 +17,7 @@ from trainer_harness import (
     LocalCluster,
     hang,
     make_spec,
+    serving_cluster,
     wait_for_closures_settled,
     wait_for_step,
 )
@@ -28,15 +29,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.tf_cluster]
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    root = tmp_path_factory.mktemp("servers")
-    local = LocalCluster(make_spec(root, 1, [PhaseSpec("asp", 10)]),
-                         root / "trainer_spec.json")
-    try:
-        for server in local.servers:
-            server.wait_event("ready", timeout=90)
+    with serving_cluster(tmp_path_factory.mktemp("servers"), 1) as local:
         yield local
-    finally:
-        local.stop()
 
 
 def test_a_hung_sole_worker_mid_group_loses_no_step_and_applies_none_twice(

@@ -22,6 +22,7 @@ from trainer_harness import (
     hang,
     make_spec,
     reported_between,
+    serving_cluster,
     wait_for_closures_settled,
     wait_for_step,
 )
@@ -35,15 +36,8 @@ WORKERS = 2
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    root = tmp_path_factory.mktemp("servers")
-    spec = make_spec(root, WORKERS, [PhaseSpec("asp", 10)])
-    local = LocalCluster(spec, root / "trainer_spec.json")
-    try:
-        for server in local.servers:
-            server.wait_event("ready", timeout=90)
+    with serving_cluster(tmp_path_factory.mktemp("servers"), WORKERS) as local:
         yield local
-    finally:
-        local.stop()
 
 
 def spec_for(cluster: LocalCluster, run_dir: Path, phases: list[PhaseSpec],

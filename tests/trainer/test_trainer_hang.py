@@ -23,6 +23,7 @@ from trainer_harness import (
     hang,
     make_spec,
     reported_between,
+    serving_cluster,
     wait_for_closures_settled,
 )
 
@@ -34,15 +35,8 @@ WORKERS = 3
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    root = tmp_path_factory.mktemp("servers3")
-    spec = make_spec(root, WORKERS, [PhaseSpec("asp", 10)])
-    local = LocalCluster(spec, root / "trainer_spec.json")
-    try:
-        for server in local.servers:
-            server.wait_event("ready", timeout=120)
+    with serving_cluster(tmp_path_factory.mktemp("servers3"), WORKERS, ready_s=120) as local:
         yield local
-    finally:
-        local.stop()
 
 
 def test_three_workers_train_on_while_one_hangs_under_asp_and_bsp(cluster: LocalCluster,

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -151,6 +152,20 @@ class LocalCluster:
 #: a worker hung that long has its calls failed and is then treated as killed, which the
 #: killed-worker tests cover.
 HUNG_S = 12.0
+
+
+@contextlib.contextmanager
+def serving_cluster(root: Path, workers: int, ready_s: float = 90) -> Iterator[LocalCluster]:
+    """The ps and `workers` worker processes of a module's tests, started and ready; each
+    test starts its own chief against them. Killed on exit."""
+    local = LocalCluster(make_spec(root, workers, [PhaseSpec("asp", 10)]),
+                         root / "trainer_spec.json")
+    try:
+        for server in local.servers:
+            server.wait_event("ready", timeout=ready_s)
+        yield local
+    finally:
+        local.stop()
 
 
 def wait_for_step(chief: Role, step: int, timeout: float = 90) -> None:
