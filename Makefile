@@ -4,7 +4,9 @@
 #                   suite but the headline sweep, listing the 25 slowest tests
 #   make test-fast  the tier to run while working: no TensorFlow cluster, no root or namespaces,
 #                   nothing slow (markers in pyproject.toml; docs/contributing.md)
-#   make ci         what CI runs (.ci/run): dry-run every committed experiment, lint, test, test-resume, gce-fake
+#   make ci         what CI runs (.ci/run): dry-run every committed experiment, lint, test, test-resume,
+#                   test-outage, gce-fake
+#   make test-outage  the orchestrator's own network dropped mid-run (SSH hosts, fake cloud)
 #   make gce-fake   the headline sweep on a fake Google Cloud, and a sweep killed and resumed there (docs/gce.md)
 PYTHON ?= python3
 VENV ?= .venv
@@ -16,10 +18,10 @@ LOGDIR ?= outputs
 PACKAGES := orchestrator provisioning trainer analysis hydra_plugins bench
 EXPERIMENTS := $(sort $(basename $(notdir $(wildcard experiments/*.yaml))))
 
-.PHONY: setup bytecode isolated-images run test test-fast test-resume gce-fake validate dry-run ci bench lint tensorboard clean help
+.PHONY: setup bytecode isolated-images run test test-fast test-resume test-outage gce-fake validate dry-run ci bench lint tensorboard clean help
 
 help:
-	@echo "make setup | bytecode | isolated-images | run | test | test-fast | test-resume | gce-fake | validate | dry-run | ci | bench | lint | tensorboard | clean"
+	@echo "make setup | bytecode | isolated-images | run | test | test-fast | test-resume | test-outage | gce-fake | validate | dry-run | ci | bench | lint | tensorboard | clean"
 
 setup: $(STAMP)
 
@@ -59,7 +61,7 @@ TEST_JOBS ?= 2
 test: bytecode
 	bash .ci/testbed-deps  # sshd + iproute2 for the SSH test bed, when missing
 	$(MAKE) --no-print-directory isolated-images
-	$(PY) -m pytest -m "not (headline or resume_matrix)" -n $(TEST_JOBS) --dist loadfile \
+	$(PY) -m pytest -m "not (headline or resume_matrix or outage)" -n $(TEST_JOBS) --dist loadfile \
 	  --durations=25 $(PYTEST_ARGS)
 
 # --resume on the parallel launcher, a recovery, SSH, the fake cloud and the local sweep killed
@@ -69,8 +71,17 @@ test-resume: bytecode
 	bash .ci/testbed-deps
 	$(PY) -m pytest -m resume_matrix tests/orchestrator/test_resume.py --durations=10 $(PYTEST_ARGS)
 
+# The orchestrator's own network dropped for 20 s and 120 s mid-training, over SSH on isolated
+# hosts and on the fake cloud (about 10 min): kept out of `make test` for its 25 minutes;
+# `make ci` runs it
+test-outage: bytecode
+	bash .ci/testbed-deps
+	$(MAKE) --no-print-directory isolated-images
+	$(PY) -m pytest -m outage tests/orchestrator/test_ssh_e2e.py tests/provisioning/test_gce_outage.py \
+	  --durations=10 $(PYTEST_ARGS)
+
 # Tiers by what a test needs (pyproject.toml markers): the fast one leaves out every marked test
-FAST_TIER := not (slow or tf_cluster or namespaces or isolated or headline)
+FAST_TIER := not (slow or tf_cluster or namespaces or isolated or headline or outage)
 
 # on FAST_JOBS processes (pytest-xdist; FAST_JOBS=0 runs in this one)
 FAST_JOBS ?= 2
@@ -95,7 +106,7 @@ dry-run: setup
 	  then echo "dry run ok   $$e"; else echo "dry run FAIL $$e"; failed="$$failed $$e"; fi; \
 	done; test -z "$$failed" || { echo "failed dry runs:$$failed"; exit 1; }
 
-ci: dry-run lint test test-resume gce-fake
+ci: dry-run lint test test-resume test-outage gce-fake
 
 bench: bytecode
 	$(PY) -m bench

@@ -21,7 +21,9 @@ order:
 ``syncswitch``) measures just that piece and prints its markdown instead of writing the
 document; ``resume`` (``bench/resume.py``) is ``--resume`` against a cold start,
 ``syncswitch`` (``bench/syncswitch.py``) the committed Sync-Switch sweep read back by the
-analysis layer; both are also EXTRA_SECTIONS. The local runs share ``bench/runs.py``.
+analysis layer; both are also EXTRA_SECTIONS, like ``transfer`` (``bench/transfer.py``: the
+bytes sent to each host on the SSH test bed, first run, restart and second run). The local
+runs share ``bench/runs.py``.
 
 The document is rewritten whole by each run; dated measurements made on their own (A/B pairs,
 a piece re-run after a change) and what was learnt from them go to
@@ -52,8 +54,8 @@ from bench.throughput import (
 
 DOC = ROOT / "docs" / "benchmarks.md"
 EXTRA_SECTIONS = ("bench.resume", "bench.syncswitch", "bench.dispatch", "bench.ssh", "bench.hosts", "bench.sim",
-                  "bench.gce", "bench.gce_real")
-PIECES = ("startup", "ps_kill", "asp1", "protocols", "resume", "syncswitch")
+                  "bench.gce", "bench.gce_real", "bench.transfer")
+PIECES = ("startup", "ps_kill", "asp1", "protocols", "resume", "syncswitch", "transfer")
 
 
 def only(piece: str) -> list[str]:
@@ -67,7 +69,7 @@ def only(piece: str) -> list[str]:
         return asp1_lines(measure_asp1())
     if piece == "protocols":
         return protocol_lines(measure_protocols())
-    if piece in ("resume", "syncswitch"):
+    if piece in ("resume", "syncswitch", "transfer"):
         return importlib.import_module(f"bench.{piece}").section()
     raise SystemExit(f"--only: one of {', '.join(PIECES)} (got {piece!r})")
 

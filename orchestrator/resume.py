@@ -162,19 +162,20 @@ def newest_checkpoint_step(store: Path) -> int:
 
 
 def bucket_checkpoint_step(storage: str, run_id: str, run_dir: Path,
-                           store: Any = None) -> int:
+                           store: Any = None, provider: dict[str, Any] | None = None) -> int:
     """The newest checkpoint step in a run's bucket mirror (``provider.storage = gs://...``,
-    where a resumed chief restores from when the local folder is empty); refuses when the
-    bucket cannot be listed."""
+    where a resumed chief restores from when the local folder is empty), read with the run's
+    ``provider.credentials`` (`provider`: its saved provider config); refuses when the bucket
+    cannot be listed."""
     import re
 
-    from provisioning.gce.storage import GcsStore, checkpoint_url, is_gcs
+    from provisioning.gce.storage import checkpoint_url, is_gcs, store_for_provider
 
     if not is_gcs(storage):
         return 0
     url = checkpoint_url(storage, run_id)
     try:
-        names = (store if store is not None else GcsStore()).list(url)
+        names = (store if store is not None else store_for_provider(provider or {})).list(url)
     except Exception as ex:  # StorageError, credentials, transport: one line
         raise ResumeRefused(f"resume: the checkpoint store {url} of {run_dir} cannot be read: "
                             f"{' '.join(str(ex).split())[:300]}") from None
@@ -380,7 +381,8 @@ def inspect(target: Target, retry: bool) -> None:
             run_id = results.read_json_object(point.run_dir / results.SPEC_FILE).get("run_id")
             if storage and run_id:
                 point.from_step = max(point.from_step, bucket_checkpoint_step(
-                    str(storage), str(run_id), point.run_dir))
+                    str(storage), str(run_id), point.run_dir,
+                    provider=dict(config.get("provider") or {})))
             point.last_step = max(point.last_step, point.from_step)
 
 

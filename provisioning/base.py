@@ -11,7 +11,8 @@ Shape (after SkyPilot's provision API and submitit's executors):
 
     provider.acquire(ClusterRequest) -> Cluster        hosts for roles, one host per HostSpec
     provider.runner(host) -> HostRunner                run a command, copy a file, liveness, stop
-    provider.poll(cluster) -> {host_id: HostState}     watch for revocation
+    provider.poll(cluster) -> {host_id: HostState}     watch for revocation (ContactLostError:
+                                                       no machine answered for the grace)
     provider.replace(cluster, lost) -> Cluster         new hosts in the lost hosts' slots
     provider.release(cluster)                          idempotent
     provider.revoke(host, notice_s)                    optional (`can_revoke`): local, ssh, sim
@@ -22,6 +23,8 @@ Shape (after SkyPilot's provision API and submitit's executors):
     Provider.fetch_dataset(url, cache_root) -> Path    a `job.data_dir` URL (`dataset_schemes`)
 
     runner.setup()                                     optional: make `trainer_command` work
+    runner.dataset_cache() / bytes_sent()              optional: a host folder kept across runs
+                                                       (datasets), bytes sent over the link
     runner.trainer_command() -> argv                   how `python -m trainer` starts there
     runner.start(argv, env, cwd, log_path)             sets the notice variable, streams logs
     runner.copy(local, remote) / write_text(...)       onto the host, atomically
@@ -73,6 +76,7 @@ from provisioning.records import (
     CleanUpResult,
     Cluster,
     ClusterRequest,
+    ContactLostError,
     Host,
     HostId,
     HostLostError,
@@ -86,13 +90,17 @@ from provisioning.records import (
 __all__ = [
     "DATA_DIR_FIELD", "PREEMPTION_NOTICE_ENV", "PREEMPTION_NOTICE_FILE", "STOP_GRACE_S",
     "BadFieldError", "BadRequestError", "CapacityError", "CheckpointStore", "CleanUpResult",
-    "Cluster", "ClusterRequest", "Host", "HostId", "HostLostError", "HostRunner", "HostSpec",
+    "Cluster", "ClusterRequest", "ContactLostError", "Host", "HostId", "HostLostError", "HostRunner", "HostSpec",
     "HostState", "LocalFolderStore", "PlanPreview", "Provider", "ProviderConfig",
     "ProvisionError", "RemoteProcess", "ResourceJournal", "Role", "url_scheme",
 ]
 
 #: The config field a dataset location comes from (`Provider.fetch_dataset` errors name it).
 DATA_DIR_FIELD = "job.data_dir"
+#: `provider.data_source`: how remote machines that read the dataset get it (docs/datasets.md).
+#: auto: a registry dataset is fetched by the host from its source URL, pushed from here only
+#: when the host cannot reach the source; origin: never pushed; push: always pushed.
+DATA_SOURCES = ("auto", "origin", "push")
 
 
 # --- configuration ----------------------------------------------------------------------------
@@ -107,16 +115,28 @@ class ProviderConfig:
 
     name: str = "local"  # provider registry name
     ready_timeout_s: float = 120.0  # how long a role may take to start serving
+    data_source: str = "auto"  # remote hosts' dataset: auto, origin or push (DATA_SOURCES)
 
     def check(self) -> list[tuple[str, str]]:
         """Backend-specific semantic problems as (field as the user types it, what is wrong);
         validation reports the first as a config error before anything is provisioned."""
         return []
 
+    def check_plan(self, hosts: Sequence[HostSpec], catalog: PricingConfig) -> list[tuple[str, str]]:
+        """Like `check`, for what needs the plan's hosts or the catalog (zones that exist, an
+        inventory that holds the plan): validation calls it once the cluster is valid."""
+        return []
+
     def transient_lifetime_cap_s(self) -> float | None:
         """Seconds after which this backend's own transient VMs end whatever the market (GCE's
         max run duration); None: no such limit. The simulated band revokes them then."""
         return None
+
+    def contact_grace_s(self) -> float:
+        """Longest time this backend waits for a machine it cannot reach before calling it
+        lost (0: it never loses contact, its hosts are here). Roles' leases on the hosts
+        outlive it, so that a drop of the orchestrator's network does not end them."""
+        return 0.0
 
     def for_plan(self, predicted_run_s: float | None) -> ProviderConfig:
         """This config for a plan predicted to train in `predicted_run_s` seconds (None: no

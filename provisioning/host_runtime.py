@@ -22,6 +22,12 @@ from pathlib import Path
 
 from provisioning.checkout import SHIPPED_PYPROJECT
 
+#: The Deep Learning VM family VMs boot by default: Ubuntu 24.04 (Python 3.12), CUDA 12.9 and
+#: driver 580, no framework. DLVM families retire (getFromFamily answers 404 once all their
+#: images are deprecated): check with `gcloud compute images describe-from-family FAMILY
+#: --project deeplearning-platform-release`; the pre-flight names the newest of the same line.
+DEFAULT_IMAGE_FAMILY = "common-cu129-ubuntu-2404-nvidia-580"
+
 #: The orchestrator's distribution name (self-references in its extras use it).
 DIST_NAME = "transient-orchestrator"
 #: The extras a host installs, by `provider.extra`.
@@ -164,7 +170,7 @@ def image_family_problem(family: str, runtime: HostRuntime | None = None) -> str
         return None
     return (f"images of family {family!r} have Python 3.{minor}, and the hosts' runtime "
             f"(TensorFlow 2.21) installs on Python {runtime.pythons()}: choose a family with "
-            f"one (e.g. common-cu128-ubuntu-2404-nvidia-570, Python 3.12), a baked image "
+            f"one (e.g. {DEFAULT_IMAGE_FAMILY}, Python 3.12), a baked image "
             f"(provider.image), or set provider.python to an interpreter there that already "
             f"has TensorFlow 2.21")
 

@@ -13,7 +13,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import ClassVar, Protocol
 
-from provisioning.records import Host, HostId, HostLostError
+from provisioning.records import Host, HostId, ProvisionError
 from trainer import layout
 
 #: Grace between SIGTERM and SIGKILL when a runner stops its processes.
@@ -98,6 +98,18 @@ class HostRunner(abc.ABC):
         """Environment the trainer needs on this host besides the contract's (e.g. PYTHONPATH
         of a checkout). Default: none."""
         return {}
+
+    def dataset_cache(self) -> Path | None:
+        """Absolute host folder that outlives runs on this machine, where the deployer keeps
+        datasets (`<root>/datasets` on an SSH host or VM), so a second run or a restart finds
+        them there. None (the default): datasets go under the work dir, kept for the run."""
+        return None
+
+    def bytes_sent(self) -> int | None:
+        """Bytes sent from the orchestrator's machine to this host's machine so far (files,
+        commands, everything on the link), None where nothing crosses a link (`local`) or it
+        is not counted. The deployer records each machine's figure per deployment."""
+        return None
 
     def start(
         self,
@@ -235,6 +247,6 @@ class LocalFolderStore(CheckpointStore):
     def sync(self, chief: HostRunner) -> bool:
         if chief.shares_orchestrator_fs:
             return True
-        with contextlib.suppress(HostLostError, OSError):
+        with contextlib.suppress(ProvisionError, OSError):  # lost, or out of contact
             return chief.fetch(Path(layout.CHECKPOINT_DIR), self.folder)
         return False

@@ -72,6 +72,12 @@ class HostLostError(ProvisionError):
         self.host_id = host_id
 
 
+class ContactLostError(ProvisionError):
+    """No machine of the cluster has answered for the backend's grace (`poll` raises it): the
+    orchestrator's own network, most likely, not the machines. Not a loss to recover from by
+    restarting elsewhere: the run stops resumable (its roles end on their leases)."""
+
+
 # --- records ----------------------------------------------------------------------------------
 
 

@@ -1,6 +1,8 @@
 """Command line of the trainer roles (Contract 1).
 
     python -m trainer --role {ps,worker,chief,evaluator} --index I --spec PATH
+    python -m trainer data ...   (trainer/data.py's CLI: what the deployer runs on a host to
+                                  fetch a dataset itself or list what it already holds)
 
 Environment set here, before TensorFlow is imported (it reads them once at import):
 quiet C++ logging, and gRPC keepalive within TF's servers' ping policy (a call that never
@@ -65,6 +67,11 @@ def _on_sigterm(signum: int, frame: FrameType | None) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["data"]:  # `python -m trainer data ...`: the data CLI, through the same
+        from trainer import data  # argv prefix as the roles (HostRunner.trainer_command)
+
+        return data.main(argv[1:])
     args = parse_args(argv)
     os.environ.setdefault("TF_GRPC_DEFAULT_OPTIONS", GRPC_KEEPALIVE)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")

@@ -2,7 +2,11 @@
 
 ``python -m trainer.data fetch cifar10`` downloads ahead of time, ``python -m trainer.data list``
 shows the cache. The orchestrator calls :func:`fetch` before anything is provisioned when a
-problem's files are missing and ``job.data_dir`` is unset (``orchestrator/data.py``).
+problem's files are missing and ``job.data_dir`` is unset (``orchestrator/data.py``). On a
+remote host the deployer runs ``python -m trainer data fetch NAME --url U --md5 M --size S
+--link data/NAME --report`` (the host downloads the archive itself, with the orchestrator's
+checksum, into its own cache) or ``digests DIR`` (what the host holds, so a push sends only
+the rest); both answer with one ``@data {json}`` line.
 
 Why not ``keras.utils.get_file`` (installed with TensorFlow) or tensorflow-datasets: get_file
 writes the download under its final name (a killed process leaves a truncated archive there),
@@ -111,6 +115,12 @@ DATASETS: dict[str, Dataset] = {
 class FetchError(Exception):
     """A dataset could not be obtained; ``str()`` is one line naming the URL, the cache folder
     and how to place the files by hand."""
+
+
+class SourceUnreachable(FetchError):
+    """Nothing arrived from the source (refused, no route, DNS, an HTTP error): the host may
+    simply have no way out, so the orchestrator can bring the files another way. A download
+    that arrived but does not verify is a plain FetchError: nothing is used then."""
 
 
 def dataset_for(name: str) -> Dataset:
@@ -265,8 +275,8 @@ def _download(archive: Archive, part: Path, ds: Dataset, root: Path, console: An
                 if _download_once(url, part, have, report):
                     break
             except _NoProgress as err:
-                raise FetchError(f"could not download {url}: {err}; cache folder {root}: "
-                                 f"{manual_hint(ds, root, archive)}") from None
+                raise SourceUnreachable(f"could not download {url}: {err}; cache folder "
+                                        f"{root}: {manual_hint(ds, root, archive)}") from None
             if attempt == MAX_ATTEMPTS:
                 raise FetchError(f"could not download {url}: the connection dropped "
                                  f"{MAX_ATTEMPTS} times ({part} keeps what arrived; run again "
@@ -394,8 +404,85 @@ def human_bytes(n: float) -> str:
     raise AssertionError("unreachable")
 
 
+def sha256_of(path: Path) -> str:
+    import hashlib
+
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(CHUNK_BYTES):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def digests(folder: Path) -> dict[str, list[Any]]:
+    """``{relative POSIX path: [size, sha256]}`` of every file under ``folder`` ({} when it is
+    missing): what a host already holds, so a push sends only what differs."""
+    if not folder.is_dir():
+        return {}
+    return {p.relative_to(folder).as_posix(): [p.stat().st_size, sha256_of(p)]
+            for p in sorted(folder.rglob("*")) if p.is_file() and not p.is_symlink()}
+
+
+def link_folder(target: Path, link: Path) -> None:
+    """Point ``link`` at ``target`` (a symlink, replaced atomically): a run's work dir names
+    the host's dataset cache, which outlives the run. A real folder there (a copy an older
+    version staged into the work dir) is removed first."""
+    if link.is_symlink() and os.readlink(link) == str(target):
+        return
+    if link.is_dir() and not link.is_symlink():
+        shutil.rmtree(link)
+    link.parent.mkdir(parents=True, exist_ok=True)
+    tmp = link.with_name(f".{link.name}.link-{os.getpid()}")
+    with contextlib.suppress(FileNotFoundError):
+        tmp.unlink()
+    tmp.symlink_to(target, target_is_directory=True)
+    os.replace(tmp, link)
+
+
+REPORT_PREFIX = "@data "  # the one stdout line a host-side command answers with (--report)
+UNREACHABLE_EXIT_CODE = 3  # --report: the source could not be reached from here
+
+
+def _report(**fields: Any) -> None:
+    import json
+
+    print(REPORT_PREFIX + json.dumps(fields), flush=True)
+
+
+def _host_fetch(args: argparse.Namespace, root: Path) -> int:
+    """``fetch NAME --url U --md5 M --size S [--link L] --report``: what the orchestrator runs
+    on a host that fetches its own copy. The URL and checksum come from the orchestrator's
+    registry (the host's could be an older version); answers with one ``@data`` line."""
+    from dataclasses import replace
+
+    from rich.console import Console  # on every host: Keras depends on it
+
+    ds = dataset_for(args.names[0])
+    archive = ds.archive(args.format)
+    if args.url:
+        archive = replace(archive, url=args.url, md5=args.md5 or archive.md5,
+                          size=args.size or archive.size)
+    ds = replace(ds, archives=(archive,))
+    if args.url:  # the URL given is the source: a mirror set on the host must not redirect it
+        os.environ.pop(MIRROR_ENV, None)
+    try:
+        had = holds_files(ds.problem, cached_folder(ds, root))
+        folder = fetch(ds, root, console=Console(stderr=True), progress=False)
+        if args.link:
+            link_folder(folder, Path(args.link))
+    except SourceUnreachable as err:
+        _report(status="unreachable", line=str(err))
+        return UNREACHABLE_EXIT_CODE
+    except (FetchError, OSError) as err:
+        _report(status="failed", line=str(err))
+        return FETCH_ERROR_EXIT_CODE
+    _report(status="ok", folder=str(folder), cached=had, bytes=folder_bytes(folder))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
-    """``python -m trainer.data {fetch NAME... | list}``; exit 2 with one line on failure."""
+    """``python -m trainer.data {fetch NAME... | list | digests DIR | link TARGET LINK}``; exit
+    2 with one line on failure."""
     from rich.console import Console
     from rich.table import Table
 
@@ -409,9 +496,34 @@ def main(argv: list[str] | None = None) -> int:
                          help="download, verify and extract into the cache")
     get.add_argument("names", nargs="+", help=f"dataset ({', '.join(DATASETS)}) or problem name")
     get.add_argument("--format", choices=("bin", "py"), help="archive format (default: bin)")
+    # what the orchestrator passes to a host fetching its own copy (one NAME)
+    get.add_argument("--url", help="fetch the archive from this URL instead")
+    get.add_argument("--md5", help="the archive's MD5 (with --url)")
+    get.add_argument("--size", type=int, help="the archive's size in bytes (with --url)")
+    get.add_argument("--link", help="then make this path a symlink to the dataset's folder")
+    get.add_argument("--report", action="store_true",
+                     help="answer with one '@data {json}' line; exit 3 when unreachable")
     sub.add_parser("list", parents=[common], help="what is cached, where, and how big")
+    dig = sub.add_parser("digests", help="size and SHA-256 of every file under DIR, as JSON")
+    dig.add_argument("dir")
+    dig.add_argument("--link", help="first make this path a symlink to DIR")
+    lnk = sub.add_parser("link", help="make LINK a symlink to the folder TARGET")
+    lnk.add_argument("target")
+    lnk.add_argument("link")
     args = parser.parse_args(argv)
+    if args.command == "link":
+        link_folder(Path(args.target), Path(args.link))
+        return 0
+    if args.command == "digests":
+        folder = Path(args.dir)
+        if args.link:
+            folder.mkdir(parents=True, exist_ok=True)
+            link_folder(folder, Path(args.link))
+        _report(files=digests(folder))
+        return 0
     root = cache_root(args.cache_dir)
+    if getattr(args, "report", False):
+        return _host_fetch(args, root)
     console = Console()
     if args.command == "list":
         table = Table(title=f"datasets in {root}", title_justify="left")

@@ -49,6 +49,11 @@ AT_LEAST_ONE = Range(1)
 FRACTION = Range(0, 1, low_open=True, high_open=False)
 MOMENTUM = Range(0, 1)
 SEED = Range(0, 2**32 - 1, high_open=False)  # numpy's seed range (keras.utils.set_random_seed)
+PORT = Range(1, 65535, high_open=False)  # a TCP port
+#: The first of a machine's role ports (colocated roles take the next ones): unprivileged (the
+#: roles do not run as root), with room above it for the roles of one machine.
+ROLE_PORTS = Range(1024, 65000)
+GCE_MAX_RUN_S = 120 * 86400  # maxRunDuration's upper bound (30 s is its lower; 0: none)
 
 RANGES: dict[str, Range] = {
     "report_every_s": Range(0.05),
@@ -80,6 +85,36 @@ RANGES: dict[str, Range] = {
     "sync.policy.min_dwell_s": NON_NEGATIVE,
     "sync.policy.calm_s": NON_NEGATIVE,
     "provider.ready_timeout_s": AT_LEAST_ONE,
+    # each backend's own fields: a pattern the chosen backend lacks matches nothing
+    "provider.stop_grace_s": POSITIVE,  # local, ssh
+    "provider.provision_delay_s": NON_NEGATIVE,  # local
+    "provider.unreachable_grace_s": POSITIVE,  # ssh, gce
+    "provider.outage_grace_s": POSITIVE,  # ssh
+    "provider.hosts.*.port": PORT,  # ssh
+    "provider.first_port": ROLE_PORTS,
+    "provider.connect_timeout_s": POSITIVE,
+    "provider.command_timeout_s": POSITIVE,
+    "provider.heartbeat_interval_s": POSITIVE,
+    "provider.heartbeat_timeout_s": POSITIVE,
+    "provider.max_parallel_handshakes": AT_LEAST_ONE,
+    "provider.boot_disk_gb": Range(10),  # gce: its smallest disk (the image's size: pre-flight)
+    "provider.max_run_duration_s": Range(0, GCE_MAX_RUN_S, high_open=False),
+    "provider.lease_s": NON_NEGATIVE,  # 0 = no lease; negative would silently be none
+    "provider.trainer_port": ROLE_PORTS,
+    "provider.poll_interval_s": POSITIVE,
+    "provider.ready_poll_s": POSITIVE,
+    "provider.operation_timeout_s": POSITIVE,
+    "provider.vm_ready_timeout_s": POSITIVE,
+    "provider.host_key_timeout_s": NON_NEGATIVE,  # 0 = pin the host key on first use at once
+    "provider.host_key_poll_s": POSITIVE,
+    "provider.boot_timeout_s": POSITIVE,
+    "provider.login_grace_s": POSITIVE,
+    "provider.gpu_timeout_s": POSITIVE,
+    "provider.retries": AT_LEAST_ONE,
+    "provider.retry_backoff_s": POSITIVE,
+    "provider.not_ready_retry_s": POSITIVE,
+    "provider.boot_preemptions": NON_NEGATIVE,  # 0 = never re-created alone
+    "provider.max_parallel": AT_LEAST_ONE,
     "pricing.gpus.*.on_demand_usd_per_h": NON_NEGATIVE,
     "pricing.gpus.*.preemptible_usd_per_h": NON_NEGATIVE,
     "pricing.gpus.*.tflops": POSITIVE,

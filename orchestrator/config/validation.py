@@ -73,6 +73,9 @@ def validate_cluster(cfg: ExperimentConfig) -> None:
                     "one of: " + ", ".join(catalog.gpus) + ", or null for CPU",
                 )
             offered = catalog.zones_for(group.gpu)
+            if not offered:  # the planner would have no zone to put the group in
+                raise ConfigError(f"pricing.gpus.{group.gpu}.zones", "is empty: no zone offers "
+                                  f"GPU '{group.gpu}' (the zones where {path} may run)")
             if group.zone is not None and group.zone not in offered:
                 raise ConfigError(
                     f"{path}.zone",
@@ -156,6 +159,11 @@ def validate_provider(cfg: ExperimentConfig) -> None:
         raise ConfigError("revocation.model", f"provider '{cfg.provider.name}' cannot revoke "
                           "hosts on demand", "use revocation=none, or a provider that can "
                           "(local)")
+    from provisioning.base import DATA_SOURCES
+
+    if cfg.provider.data_source not in DATA_SOURCES:
+        raise ConfigError("provider.data_source", f"unknown data source "
+                          f"'{cfg.provider.data_source}'", "one of: " + ", ".join(DATA_SOURCES))
     for path, problem in cfg.provider.check()[:1]:  # the backend's own checks (ssh: key files)
         raise ConfigError(path, problem)
 
@@ -172,6 +180,15 @@ def validate_market(cfg: ExperimentConfig) -> None:
                           f"'{cfg.pricing.name}' sells {cfg.pricing.transient_market} ones, so "
                           "prices and predicted revocations would be another market's",
                           f"a pricing whose transient_market is {market}")
+
+
+def validate_provider_plan(cfg: ExperimentConfig) -> None:
+    """The backend's checks that need the plan's hosts or the catalog (gce: zones that exist;
+    ssh: an inventory that holds the plan, GPU labels the catalog knows), after the cluster's."""
+    from orchestrator.plan.hosts import host_specs, plan_hosts
+
+    for path, problem in cfg.provider.check_plan(host_specs(plan_hosts(cfg)), cfg.pricing)[:1]:
+        raise ConfigError(path, problem)
 
 
 def worker_count(cfg: ExperimentConfig) -> int:
@@ -205,6 +222,7 @@ def validate(cfg: ExperimentConfig) -> None:
     validate_provider(cfg)
     validate_cluster(cfg)
     validate_market(cfg)
+    validate_provider_plan(cfg)
     validate_job(cfg)
     validate_sync(cfg)
     st.validate_recovery(cfg.cluster.recovery)

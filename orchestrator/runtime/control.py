@@ -16,7 +16,7 @@ import json
 import os
 from pathlib import Path
 
-from provisioning.base import HostLostError, HostRunner
+from provisioning.base import HostRunner, ProvisionError
 from trainer.layout import CONTROL_FILE
 
 
@@ -65,5 +65,5 @@ class ControlChannel:
     def _push(self, text: str) -> None:
         if self._chief is not None:
             # a chief host that is gone reads nothing; recovery deals with the loss
-            with contextlib.suppress(HostLostError, OSError):
+            with contextlib.suppress(ProvisionError, OSError):  # lost, or out of contact
                 self._chief.write_text(Path(CONTROL_FILE), text)

@@ -6,21 +6,42 @@ reads its dataset from the per-user cache (``data_cache``, ``$TRANSIENT_DATA_CAC
 (``trainer/data.py``); the run's trainer spec then names that folder. A ``gs://BUCKET/PREFIX``
 data_dir is downloaded once into the same cache (``<cache>/gs/BUCKET/PREFIX``, only what changed
 on later runs) and read from there: a URL is fetched by the backend that lists its scheme
-(`Provider.fetch_dataset`; gs:// by gce, whichever backend runs the hosts). Remote hosts get
-the folder from the deployer (:func:`stage_to` per machine that reads it), through the launch
-contract's ``copy``.
+(`Provider.fetch_dataset`; gs:// by gce, whichever backend runs the hosts).
+
+Remote machines that read the files get them through the deployer (:class:`DataStager`, per
+machine, on every deployment): a dataset from the registry is downloaded by the host itself
+from its source URL and verified against the registry's checksum, into the host's dataset
+cache (kept across runs and restarts, so a restart transfers nothing); a folder of the user's,
+or a host that cannot reach the source, gets a push of only the files it lacks.
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import posixpath
+import threading
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from orchestrator.config.errors import ConfigError
 from orchestrator.config.schema import ExperimentConfig
-from provisioning.base import Cluster, Host, HostRunner, Provider, ProvisionError, Role, url_scheme
+from provisioning.base import (
+    DATA_SOURCES,
+    Cluster,
+    Host,
+    HostLostError,
+    HostRunner,
+    ProvisionError,
+    Role,
+    url_scheme,
+)
 from provisioning.registry import dataset_reader
+from trainer import layout
 
 STAGED_DATA_DIR = "data"  # on a remote host, relative to its work dir
+ORIGIN_FILE = ".origin.json"  # in a cache folder: the registry archive it came from
 # The roles that read the files: they load the arrays and ship them into each worker's dataset
 # function (trainer/problems.py), so parameter servers and workers need no copy.
 READING_ROLES = (Role.CHIEF, Role.EVALUATOR)
@@ -100,6 +121,7 @@ def prepare(cfg: ExperimentConfig, console=None) -> Path | None:
                             progress=cfg.progress)
     except data.FetchError as err:
         raise DataError(str(err)) from None
+    mark_origin(folder, ds)  # remote hosts fetch the same archive themselves (DataStager)
     cfg.job.data_dir = str(folder)
     return folder
 
@@ -130,24 +152,172 @@ def reads_data(cluster: Cluster, host: Host) -> bool:
 
 def staged_path(local_dir: Path) -> str:
     """Where a staged dataset lies on a host: relative to its work dir (the trainer's cwd
-    there), so one spec serves every host."""
+    there), so one spec serves every host. With a host dataset cache it is a link into it."""
     return str(Path(STAGED_DATA_DIR) / local_dir.name)
 
 
-def stage_to(runner: HostRunner, local_dir: Path) -> str:
-    """Copy ``local_dir`` to the runner's machine; returns :func:`staged_path`."""
-    runner.copy(local_dir, Path(staged_path(local_dir)))
-    return staged_path(local_dir)
+def mark_origin(folder: Path, ds, fmt: str | None = None) -> None:  # ds: trainer.data.Dataset
+    """Note in a cache folder which registry archive it was unpacked from (ORIGIN_FILE): a
+    host can then fetch the same archive itself instead of receiving the files from here."""
+    import json
+
+    from trainer import data
+
+    fmt = fmt or data.find_cifar_files(ds.problem, str(folder))[2]
+    with contextlib.suppress(OSError):  # a read-only cache: the hosts get a push instead
+        (folder / ORIGIN_FILE).write_text(json.dumps({"dataset": ds.name, "format": fmt}))
 
 
-def stage_dataset(provider: Provider, cluster: Cluster, local_dir: Path) -> str:
-    """Copy ``local_dir`` onto every machine that reads it; the path to put in the spec.
+def origin_of(local_dir: Path):  # -> trainer.data.Dataset | None
+    """The registry dataset (with only the archive ``local_dir`` came from) when it carries
+    ORIGIN_FILE, else None (a folder of the user's: only a push brings it to a host)."""
+    import json
+    from dataclasses import replace
 
-    The deployer does this per machine when its hosts do not share this machine's files
-    (:class:`orchestrator.runtime.deploy.Deployment`), also for replacement machines."""
-    staged: set[str] = set()
-    for host in cluster.hosts:
-        if reads_data(cluster, host) and host.machine not in staged:
-            staged.add(host.machine)
-            stage_to(provider.runner(host), local_dir)
-    return staged_path(local_dir)
+    from trainer import data
+
+    try:
+        mark = json.loads((local_dir / ORIGIN_FILE).read_text())
+        ds = data.dataset_for(str(mark["dataset"]))
+        return replace(ds, archives=(ds.archive(str(mark["format"])),))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+@dataclass
+class Staged:
+    """How one machine got the dataset: ``fetched`` (the host downloaded it from the source),
+    ``cached`` (the host had it), ``pushed`` (sent from here; `pushed_bytes` of file data,
+    0 when every file was already there), ``shared`` (another machine at the same address
+    and folder did it)."""
+
+    how: str
+    pushed_bytes: int = 0
+    note: str = ""
+
+
+class DataStager:
+    """Brings the dataset to the machines that read it, at most once per host folder.
+
+    With a host dataset cache (`HostRunner.dataset_cache`, kept across runs) and a dataset
+    from the registry (ORIGIN_FILE), the host fetches the archive itself from its source URL
+    with the registry's checksum: nothing crosses the user's uplink, and a host that already
+    holds it downloads nothing. `source` ``auto`` (the default) pushes instead when the
+    source is unreachable from the host (what the host's own try says); ``origin`` never
+    pushes; ``push`` always pushes. A push (a folder of the user's, a host without a way out,
+    a backend without a cache) sends only the files whose size and SHA-256 differ on the host
+    (one listing command first). The work dir's ``data/<name>`` links to the cached folder.
+    Machines at the same address staging into the same folder are served once."""
+
+    def __init__(self, local_dir: Path, run_dir: Path, source: str = "auto") -> None:
+        if source not in DATA_SOURCES:
+            raise ValueError(f"data source {source!r}: one of {', '.join(DATA_SOURCES)}")
+        self.local_dir = local_dir
+        self.run_dir = run_dir
+        self.source = source
+        self.origin = origin_of(local_dir)
+        self._locks: dict[tuple[str, str], threading.Lock] = {}
+        self._done: set[tuple[str, str]] = set()  # (address, folder) holding the files
+        self._linked: set[tuple[str, str]] = set()  # (address, work dir) whose link is made
+        self._guard = threading.Lock()
+        self._local: dict[str, list[Any]] | None = None  # digests of local_dir, once
+
+    def _local_digests(self) -> dict[str, list[Any]]:
+        from trainer import data
+
+        with self._guard:
+            if self._local is None:
+                self._local = data.digests(self.local_dir)
+            return self._local
+
+    def _folder(self, cache: Path) -> Path:
+        """The host folder: the registry name for a registry dataset (where the host's own
+        fetch unpacks it), else the local folder's name and a digest of its path (two folders
+        of one name from two places do not overwrite each other)."""
+        if self.origin is not None:
+            return cache / self.origin.name
+        tag = hashlib.sha256(str(self.local_dir.resolve()).encode()).hexdigest()[:8]
+        return cache / f"{self.local_dir.name}-{tag}"
+
+    def stage(self, host: Host, runner: HostRunner) -> Staged:
+        """Make ``staged_path`` on `host`'s machine hold the dataset. Raises DataError (one
+        line) when the host's download does not verify or the source is unreachable and
+        pushing is off; HostLostError as the runner does."""
+        cache = runner.dataset_cache()
+        target = str(self._folder(cache)) if cache is not None else staged_path(self.local_dir)
+        # the files' place: one per address and cache folder (or work dir, without a cache)
+        key = (host.address, target if cache is not None else str(host.workdir))
+        with self._guard:
+            lock = self._locks.setdefault(key, threading.Lock())
+        with lock:
+            if key not in self._done:
+                staged = self._stage(host, runner, target, cache is not None)
+                self._done.add(key)
+                self._linked.add((host.address, str(host.workdir)))
+                return staged
+        if cache is not None and (host.address, str(host.workdir)) not in self._linked:
+            code, _ = self._host_data(host, runner, ["link", target,
+                                                     staged_path(self.local_dir)])
+            if code != 0:
+                raise DataError(f"host {host.spec.name}: linking {target} failed (exit code "
+                                f"{code}; see {self._log(host)})")
+            self._linked.add((host.address, str(host.workdir)))
+        return Staged("shared")
+
+    def _stage(self, host: Host, runner: HostRunner, target: str, cached: bool) -> Staged:
+        link = staged_path(self.local_dir)
+        note = ""
+        if cached and self.origin is not None and self.source != "push":
+            archive = self.origin.archive()
+            code, report = self._host_data(host, runner, [
+                "fetch", self.origin.name, "--cache-dir", str(Path(target).parent),
+                "--format", archive.fmt, "--url", archive.source_url(), "--md5", archive.md5,
+                "--size", str(archive.size), "--link", link, "--report"])
+            if code == 0:
+                return Staged("cached" if report.get("cached") else "fetched")
+            line = str(report.get("line") or f"exit code {code}, see {self._log(host)}")
+            if report.get("status") != "unreachable" or self.source == "origin":
+                raise DataError(f"host {host.spec.name} could not fetch {self.origin.name}: "
+                                f"{line}")
+            note = f"source unreachable from the host ({line}); pushed from here"
+        return Staged("pushed", self._push(host, runner, target, link if cached else None),
+                      note)
+
+    def _push(self, host: Host, runner: HostRunner, target: str, link: str | None) -> int:
+        """Copy the files the host lacks (size and SHA-256 compared); the file bytes sent."""
+        args = ["digests", target, *(["--link", link] if link else [])]
+        code, report = self._host_data(host, runner, args)
+        if code != 0 or "files" not in report:
+            raise DataError(f"host {host.spec.name}: listing {target} failed (exit code {code}; "
+                            f"see {self._log(host)})")
+        there = report["files"]
+        sent = 0
+        for rel, (size, digest) in self._local_digests().items():
+            if there.get(rel) != [size, digest]:
+                runner.copy(self.local_dir / rel, Path(posixpath.join(target, rel)))
+                sent += size
+        return sent
+
+    def _host_data(self, host: Host, runner: HostRunner,
+                   args: list[str]) -> tuple[int, dict[str, Any]]:
+        """Run ``python -m trainer data ARGS`` on the host; its exit code and ``@data`` line
+        (stderr goes to ``logs/data-<host>.log`` in the run dir)."""
+        import json
+
+        from trainer import data
+
+        process = runner.start([*runner.trainer_command(), "data", *args],
+                               runner.trainer_env(), None, self._log(host))
+        report: dict[str, Any] = {}
+        for line in process.stdout_lines():
+            if line.startswith(data.REPORT_PREFIX):
+                with contextlib.suppress(ValueError):
+                    report = json.loads(line[len(data.REPORT_PREFIX):])
+        code = process.wait()
+        if not report and not runner.alive():  # lost meanwhile: a loss, not a data error
+            raise HostLostError(host.id, f"host {host.id} was lost while it staged the data")
+        return code, report
+
+    def _log(self, host: Host) -> Path:
+        return self.run_dir / layout.LOGS_DIR / f"data-{host.spec.name}.log"
+

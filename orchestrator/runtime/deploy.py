@@ -22,18 +22,21 @@ went on without a machine that froze and thawed later): with each machine's spec
 writes `LEASE` (this deployment's generation, a fresh token) and rewrites it every
 LEASE_RENEW_S while the machine is in the cluster; every role gets its path, the token and
 LEASE_S in its environment and exits when the lease is gone, names another generation, or was
-not renewed for LEASE_S (trainer/control.py `watch_lease`).
+not renewed for its lease (trainer/control.py `watch_lease`). The lease outlives the
+provider's contact grace (`role_lease_s`): a drop of the orchestrator's own network that the
+provider waits out must not end the roles it will re-attach to.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import queue
 import socket
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -41,11 +44,14 @@ from orchestrator.runtime import data
 from provisioning.base import (
     STOP_GRACE_S,
     Cluster,
+    ContactLostError,
     Host,
     HostId,
     HostLostError,
     HostRunner,
+    HostState,
     Provider,
+    ProvisionError,
     RemoteProcess,
     Role,
 )
@@ -56,6 +62,9 @@ from trainer.events import parse_event
 READY_TIMEOUT_S = 120.0
 #: How often readiness is re-checked (event flag, exit, port).
 READY_POLL_INTERVAL_S = 0.1
+#: How often the provider is asked about the cluster while machines are set up: its poll is
+#: what declares a preempted machine lost, so that a setup waiting on its connection fails.
+SETUP_POLL_S = 1.0
 #: Connect timeout of one port probe.
 PORT_PROBE_TIMEOUT_S = 0.2
 #: How long teardown waits for a reader thread to drain after its process is gone.
@@ -65,7 +74,18 @@ READER_JOIN_TIMEOUT_S = 2.0
 #: lost machine still runs when it comes back ends within a minute.
 LEASE_RENEW_S = 5.0
 LEASE_S = 45.0
+
+
+def role_lease_s(contact_grace_s: float) -> float:
+    """The roles' lease for a provider that waits `contact_grace_s` for a machine it cannot
+    reach (`ProviderConfig.contact_grace_s`): that grace plus LEASE_S, so roles outlive every
+    drop the provider waits out and still end once it gave up on them."""
+    return LEASE_S + max(0.0, contact_grace_s)
+
 EVENT_READY = "ready"
+#: One per machine and deployment, once it is set up: what crossed the orchestrator's link to
+#: it meanwhile (`bytes_sent`: setup, spec, lease, data) and how it got the dataset.
+EVENT_HOST_SETUP = "host_setup"
 EVENT_PROCESS_EXIT = "process_exit"
 # Without this the trainer's stdout is block-buffered into the pipe and events arrive late.
 DEFAULT_ENV = {"PYTHONUNBUFFERED": "1"}
@@ -76,6 +96,85 @@ _TEARDOWN_WAVES = ((Role.CHIEF, Role.EVALUATOR), (Role.WORKER, Role.PS))
 
 class DeployError(Exception):
     """A role could not be started or did not become ready; the message names it and its log."""
+
+
+class MachinesLostError(DeployError):
+    """Machines were lost (preempted, gone) while the deployment set them up or started their
+    roles: before any training step, a loss like any later one, which the supervisor hands to
+    recovery (`Supervisor.deploy`). `hosts`: every host on those machines."""
+
+    def __init__(self, hosts: Sequence[Host], cause: str) -> None:
+        self.hosts = list(hosts)
+        names = ", ".join(h.spec.name for h in self.hosts)
+        super().__init__(f"lost {names} before training started ({cause})")
+
+
+def lost_hosts(provider: Provider, cluster: Cluster, suspects: Sequence[Host] = (),
+               declared: Sequence[Host] = ()) -> list[Host]:
+    """The hosts of `cluster` on machines that are gone: those the provider no longer calls
+    RUNNING, and those it declared lost itself (`declared`: their calls raised HostLostError).
+    While a `suspect` (a host whose call failed) is still RUNNING, the provider is asked again
+    for up to its state lag (`Provider.state_lag_s`): a preempted VM's calls can fail before
+    its cloud's listing says so, and the cause must come from the provider, not the order."""
+    deadline = time.monotonic() + (provider.state_lag_s() + SETUP_POLL_S if suspects else 0.0)
+    gone = {h.machine for h in declared}
+    while True:
+        try:
+            states = provider.poll(cluster)
+        except ContactLostError:
+            raise
+        except (ProvisionError, OSError):  # the provider's API hiccups: the next ask decides
+            states = {}
+        gone |= {h.machine for h in cluster.hosts
+                 if states.get(h.id, HostState.RUNNING) != HostState.RUNNING}
+        if all(h.machine in gone for h in suspects) or time.monotonic() >= deadline:
+            return [h for h in cluster.hosts if h.machine in gone]
+        time.sleep(READY_POLL_INTERVAL_S)
+
+
+def run_polling(provider: Provider, cluster: Cluster,
+                calls: Mapping[Host, Callable[[], object]]) -> dict[Host, BaseException]:
+    """Run `calls` (each on its host's machine) in parallel threads, asking the provider about
+    `cluster` every SETUP_POLL_S meanwhile: its poll is what declares a preempted machine lost,
+    so a call waiting on that machine (a first login waiting for its boot, a setup) fails
+    instead of waiting on. Returns each failed call's error by host; raises ContactLostError,
+    once every call has ended, when a poll did."""
+    errors: dict[Host, BaseException] = {}
+
+    def call(host: Host) -> None:
+        try:
+            calls[host]()
+        except BaseException as error:  # handed to the caller below
+            errors[host] = error
+
+    threads = [threading.Thread(target=call, args=(h,), name=f"setup-{h.spec.name}")
+               for h in calls]
+    for thread in threads:
+        thread.start()
+    contact: ContactLostError | None = None
+    while any(thread.is_alive() for thread in threads):
+        next(t for t in threads if t.is_alive()).join(SETUP_POLL_S)
+        try:
+            provider.poll(cluster)
+        except ContactLostError as lost:  # raised once every call has ended
+            contact = lost
+        except (ProvisionError, OSError):  # the provider's API hiccups: asked again
+            pass
+    if contact is not None:
+        raise contact
+    return errors
+
+
+def raise_if_lost(provider: Provider, cluster: Cluster,
+                  failed: Mapping[Host, BaseException]) -> None:
+    """MachinesLostError when a machine of `cluster` is gone (`lost_hosts`, with the hosts of
+    `failed` as suspects and their errors as the cause); nothing otherwise."""
+    declared = [h for h, error in failed.items() if isinstance(error, HostLostError)]
+    lost = lost_hosts(provider, cluster, list(failed), declared)
+    if lost:
+        error = next(iter(failed.values()), None)
+        cause = "gone" if error is None else f"{type(error).__name__}: {error}"
+        raise MachinesLostError(lost, cause) from error
 
 
 @dataclass(frozen=True)
@@ -148,9 +247,16 @@ class Deployment:
         ready_timeout_s: float = READY_TIMEOUT_S,
         stop_grace_s: float = STOP_GRACE_S,
         data_dir: Path | None = None,
+        lease_s: float = LEASE_S,
+        data_source: str | None = None,
     ) -> None:
         self.provider = provider
         self.data_dir = data_dir  # the dataset folder here, staged to hosts that don't share it
+        # how (DataStager): as given, else the provider's `data_source` (every backend keeps
+        # its ProviderConfig as `config`; a stand-in without one gets the default)
+        source = data_source or getattr(getattr(provider, "config", None), "data_source", "auto")
+        self._stager = None if data_dir is None else data.DataStager(data_dir, Path(run_dir),
+                                                                     source)
         self.cluster = cluster
         self.run_dir = Path(run_dir)
         self.spec_text = spec_text
@@ -164,7 +270,7 @@ class Deployment:
         self._tearing_down = threading.Event()
         self._lock = threading.Lock()
         self.lease_token = uuid.uuid4().hex[:12]  # this deployment's generation
-        self.lease_s = LEASE_S
+        self.lease_s = lease_s
 
     def __enter__(self) -> Deployment:
         return self
@@ -178,16 +284,33 @@ class Deployment:
 
         The clients start without waiting for the servers: importing TensorFlow takes seconds
         per process, so overlapping it saves most of the start-up, and the chief itself waits
-        until every server port accepts connections. Raises DeployError if a server exits or
-        is not ready within `ready_timeout_s`; processes already started keep running until
-        `teardown()`."""
+        until every server port accepts connections. Raises MachinesLostError when the
+        provider says a machine is gone on the way (setup, a role's start, a server that exits
+        or is not ready, or at the end), else DeployError if a server exits or is not ready
+        within `ready_timeout_s`; processes already started keep running until `teardown()`."""
         self.prepare_all()
-        servers = [self.start_role(h) for r in _SERVER_ROLES for h in self.cluster.hosts_for(r)]
+        servers = [self._start_or_lost(h) for r in _SERVER_ROLES
+                   for h in self.cluster.hosts_for(r)]
         for role in _CLIENT_ROLES:
             for host in self.cluster.hosts_for(role):
-                self.start_role(host)
+                self._start_or_lost(host)
         for task in servers:
-            self.wait_ready(task)
+            try:
+                self.wait_ready(task)
+            except DeployError as error:
+                self._raise_if_lost({task.host: error})
+                raise
+        self._raise_if_lost({})  # gone while its role started, with nothing failing yet
+
+    def _start_or_lost(self, host: Host) -> RoleTask:
+        try:
+            return self.start_role(host)
+        except (ProvisionError, OSError) as error:
+            self._raise_if_lost({host: error})
+            raise
+
+    def _raise_if_lost(self, failed: Mapping[Host, BaseException]) -> None:
+        raise_if_lost(self.provider, self.cluster, failed)
 
     def start_role(self, host: Host, cluster: Cluster | None = None) -> RoleTask:
         """Start the role of `host` (task index from its position in the cluster) and its reader.
@@ -218,39 +341,50 @@ class Deployment:
 
     def prepare_all(self) -> None:
         """Set up every machine of the cluster and put the spec there, machines in parallel
-        (a remote setup can take a while per host). Raises the first error."""
+        (a remote setup can take a while per host), asking the provider about the cluster
+        every SETUP_POLL_S meanwhile (its poll declares a preempted machine lost, so a setup
+        waiting on that machine's connection fails instead of waiting for it). Raises
+        MachinesLostError when a machine is gone by the end (whatever its setup did), else
+        the first error."""
         firsts = {h.machine: h for h in reversed(self.cluster.hosts)}
-        errors: list[BaseException] = []
 
         def prepare(host: Host) -> None:
-            try:
-                self._prepare(host, self.provider.runner(host))
-            except BaseException as error:  # handed to the caller below
-                errors.append(error)
+            self._prepare(host, self.provider.runner(host))
 
-        threads = [threading.Thread(target=prepare, args=(h,), name=f"setup-{h.spec.name}")
-                   for h in firsts.values()]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
+        errors = run_polling(self.provider, self.cluster,
+                             {h: functools.partial(prepare, h) for h in firsts.values()})
+        self._raise_if_lost(errors)  # also gone during a setup that went through regardless
         if errors:
-            raise errors[0]
+            raise next(iter(errors.values()))
 
     def _prepare(self, host: Host, runner: HostRunner) -> None:
-        """Once per machine: set the host up and put the spec there (hosts sharing a machine
-        share its work dir)."""
+        """Once per machine: set the host up, put the spec there (hosts sharing a machine
+        share its work dir) and, where a role reads it, the dataset (`data.DataStager`); then
+        a `host_setup` event with what that sent over the machine's link (a setup the provider
+        ran earlier, e.g. a replacement's in the background, shows in `bytes_sent_total`)."""
         with self._lock:
             if host.machine in self._prepared:
                 return
+        started, sent = time.monotonic(), runner.bytes_sent()
         runner.setup()
         runner.write_text(Path(layout.SPEC_FILE), self.spec_text)
         runner.write_text(Path(layout.LEASE_FILE), self.lease_token)
-        if (self.data_dir is not None and not runner.shares_orchestrator_fs
+        staged = None
+        if (self._stager is not None and not runner.shares_orchestrator_fs
                 and data.reads_data(self.cluster, host)):
-            data.stage_to(runner, self.data_dir)  # the spec names it relative to the work dir
+            staged = self._stager.stage(host, runner)  # the spec names it under the work dir
         with self._lock:
             self._prepared.add(host.machine)
+        after = runner.bytes_sent()
+        self._events.put(TrainerEvent(EVENT_HOST_SETUP, time.time(), host.role.value,
+                                      self.cluster.index_of(host), {
+            "machine": host.machine, "address": host.address, "lease": self.lease_token,
+            "setup_s": round(time.monotonic() - started, 3),
+            "bytes_sent": None if after is None or sent is None else after - sent,
+            "bytes_sent_total": after,  # since the machine was first connected (acquire too)
+            "data": None if staged is None else staged.how,
+            "data_pushed_bytes": None if staged is None else staged.pushed_bytes,
+            **({"data_note": staged.note} if staged is not None and staged.note else {})}))
         threading.Thread(target=self._renew_lease, args=(host.machine, runner),
                          name=f"lease-{host.spec.name}", daemon=True).start()
 
@@ -269,7 +403,7 @@ class Deployment:
         (at the end, on failure and before a restart moves the roles). A gone host is
         skipped: what it held is lost with it."""
         for host in [*self.cluster.hosts_for(Role.CHIEF), *self.cluster.hosts_for(Role.EVALUATOR)]:
-            with contextlib.suppress(HostLostError, OSError):
+            with contextlib.suppress(ProvisionError, OSError):  # lost, or out of contact
                 runner = self.provider.runner(host)
                 runner.fetch(Path(layout.TENSORBOARD_DIR), self.run_dir / layout.TENSORBOARD_DIR)
 

@@ -12,14 +12,21 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import TypeVar
 
 from orchestrator import killpoints
 from orchestrator.results import RunRecorder
 from orchestrator.runtime import data
 from orchestrator.runtime.control import ControlChannel
-from orchestrator.runtime.deploy import READY_TIMEOUT_S, Deployment
+from orchestrator.runtime.deploy import (
+    LEASE_S,
+    READY_TIMEOUT_S,
+    Deployment,
+    raise_if_lost,
+    run_polling,
+)
 from orchestrator.transient.recovery import hosts_to_replace
 from provisioning.base import (
     STOP_GRACE_S,
@@ -27,14 +34,23 @@ from provisioning.base import (
     Cluster,
     Host,
     HostId,
-    HostLostError,
     HostRunner,
     HostState,
     Provider,
+    ProvisionError,
     Role,
 )
 from trainer import layout
 from trainer.spec import TrainerSpec
+
+T = TypeVar("T")
+
+
+def gpu_tasks(cluster: Cluster) -> dict[str, list[int]]:
+    """The spec's `gpu_tasks` for `cluster`: per server job, the task indices of its hosts
+    with a GPU (jobs without one left out)."""
+    return {job: tasks for job in (Role.PS.value, Role.WORKER.value)
+            if (tasks := [i for i, h in enumerate(cluster.hosts_for(job)) if h.spec.gpu])}
 
 
 class Fleet:
@@ -48,8 +64,9 @@ class Fleet:
                  store: CheckpointStore, control: ControlChannel, *,
                  rec: RunRecorder | None = None, ready_timeout_s: float = READY_TIMEOUT_S,
                  stop_grace_s: float = STOP_GRACE_S, command: Sequence[str] | None = None,
-                 env: Mapping[str, str] | None = None) -> None:
+                 env: Mapping[str, str] | None = None, lease_s: float = LEASE_S) -> None:
         self.provider = provider
+        self.lease_s = lease_s  # the roles' lease (deploy.role_lease_s)
         self.cluster = cluster
         self.run_dir = Path(run_dir)
         self.spec = spec
@@ -62,6 +79,7 @@ class Fleet:
         self._replacing: _Replacement | None = None  # hosts being provisioned in the background
         self.env = env
         self.deployments: list[Deployment] = []
+        self.dropped: list[Host] = []  # hosts left out of the cluster (`drop`), released last
 
     @property
     def deployment(self) -> Deployment:
@@ -74,23 +92,26 @@ class Fleet:
     # --- starting -----------------------------------------------------------------------------
     def deploy(self) -> Deployment:
         """Start every role on the current cluster (also after a restart) and wait until the
-        servers are ready. Raises DeployError / HostLostError as the deployment does; what it
-        started is stopped by `stop_roles` or `release`."""
-        chief = self.chief_runner()
+        servers are ready. Raises MachinesLostError when a machine is lost on the way (the
+        supervisor recovers: `Supervisor.deploy`), DeployError / HostLostError as the
+        deployment does; what it started is stopped by `stop_roles` or `release`."""
+        chief = self._on_chief(self.chief_runner)
         spec = dataclasses.replace(
             self.spec, cluster={job: self.cluster.endpoints(job) for job in layout.CLUSTER_JOBS},
-            checkpoint_dir=self.store.location(chief))
+            checkpoint_dir=self.store.location(chief),
+            gpu_tasks=gpu_tasks(self.cluster) if self.spec.gpu_tasks else {})
         data_dir = None  # the dataset here; hosts that don't share this machine's files get a copy
         if spec.job.data_dir and not chief.shares_orchestrator_fs:
             data_dir = Path(spec.job.data_dir)
             spec = dataclasses.replace(spec, job=dataclasses.replace(
                 spec.job, data_dir=data.staged_path(data_dir)))
         spec_text = spec.to_json(self.run_dir / layout.SPEC_FILE).read_text()
-        self.store.before_start(chief)
+        self._on_chief(lambda: self.store.before_start(chief))
         deployment = Deployment(self.provider, self.cluster, self.run_dir, spec_text,
                                 command=self.command, env=self.env,
                                 ready_timeout_s=self.ready_timeout_s,
-                                stop_grace_s=self.stop_grace_s, data_dir=data_dir)
+                                stop_grace_s=self.stop_grace_s, data_dir=data_dir,
+                                lease_s=self.lease_s)
         self.deployments.append(deployment)
         self.control.attach(chief)
         if self.rec is not None:
@@ -100,6 +121,18 @@ class Fleet:
         if self.rec is not None:
             self.rec.event("ready")
         return deployment
+
+    def _on_chief(self, call: Callable[[], T]) -> T:
+        """`call` (on the chief's machine, e.g. its first login) while the provider is polled,
+        as within the deployment (`deploy.run_polling`); its failure on a machine the provider
+        calls gone is that machine's loss (MachinesLostError)."""
+        chief = self.cluster.hosts_for(Role.CHIEF)[0]
+        result: list[T] = []
+        errors = run_polling(self.provider, self.cluster, {chief: lambda: result.append(call())})
+        if errors:
+            raise_if_lost(self.provider, self.cluster, errors)
+            raise errors[chief]
+        return result[0]
 
     def start_role(self, host: Host) -> None:
         """Start `host`'s role in the running deployment (a replacement, or a process that
@@ -121,8 +154,21 @@ class Fleet:
         unchanged)."""
         old_ids = {h.id for h in self.cluster.hosts}
         self.cluster = self.provider.replace(self.cluster, list(host_ids), keep_endpoints)
-        self.deployment.cluster = self.cluster
+        if self.deployments:  # none yet when the first deployment lost the chief's machine
+            self.deployment.cluster = self.cluster
         return [h for h in self.cluster.hosts if h.id not in old_ids]
+
+    def drop(self, host_ids: Sequence[HostId]) -> None:
+        """Leave these hosts (and any sharing their machines) out of the cluster: workers lost
+        before training under `on_revocation=shrink`. The next deployment's spec no longer
+        names them (TensorFlow's cluster cannot start with a task that never comes up); they
+        stay the provider's until `release`."""
+        ids = set(self.cluster.same_machine(list(host_ids)))
+        self.dropped += [h for h in self.cluster.hosts if h.id in ids]
+        self.cluster = dataclasses.replace(
+            self.cluster, hosts=[h for h in self.cluster.hosts if h.id not in ids])
+        if self.deployments:
+            self.deployment.cluster = self.cluster
 
     def begin_replace(self, host_ids: Sequence[HostId]) -> None:
         """`replace` in a background thread, with each new machine's `runner.setup()`: on a
@@ -182,7 +228,8 @@ class Fleet:
         """Make the chief's latest checkpoint (and `DONE`) durable, and hand it to evaluators
         on other machines than the chief's, which read checkpoints on their own host."""
         killpoints.hit("checkpoint_sync")
-        with contextlib.suppress(HostLostError, IndexError, OSError):
+        # lost, or out of contact past the wait: the next checkpoint syncs again
+        with contextlib.suppress(ProvisionError, IndexError, OSError):
             chief = self.chief_runner()
             if not self.store.sync(chief):
                 return
@@ -201,7 +248,8 @@ class Fleet:
                 self.deployment.collect()
         for deployment in self.deployments:
             deployment.teardown()
-        self.provider.release(self.cluster)
+        self.provider.release(dataclasses.replace(
+            self.cluster, hosts=[*self.cluster.hosts, *self.dropped]))
 
 
 

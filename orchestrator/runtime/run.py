@@ -21,12 +21,13 @@ from orchestrator.preflight import run_preflight
 from orchestrator.record import RunState, make_run_id, summarize
 from orchestrator.resume import Preempted
 from orchestrator.runtime.control import ControlChannel
-from orchestrator.runtime.fleet import Fleet
+from orchestrator.runtime.deploy import role_lease_s
+from orchestrator.runtime.fleet import Fleet, gpu_tasks
 from orchestrator.runtime.progress import RunProgress
 from orchestrator.runtime.supervisor import Supervisor
 from orchestrator.transient.revocation import RevocationSchedule
 from orchestrator.transient.stragglers import InjectionSchedule
-from provisioning.base import Cluster, ClusterRequest, Role
+from provisioning.base import Cluster, ClusterRequest, ContactLostError
 from provisioning.journal import JOURNAL_FILE, Journal
 from provisioning.registry import get_provider, provider_class
 from trainer.layout import CHECKPOINT_DIR, CLUSTER_JOBS, CONTROL_FILE
@@ -65,9 +66,7 @@ def build_trainer_spec(cfg: ExperimentConfig, plan: RunPlan, cluster: Cluster, r
         stragglers=straggler_specs(cfg),
         control_file=control_file,
         checkpoint_dir=checkpoint_dir,
-        gpu_tasks={job: tasks for job in (Role.PS.value, Role.WORKER.value)
-                   if (tasks := [i for i, h in enumerate(cluster.hosts_for(job)) if h.spec.gpu])
-                   } if gpus_checked else {},
+        gpu_tasks=gpu_tasks(cluster) if gpus_checked else {},
     )
 
 
@@ -139,17 +138,23 @@ def execute_run(cfg: ExperimentConfig, plan: RunPlan, run_dir: Path,
                                              gpus_checked=provider.gpus_checked),
                           provider.checkpoint_store(run_id, run_dir / CHECKPOINT_DIR),
                           control, rec=rec,
-                          ready_timeout_s=cfg.provider.ready_timeout_s)
+                          ready_timeout_s=cfg.provider.ready_timeout_s,
+                          lease_s=role_lease_s(cfg.provider.contact_grace_s()))
             rec.event("provisioned", hosts=[f"{h.spec.name}={h.endpoint}" for h in cluster.hosts])
-            # deploy: servers first, then evaluator and chief
+            # deploy: servers first, then evaluator and chief; a machine lost on the way is
+            # recovered as any later loss (replaced, shrunk, or its machine re-acquired)
             progress.status("starting roles")
             control.reset()
-            fleet.deploy()
-            # train: follow events, host losses and recovery until done or failed
             supervisor = Supervisor(cfg, fleet, rec, progress, control, revocations)
+            supervisor.deploy()
+            # train: follow events, host losses and recovery until done or failed
             supervisor.follow()
             error = supervisor.state.error
             status = results.STATUS_COMPLETED if error is None else results.STATUS_FAILED
+    except ContactLostError as ex:  # our network, not the machines: resumable, no restart spent
+        status = results.STATUS_INTERRUPTED
+        error = (f"lost contact with every machine: {ex}; `python -m orchestrator --resume "
+                 f"{run_dir}` continues from the last checkpoint")
     except KeyboardInterrupt as ex:
         status, interrupted = results.STATUS_INTERRUPTED, ex
         error = "interrupted by the user (Ctrl-C or SIGTERM)"

@@ -1,5 +1,6 @@
-"""Follow a deployed run to its end: trainer events, host losses, injected revocations,
-recovery, stragglers and the online sync policy.
+"""Deploy a run and follow it to its end: trainer events, host losses, injected revocations,
+recovery, stragglers and the online sync policy. A machine lost during the first deployment
+(`Supervisor.deploy`) is decided by the same recovery policies as any later loss.
 
 One loop, one thread. Each turn handles at most one trainer event, then a tick:
 
@@ -39,7 +40,12 @@ from orchestrator import killpoints, results
 from orchestrator.config.schema import ExperimentConfig
 from orchestrator.record import RunState
 from orchestrator.runtime.control import ControlChannel
-from orchestrator.runtime.deploy import EVENT_PROCESS_EXIT, DeployError, TrainerEvent
+from orchestrator.runtime.deploy import (
+    EVENT_PROCESS_EXIT,
+    DeployError,
+    MachinesLostError,
+    TrainerEvent,
+)
 from orchestrator.runtime.fleet import Fleet
 from orchestrator.runtime.progress import RunProgress
 from orchestrator.transient.recovery import (
@@ -142,6 +148,61 @@ class Supervisor:
         for event in events if isinstance(events, list | tuple) else [events]:
             if isinstance(event, RecordedEvent):
                 self.emit(event.kind, **event.fields)
+
+    # --- the first deployment ----------------------------------------------------------------
+    def deploy(self) -> None:
+        """Deploy the roles for the first time. A machine lost while it is set up or its roles
+        start (a Spot VM preempted before the first step: `MachinesLostError`) is a loss like
+        any later one, decided by the same policies: a worker is replaced or the cluster
+        shrinks without it (`cluster.recovery.on_revocation`; no capacity for a replacement
+        shrinks it too), a PS's or the chief's machine is re-acquired (a restart from
+        checkpoint, at step 0: it counts against `max_restarts`); then the roles are deployed
+        again on the cluster that results. Sets `state.error` when recovery gives up."""
+        while self.state.error is None:
+            try:
+                self.fleet.deploy()
+                self.state.start_time = time.time()  # the loop's clock starts with the roles
+                return
+            except MachinesLostError as lost:
+                self.fleet.stop_roles()  # what the failed deployment started elsewhere
+                self.recover_before_training(lost.hosts)
+
+    def recover_before_training(self, hosts: list[Host]) -> None:
+        """Decide and execute the losses of `hosts` while nothing trains (see `deploy`): no
+        background replacement, no roles to restart, the policies' delays waited out."""
+        self.refresh_states()
+        losses = [self.loss_of(h) for h in hosts]
+        queue = self.planner.decide(losses, self.progress_now(losses), self.now_s())
+        while queue and self.state.error is None:
+            decision = queue.pop(0)
+            self.record(list(decision.events))
+            if decision.action == Action.fail:
+                self.state.error = decision.reason
+                return
+            time.sleep(max(0.0, decision.execute_at_s - self.now_s()))
+            if decision.action == Action.proceed:  # shrink: the next spec names them no more
+                self.fleet.drop([loss.host_id for loss in decision.losses])
+                continue
+            restart = decision.action == Action.restart
+            ids, keep = hosts_to_replace(self.cluster, self.refresh_states(),
+                                         decision.replace_host_ids, restart=restart)
+            try:
+                new_hosts = self.fleet.replace(ids, keep) if ids else []
+            except ProvisionError as ex:
+                reason = f"{type(ex).__name__}: {ex}"
+                if restart:  # another attempt while max_restarts allows, else the failure
+                    self.record(self.planner.attempt_failed(decision, reason, self.now_s()))
+                    lost = list(decision.losses)
+                    queue.insert(0, self.planner.retry_restart(lost, self.progress_now(lost),
+                                                               self.now_s()))
+                else:  # no capacity for a worker: the cluster shrinks instead
+                    self.replace_failed(decision, ex)
+                    self.fleet.drop(ids)
+                    if not self.cluster.hosts_for(Role.WORKER):
+                        self.state.error = (f"every worker was lost before training and none "
+                                            f"could be replaced: {reason}")
+                continue
+            self.replaced(decision, self.now_s(), new_hosts)
 
     # --- the loop ----------------------------------------------------------------------------
     def follow(self) -> None:

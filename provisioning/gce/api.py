@@ -25,11 +25,13 @@ from typing import Any, TypeVar
 from provisioning.base import BadFieldError, BadRequestError, ProvisionError
 from provisioning.gce.config import CREDENTIALS_ADC, CREDENTIALS_ANONYMOUS, GceConfig
 from provisioning.gce.errors import (
+    GuestAttributesOffError,
     TransientApiError,
     classify,
     classify_exception,
     items_from_operation,
 )
+from provisioning.gce.firewall import EffectiveFirewalls, FirewallRule
 
 T = TypeVar("T")
 PROJECT_ENV = "GOOGLE_CLOUD_PROJECT"
@@ -38,6 +40,12 @@ AUTH_HINT = ("run `gcloud auth application-default login` (or set provider.crede
              "service-account key file) and provider.project, or run locally with provider=local")
 #: Timeout of one HTTP request (a `wait` call returns within about 2 minutes by itself).
 REQUEST_TIMEOUT_S = 150.0
+#: google-auth's token-info endpoint (`google.oauth2.credentials`): whose an access token is;
+#: the e-mail only when the token carries the e-mail scope.
+TOKENINFO_URL = "https://oauth2.googleapis.com/tokeninfo"
+EMAIL_SCOPE = "https://www.googleapis.com/auth/userinfo.email"
+IAM_URL = "https://iam.googleapis.com"
+CRM_URL = "https://cloudresourcemanager.googleapis.com"  # projects' IAM policies
 
 
 class GceAuthError(BadFieldError):
@@ -117,6 +125,25 @@ class ProjectInfo:
 
     quotas: dict[str, tuple[float, float]]  # metric -> (limit, usage), project-wide
     metadata: dict[str, str]  # commonInstanceMetadata (enable-oslogin, ...)
+    default_service_account: str = ""  # the project's default compute service account
+
+
+@dataclass(frozen=True)
+class ImageInfo:
+    """What images.get / getFromFamily / list tell about one image."""
+
+    name: str
+    family: str
+    disk_gb: int  # the image's size: a boot disk made from it is at least this large
+    created: str  # creationTimestamp (RFC 3339)
+    deprecated: bool  # deprecated.state is DEPRECATED, OBSOLETE or DELETED
+
+
+def _image_info(image: Any) -> ImageInfo:
+    state = str(image.deprecated.state or "")
+    return ImageInfo(str(image.name), str(image.family), int(image.disk_size_gb or 0),
+                     str(image.creation_timestamp),
+                     state in ("DEPRECATED", "OBSOLETE", "DELETED"))
 
 
 def not_ready(error: BaseException) -> bool:
@@ -149,7 +176,8 @@ class ComputeApi:
         self.zone_operations = compute_v1.ZoneOperationsClient(
             credentials=credentials, client_options=options, transport="rest")
         self._credentials, self._options = credentials, options
-        self._more: dict[str, Any] = {}  # clients used once per run (projects, regions, images)
+        self._more: dict[str, Any] = {}  # clients used once per run (projects, images, ...),
+        #: and "email": `account_email`'s answer
 
     def _client(self, kind: str) -> Any:
         """`compute_v1.<kind>` built on first use with the same credentials and endpoint."""
@@ -279,6 +307,10 @@ class ComputeApi:
         except ProvisionError as error:
             if isinstance(error.__cause__, gexc.NotFound | gexc.BadRequest):
                 return None
+            if isinstance(error, BadRequestError) and \
+                    isinstance(error.__cause__, gexc.Forbidden | gexc.PreconditionFailed):
+                raise GuestAttributesOffError(f"guest attributes of VM {name} cannot be read "
+                                              f"({' '.join(str(error).split())})") from error
             raise
         return [(item.key, item.value) for item in attrs.query_value.items] or None
 
@@ -308,7 +340,9 @@ class ComputeApi:
         project = self.call("project", lambda: self._client("ProjectsClient").get(
             project=self.project, timeout=REQUEST_TIMEOUT_S, retry=None))
         metadata = {item.key: item.value for item in project.common_instance_metadata.items}
-        return ProjectInfo(_quotas(project.quotas), metadata)
+        default_account = (str(project.default_service_account)
+                           or f"{project.id}-compute@developer.gserviceaccount.com")
+        return ProjectInfo(_quotas(project.quotas), metadata, default_account)
 
     def region_quotas(self, region: str) -> dict[str, tuple[float, float]]:
         """metric -> (limit, usage) of one region (one regions.get)."""
@@ -316,8 +350,9 @@ class ComputeApi:
             project=self.project, region=region, timeout=REQUEST_TIMEOUT_S, retry=None))
         return _quotas(found.quotas)
 
-    def image_from_family(self, image_project: str, family: str) -> str:
-        """The image a family resolves to now (BadRequestError when it does not exist)."""
+    def image_from_family(self, image_project: str, family: str) -> ImageInfo:
+        """The image a family resolves to now: its newest image that is not deprecated
+        (BadRequestError when there is none: the family does not exist or was retired)."""
         from google.api_core import exceptions as gexc
 
         try:
@@ -328,13 +363,156 @@ class ComputeApi:
                 raise BadRequestError(f"image family {family} not found in project "
                                       f"{image_project}") from None
             raise
-        return str(image.name)
+        return _image_info(image)
+
+    def effective_firewalls(self, project: str, network: str) -> EffectiveFirewalls:
+        """The VPC firewall rules in force on `network` of `project` (one
+        networks.getEffectiveFirewalls), and how many firewall policies also apply."""
+        found = self.call("firewall", lambda: self._client("NetworksClient")
+                          .get_effective_firewalls(project=project, network=network,
+                                                   timeout=REQUEST_TIMEOUT_S, retry=None))
+        rules = [FirewallRule(
+            name=str(r.name), direction=str(r.direction or "INGRESS"),
+            priority=int(r.priority) if "priority" in r else 1000, disabled=bool(r.disabled),
+            source_ranges=tuple(r.source_ranges), source_tags=tuple(r.source_tags),
+            source_service_accounts=tuple(r.source_service_accounts),
+            target_tags=tuple(r.target_tags),
+            target_service_accounts=tuple(r.target_service_accounts),
+            allowed=tuple((str(a.I_p_protocol), tuple(a.ports)) for a in r.allowed),
+            denied=tuple((str(d.I_p_protocol), tuple(d.ports)) for d in r.denied))
+            for r in found.firewalls]
+        policies = sum(1 for policy in found.firewall_policys if len(policy.rules))
+        return EffectiveFirewalls(rules, policies)
+
+    def list_images(self, image_project: str, filter_: str) -> list[ImageInfo]:
+        """The images of `image_project` matching `filter_` (deprecated ones included), every
+        page."""
+        request = self._compute.ListImagesRequest(project=image_project, filter=filter_)
+        return self.call("images", lambda: [_image_info(i) for i in self._client(
+            "ImagesClient").list(request=request, timeout=REQUEST_TIMEOUT_S, retry=None)])
 
     def os_login_user(self) -> str | None:
-        """Whose OS Login profile gets the key: `provider.os_login_user`, else the service
-        account of the credentials (user credentials do not carry their e-mail)."""
-        return self.cfg.os_login_user or getattr(self._credentials, "service_account_email",
-                                                 None)
+        """Whose OS Login profile gets the key: `provider.os_login_user` (an override), else
+        the account the credentials act for (`account_email`)."""
+        return self.cfg.os_login_user or self.account_email()
+
+    def account_email(self) -> str | None:
+        """The e-mail of the account the credentials act for, so OS Login needs no setting: a
+        service account's from the credentials; a user's (`gcloud auth application-default
+        login` credentials carry none) from the token-info endpoint, asked again with a token
+        for the e-mail scope alone when the run's token lacks it (ADC tokens are refreshed for
+        `provider.scopes` only). None: anonymous credentials, or no e-mail to be had."""
+        from google.auth.credentials import AnonymousCredentials
+        from google.oauth2 import credentials as user_credentials
+
+        if "email" in self._more:
+            return self._more["email"]
+        creds = self._credentials
+        email = None
+        if not isinstance(creds, AnonymousCredentials):
+            email = self._service_account_email(creds) or self._token_email(creds)
+            if email is None and isinstance(creds, user_credentials.Credentials) \
+                    and creds.refresh_token:
+                email = self._token_email(user_credentials.Credentials(
+                    None, refresh_token=creds.refresh_token, token_uri=creds.token_uri,
+                    client_id=creds.client_id, client_secret=creds.client_secret,
+                    scopes=[EMAIL_SCOPE], quota_project_id=creds.quota_project_id))
+        self._more["email"] = email
+        return email
+
+    def _service_account_email(self, creds: Any) -> str | None:
+        email = getattr(creds, "service_account_email", None)
+        if not (isinstance(email, str) and "@" in email) and hasattr(
+                creds, "service_account_email") and not creds.valid:
+            self._refresh(creds)  # a GCE VM's credentials learn their e-mail on refresh
+            email = creds.service_account_email
+        return email if isinstance(email, str) and "@" in email else None
+
+    def _refresh(self, creds: Any) -> None:
+        from google.auth import exceptions as auth_exceptions
+        from google.auth.transport.requests import Request
+
+        try:
+            creds.refresh(Request())
+        except auth_exceptions.GoogleAuthError as error:
+            raise GceAuthError("provider.credentials", f"cannot refresh the credentials "
+                               f"({error}); " + AUTH_HINT) from None
+
+    def _token_email(self, creds: Any) -> str | None:
+        """The e-mail token-info gives for `creds`' access token (refreshed first if stale)."""
+        if not creds.valid:
+            self._refresh(creds)
+        if not creds.token:
+            return None
+        info = self._google_http("token info", "POST", self._google_url(TOKENINFO_URL,
+                                                                           "/tokeninfo"),
+                                 form={"access_token": creds.token}, auth=False)
+        email = info.get("email")
+        return str(email) if email else None
+
+    def _google_url(self, root: str, path: str) -> str:
+        """`root` + `path`, or `provider.api_endpoint` + `path` when set: a local fake serves
+        every Google API the backend calls (as for OS Login)."""
+        return (self.cfg.api_endpoint or root).rstrip("/") + path
+
+    def _google_http(self, what: str, method: str, url: str, body: dict[str, Any] | None = None,
+                     form: dict[str, str] | None = None, auth: bool = True) -> dict[str, Any]:
+        """One JSON call to a Google REST API without a client library here (token info,
+        IAM, Resource Manager), retried and classified like every Compute call."""
+        import requests
+        from google.api_core import exceptions as gexc
+        from google.auth.transport.requests import AuthorizedSession
+
+        def fetch() -> dict[str, Any]:
+            with (AuthorizedSession(self._credentials) if auth else requests.Session()) as http:
+                response = http.request(method, url, json=body, data=form,
+                                        timeout=REQUEST_TIMEOUT_S)
+            if response.status_code >= 400:
+                raise gexc.from_http_response(response)
+            return dict(response.json() or {})
+
+        return self.call(what, fetch)
+
+    def effective_os_login(self, zone: str, name: str) -> bool | None:
+        """Whether OS Login is on for this VM, as GCE resolved it from instance and project
+        metadata and organisation policy (`resourceStatus.effectiveInstanceMetadata`); None
+        when GCE does not say."""
+        inst = self.call(zone, lambda: self.instances.get(
+            project=self.project, zone=zone, instance=name, timeout=REQUEST_TIMEOUT_S,
+            retry=None))
+        effective = inst.resource_status.effective_instance_metadata
+        if "enable_oslogin_metadata_value" not in effective:
+            return None
+        return bool(effective.enable_oslogin_metadata_value)
+
+    def service_account_exists(self, email: str) -> bool:
+        """Whether the service account exists and is enabled (IAM serviceAccounts.get); a
+        ProvisionError when it cannot be read (403: the caller may not see it)."""
+        from google.api_core import exceptions as gexc
+
+        url = self._google_url(IAM_URL, f"/v1/projects/-/serviceAccounts/{email}")
+        try:
+            found = self._google_http("IAM", "GET", url)
+        except ProvisionError as error:
+            if isinstance(error.__cause__, gexc.NotFound):
+                return False
+            raise
+        return not found.get("disabled", False)
+
+    def project_roles(self, member: str) -> list[tuple[str, bool]]:
+        """(role, conditional) of every binding of the project's own IAM policy that names
+        `member` (`serviceAccount:E`); roles granted on a folder or the organisation are not
+        in it (Resource Manager projects.getIamPolicy)."""
+        url = self._google_url(CRM_URL, f"/v1/projects/{self.project}:getIamPolicy")
+        policy = self._google_http("IAM policy", "POST", url,
+                                   body={"options": {"requestedPolicyVersion": 3}})
+        return [(str(b.get("role")), "condition" in b) for b in policy.get("bindings", [])
+                if member in b.get("members", [])]
+
+    def role_permissions(self, role: str) -> list[str]:
+        """The permissions a role grants (IAM roles.get: `roles/X`, `projects/P/roles/X`)."""
+        found = self._google_http("IAM", "GET", self._google_url(IAM_URL, f"/v1/{role}"))
+        return [str(p) for p in found.get("includedPermissions", [])]
 
     def import_os_login_key(self, user: str, public_key: str) -> str:
         """Add `public_key` to `user`'s OS Login profile (the OS Login API, through Google's

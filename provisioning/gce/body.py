@@ -126,36 +126,56 @@ done
 """
 
 
-#: Instance metadata key holding the lease: the unix time after which the VM ends itself
-#: unless the orchestrator has pushed it further (`GceProvider` renews it).
+#: Instance metadata key holding the lease's renewal stamp: the orchestrator writes its own
+#: clock's expiry there (readable in the console), but the VM treats it as opaque: only a
+#: CHANGE of the value counts as a renewal (`lease_watcher_script`), so a skewed orchestrator
+#: clock (a laptop minutes off after sleep) can neither end healthy VMs nor keep dead ones.
 LEASE_KEY = "transient-lease-expires"
+#: Instance metadata key holding the lease's length in whole seconds: the VM ends itself this
+#: long after the last change of LEASE_KEY it saw, measured on its own monotonic clock.
+LEASE_S_KEY = "transient-lease-s"
 COMPUTE_URL = "https://compute.googleapis.com/compute/v1"
 COMPUTE_SCOPE = "https://www.googleapis.com/auth/compute"
 
 
 def lease_value(expires: float) -> str:
-    """The lease's metadata value: whole seconds (what the watcher's bash compares), rounded
-    up, because rounding must never shorten a lease (truncating took up to a second off a
-    short one, and a loaded orchestrator then lost VMs it was still renewing)."""
+    """The lease stamp's metadata value: whole seconds, rounded up. Renewals are at least a
+    second apart (`lease_s / 3`), so each one changes the value, which is all the VM reads."""
     return str(math.ceil(expires))
+
+
+def lease_seconds(lease_s: float) -> str:
+    """LEASE_S_KEY's value: whole seconds, rounded up (rounding never shortens a lease)."""
+    return str(math.ceil(lease_s))
 
 
 def lease_watcher_script(poll_s: int = 30) -> str:
     """Bash that ends the VM when the orchestrator stopped renewing its lease (the orchestrator
-    was killed, its machine slept, its network is gone): every `poll_s` it reads
-    `instance/attributes/transient-lease-expires` from the metadata server; once that time has
-    passed, it asks the Compute API to delete this VM with the VM's own service-account token,
-    and powers the VM off if that is not possible (a stopped VM bills its disk only).
-    `TRANSIENT_METADATA_URL` / `TRANSIENT_COMPUTE_URL` override the servers and
-    `TRANSIENT_POWEROFF` the power-off command (tests: never the test machine's)."""
+    was killed, its machine slept, its network is gone): every `poll_s` it reads the stamp
+    `instance/attributes/transient-lease-expires` and notes, on the VM's own monotonic clock
+    (`/proc/uptime`, which neither NTP nor the orchestrator's clock moves), when the value last
+    changed. Once `transient-lease-s` has passed since then, it asks the Compute API to delete
+    this VM with the VM's own service-account token, and powers the VM off if that is not
+    possible (the account may not delete VMs: a stopped VM bills its disk only). Two machines'
+    clocks are never compared. `TRANSIENT_METADATA_URL` / `TRANSIENT_COMPUTE_URL` override the
+    servers and `TRANSIENT_POWEROFF` the power-off command (tests: never the test machine's)."""
     return f"""#!/bin/bash
 # transient-ps: lease watcher (the VM ends itself when the orchestrator is gone)
 MD="${{TRANSIENT_METADATA_URL:-{METADATA_URL}}}"
 API="${{TRANSIENT_COMPUTE_URL:-{COMPUTE_URL}}}"
 H='Metadata-Flavor: Google'
+now_cs() {{  # centiseconds since boot: monotonic, unlike date +%s
+  local up rest
+  if read -r up rest < /proc/uptime 2>/dev/null; then echo $(( 10#${{up/./}} ))
+  else echo $(( $(date +%s) * 100 )); fi
+}}
+last=""; seen=0
 while true; do
-  expires=$(curl -sf -H "$H" "$MD/instance/attributes/{LEASE_KEY}")
-  if [ -n "$expires" ] && [ "$(date +%s)" -gt "${{expires%%.*}}" ]; then
+  stamp=$(curl -sf -H "$H" "$MD/instance/attributes/{LEASE_KEY}")
+  lease=$(curl -sf -H "$H" "$MD/instance/attributes/{LEASE_S_KEY}")
+  now=$(now_cs)
+  if [ -n "$stamp" ] && [ "$stamp" != "$last" ]; then last="$stamp"; seen=$now; fi
+  if [ -n "$last" ] && [ -n "$lease" ] && [ $(( now - seen )) -ge $(( ${{lease%%.*}} * 100 )) ]; then
     token=$(curl -sf -H "$H" "$MD/instance/service-accounts/default/token" \\
       | sed -n 's/.*"access_token" *: *"\\([^"]*\\)".*/\\1/p')
     name=$(curl -sf -H "$H" "$MD/instance/name")
@@ -261,7 +281,8 @@ def instance_body(cfg: GceConfig, project: str, vm: VmRequest, run_id: str,
             gpu_check_script(int(cfg.gpu_timeout_s)) if gpu_vm and cfg.gpu_check else None)},
     ]
     if lease_expires is not None:
-        metadata.append({"key": LEASE_KEY, "value": lease_value(lease_expires)})
+        metadata += [{"key": LEASE_KEY, "value": lease_value(lease_expires)},
+                     {"key": LEASE_S_KEY, "value": lease_seconds(cfg.lease_s)}]
     if gpu_vm:
         metadata.append({"key": "install-nvidia-driver", "value": "True"})
     body: dict[str, object] = {
@@ -272,7 +293,7 @@ def instance_body(cfg: GceConfig, project: str, vm: VmRequest, run_id: str,
         "tags": {"items": list(cfg.tags)},
         "disks": [{"boot": True, "autoDelete": True, "initializeParams": {
             "sourceImage": source_image, "diskSizeGb": str(cfg.boot_disk_gb),
-            "diskType": f"zones/{zone}/diskTypes/pd-balanced"}}],
+            "diskType": f"zones/{zone}/diskTypes/{cfg.boot_disk_type}"}}],
         "networkInterfaces": [nic],
         "metadata": {"items": metadata},
     }

@@ -10,9 +10,13 @@ from __future__ import annotations
 
 import enum
 import os
+import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
-from provisioning.base import ProviderConfig
+from provisioning.base import HostSpec, ProviderConfig
+from provisioning.catalog import PricingConfig
+from provisioning.host_runtime import DEFAULT_IMAGE_FAMILY
 from provisioning.ssh.config import DEFAULT_INDEX_URL, runtime_install_problems
 
 #: The label every VM of this tool carries (`tool=<TOOL_LABEL>`); `orchestrator.gc` (`orphans.py`)
@@ -22,6 +26,18 @@ DEFAULT_SCOPES = ("https://www.googleapis.com/auth/cloud-platform",)
 #: Credentials values that are not a file path.
 CREDENTIALS_ADC = "adc"  # Application Default Credentials (gcloud auth application-default login)
 CREDENTIALS_ANONYMOUS = "anonymous"  # no auth header: only for a local fake (api_endpoint set)
+
+#: Boot disk size: the DLVM images are 50 GB (their `diskSizeGb`; GCE refuses a smaller disk,
+#: the pre-flight says so). On top of the image's own files a VM adds the hosts' venv
+#: (TensorFlow with its CUDA wheels, about 6 GB, installed without a pip cache), the run's
+#: data and checkpoints (MBs to a few GB). How much of its 50 GB the image itself fills (CUDA
+#: toolkit, driver, Docker) is not measured here; a disk that fills fails the setup with pip's
+#: or the copy's "No space left on device". 100 GB per VM would spend the usual 500 GB
+#: `SSD_TOTAL_GB` of a region on 5 VMs; at 50 GB the 8-worker headline (9 VMs) fits in 450.
+DEFAULT_BOOT_DISK_GB = 50
+#: Persistent-disk type -> the regional quota its boot disks count against (GCE's quota metrics).
+BOOT_DISK_QUOTAS = {"pd-balanced": "SSD_TOTAL_GB", "pd-ssd": "SSD_TOTAL_GB",
+                    "pd-standard": "DISKS_TOTAL_GB"}
 
 # Every VM's `maxRunDuration` when `provider.max_run_duration_s` is null: the plan's predicted
 # training time x RUN_SAFETY_FACTOR + RUN_SETUP_ALLOWANCE_S, within [RUN_MIN_S, RUN_MAX_S]. The
@@ -53,9 +69,10 @@ class GceConfig(ProviderConfig):
     cross_region: bool = False  # let VMs of one cluster fall back into different regions
     image_project: str = "deeplearning-platform-release"  # where image_family lives
     # CUDA + driver, no framework; Ubuntu 24.04, whose Python 3.12 the hosts' runtime installs on
-    image_family: str = "common-cu128-ubuntu-2404-nvidia-570"
+    image_family: str = DEFAULT_IMAGE_FAMILY
     image: str | None = None  # a custom image URL (projects/P/global/images/NAME); wins if set
-    boot_disk_gb: int = 100  # boot disk size (the DLVM images need ≥ 50 GB)
+    boot_disk_gb: int = DEFAULT_BOOT_DISK_GB  # boot disk size (see DEFAULT_BOOT_DISK_GB)
+    boot_disk_type: str = "pd-balanced"  # one of BOOT_DISK_QUOTAS (its regional disk quota)
     network: str = "global/networks/default"  # VPC network
     subnetwork: str | None = None  # regions/R/subnetworks/S for custom-mode VPCs
     tags: list[str] = field(default_factory=lambda: ["transient-ps"])  # firewall target tags
@@ -68,7 +85,8 @@ class GceConfig(ProviderConfig):
     credentials: str = CREDENTIALS_ADC  # adc | anonymous | path to a service-account key file
     api_endpoint: str | None = None  # Compute API root; None = compute.googleapis.com
     ssh_user: str = "transient"  # login user created by the guest agent from ssh-keys
-    os_login_user: str | None = None  # OS Login projects: whose profile gets the key (e-mail)
+    os_login_user: str | None = None  # OS Login: whose profile gets the key (e-mail); None =
+    #: the credentials' account (user ADC: from token info, `ComputeApi.account_email`)
     ssh_key: str | None = None  # private key (no passphrase); None = the tool's own (keys.py)
     python: str | None = None  # interpreter on the VMs that has the trainer's dependencies
     index_url: str | None = DEFAULT_INDEX_URL  # VMs without `python` install from it themselves
@@ -99,7 +117,7 @@ class GceConfig(ProviderConfig):
     retries: int = 4  # retries of a transient API error (rate limit, 5xx) per request
     retry_backoff_s: float = 2.0  # first backoff; doubles per retry
     not_ready_retry_s: float = 120.0  # delete of a stopping VM / a held internal IP: retried
-    boot_preemptions: int = 3  # a Spot VM preempted while booting is re-created this often
+    boot_preemptions: int = 3  # a VM preempted while booting or checked is re-created this often
     max_parallel: int = 32  # concurrent API calls while creating or deleting
     preflight_checks: bool = True  # quotas, image, bucket, OS Login read before any VM
 
@@ -120,6 +138,9 @@ class GceConfig(ProviderConfig):
                                             self.python is None)
         if self.extra not in ("auto", "cpu", "gpu"):  # `auto` is GCE's: it knows the VMs' GPUs
             problems.append(("provider.extra", f"{self.extra!r}: must be auto, cpu or gpu"))
+        if self.boot_disk_type not in BOOT_DISK_QUOTAS:
+            problems.append(("provider.boot_disk_type", f"{self.boot_disk_type!r}: must be one "
+                             f"of {', '.join(BOOT_DISK_QUOTAS)}"))
         if self.python is None and self.image is None:
             problem = image_family_problem(self.image_family)
             if problem:
@@ -151,7 +172,30 @@ class GceConfig(ProviderConfig):
         if 0 < self.lease_s < 3 * self.poll_interval_s:
             problems.append(("provider.lease_s", f"{self.lease_s:g} s is too short to renew "
                              f"(at least 3 x provider.poll_interval_s; 0 turns the lease off)"))
+        elif 0 < self.lease_s < self.unreachable_grace_s:
+            problems.append(("provider.lease_s", (
+                f"{self.lease_s:g} s is shorter than provider.unreachable_grace_s "
+                f"({self.unreachable_grace_s:g} s): the VMs would end themselves during a drop "
+                f"of this machine's network that the run waits out; make it at least that")))
+        if self.storage:
+            problem = storage_url_problem(self.storage)
+            if problem:
+                problems.append(("provider.storage", problem))
         return problems
+
+    def check_plan(self, hosts: Sequence[HostSpec], catalog: PricingConfig) -> list[tuple[str, str]]:
+        """`provider.zones`: not empty (a host whose plan names no zone takes the first) and
+        only zones the catalog knows (the plan's zones are checked against it too)."""
+        known = catalog.all_zones()
+        if not self.zones:
+            return [("provider.zones", "is empty: list the zones VMs may fall back to, in order "
+                     f"(e.g. [{known[0] if known else 'us-west1-b'}])")]
+        return [(f"provider.zones.{i}", f"unknown zone {zone!r} in catalog '{catalog.name}' "
+                 f"(one of: {', '.join(known)})")
+                for i, zone in enumerate(self.zones) if zone not in known][:1]
+
+    def contact_grace_s(self) -> float:
+        return self.unreachable_grace_s
 
     def transient_lifetime_cap_s(self) -> float | None:
         """A Spot VM ends at its ``maxRunDuration`` (``instance_body``)."""
@@ -192,3 +236,19 @@ def derived_run_duration_s(predicted_run_s: float | None) -> int:
         return RUN_UNKNOWN_S
     wanted = predicted_run_s * RUN_SAFETY_FACTOR + RUN_SETUP_ALLOWANCE_S
     return int(min(RUN_MAX_S, max(RUN_MIN_S, wanted)))
+
+
+#: A Cloud Storage bucket name: 3-63 lowercase letters, digits, `-`, `_` and `.` (up to 222
+#: with dots), starting and ending with a letter or digit.
+_BUCKET = re.compile(r"[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]")
+
+
+def storage_url_problem(url: str) -> str | None:
+    """Why `url` cannot be `provider.storage` (gs://BUCKET or gs://BUCKET/PREFIX), or None."""
+    expected = "expected gs://BUCKET/PREFIX, e.g. gs://my-bucket/transient"
+    if not url.startswith("gs://"):
+        return f"{url!r} is not a Cloud Storage URL ({expected})"
+    bucket = url[len("gs://"):].split("/", 1)[0]
+    if not _BUCKET.fullmatch(bucket) or ("." not in bucket and len(bucket) > 63):
+        return f"{url!r}: {bucket!r} is not a bucket name ({expected})"
+    return None

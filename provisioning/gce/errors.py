@@ -71,6 +71,13 @@ class ErrorItem:
     quota_metric: str | None = None
 
 
+class GuestAttributesOffError(BadRequestError):
+    """getGuestAttributes answered 403 or 412: an organisation policy
+    (`compute.disableGuestAttributesAccess`) or the account's role keeps guest attributes from
+    us. Not a reason to stop: host keys are then pinned on first use, the GPU is checked by the
+    trainer alone."""
+
+
 def region_of(zone: str) -> str:
     """`us-central1-a` -> `us-central1`."""
     return zone.rsplit("-", 1)[0]

@@ -1,8 +1,9 @@
 """The GCE backend's instance code: how the VMs of a run are created (zone and region
-fallback, ghosts of inserts that may have succeeded), waited on until RUNNING (a Spot VM
-preempted while booting re-created alone), checked (host keys, the GPU), kept on a lease, and
-deleted. `GceInstances` is a mixin of `GceProvider` (`provider.py`, the verbs), whose state it
-shares: the config, the Compute API, the journal and the table of VMs (`vm.Vm`)."""
+fallback, ghosts of inserts that may have succeeded), waited on until RUNNING, checked (host
+keys, the GPU; a VM preempted while booting or during these checks is re-created alone), kept
+on a lease, and deleted. `GceInstances` is a mixin of `GceProvider` (`provider.py`, the
+verbs), whose state it shares: the config, the Compute API, the journal and the table of
+VMs (`vm.Vm`)."""
 
 from __future__ import annotations
 
@@ -37,8 +38,9 @@ from provisioning.gce.body import (
     remote_workdir,
     vm_name,
 )
-from provisioning.gce.config import GceConfig
+from provisioning.gce.config import DEFAULT_IMAGE_FAMILY, GceConfig
 from provisioning.gce.errors import (
+    GuestAttributesOffError,
     QuotaError,
     TransientApiError,
     ZoneCapacityError,
@@ -56,6 +58,15 @@ from provisioning.gce.vm import (
 log = logging.getLogger(__name__)
 
 
+class _VmGone(Exception):
+    """A VM left RUNNING (preempted, stopped, deleted) while its host keys or GPU check were
+    awaited; `status` is what the listing said ("gone": not listed)."""
+
+    def __init__(self, status: str) -> None:
+        super().__init__(status)
+        self.status = status
+
+
 class GceInstances:
     """Creating, watching and deleting the VMs of `GceProvider` (see the module docstring)."""
 
@@ -70,6 +81,8 @@ class GceInstances:
     lease_renewals: int
     _login_key: str | None
     _login_user: str | None
+    #: why guest attributes are refused (`_guest_attributes_off`); None while they work
+    guest_attributes_off: str | None = None
 
     def _keep_ghost(self, vm: Vm) -> None:
         """An insert that raised a transient error may have created the VM anyway: keep its
@@ -183,8 +196,13 @@ class GceInstances:
         log.info("gce: %d VMs of run %s in region %s: %s", len(vms), run_id, ", ".join(regions),
                  "; ".join(f"{z}: {', '.join(slots)}" for z, slots in zones.items()))
         record = {"regions": regions, "vms": [
-            {"slot": vm.slot, "name": vm.name, "zone": vm.zone, "hosts": [s.name for s in vm.specs]}
+            {"slot": vm.slot, "name": vm.name, "zone": vm.zone, "hosts": [s.name for s in vm.specs],
+             # how its SSH host key is trusted: published by the guest agent, or taken on first
+             # use (guest attributes refused or not published in time)
+             "host_key": "guest attributes" if vm.host_keys else "trust on first use"}
             for vm in vms]}
+        if self.guest_attributes_off is not None:
+            record["guest_attributes_off"] = self.guest_attributes_off
         with contextlib.suppress(OSError):
             workdir.mkdir(parents=True, exist_ok=True)
             tmp = workdir / (PLACEMENT_FILE + ".tmp")
@@ -239,11 +257,16 @@ class GceInstances:
     def _renew_leases(self) -> None:
         interval = self.config.lease_s / 3
         failing = False
+        stamp = 0.0
         while not self._lease_stop.wait(interval):
             with self._lock:
                 vms = [vm for vm in self._vms.values()
                        if vm.specs and not vm.deleted and vm.revoked_reason is None]
-            expires = lease_value(time.time() + self.config.lease_s)
+            # The VM times the lease from the stamp's last CHANGE on its own clock
+            # (`body.lease_watcher_script`): each round's stamp differs from the last one,
+            # even when renewals are under a second apart or this clock steps back.
+            stamp = max(time.time() + self.config.lease_s, stamp + 1)
+            expires = lease_value(stamp)
 
             def renew(vm: Vm, value: str = expires) -> None:
                 self.api.set_metadata_value(vm.zone, vm.name, LEASE_KEY, value)
@@ -320,8 +343,9 @@ class GceInstances:
             self._sleep(self.config.ready_poll_s)
 
     def _recreate_booting(self, vm: Vm) -> None:
-        """A Spot VM preempted before it ever ran: delete what is left of it and create it
-        again, alone, in its region (another zone first), keeping the rest of the cluster."""
+        """A VM preempted before it was ever used (booting, or awaited for its host keys or
+        GPU check): delete what is left of it and create it again, alone, in its region
+        (another zone first), keeping the rest of the cluster."""
         old_name, old_zone = vm.name, vm.zone
         self._delete([vm])
         with self._lock:
@@ -332,14 +356,26 @@ class GceInstances:
         """Host keys from guest attributes (in parallel), then the Host records."""
 
         def fetch(vm: Vm) -> None:
-            deadline = self._clock() + self.config.host_key_timeout_s
-            while (keys := self.api.host_keys(vm.zone, vm.name)) is None:
-                if self._clock() >= deadline:
-                    break
-                self._sleep(self.config.host_key_poll_s)
-            vm.host_keys = keys
-            if self.config.gpu_check and has_gpu(vm.request.machine_type, vm.request.gpu):
-                self._check_gpu(vm)
+            lost = 0
+            while True:
+                try:
+                    self._await_guest(vm)
+                    return
+                except GuestAttributesOffError as error:
+                    self._guest_attributes_off(error)
+                    return
+                except _VmGone as gone:  # after RUNNING, before any login: re-created alone
+                    lost += 1
+                    if lost > self.config.boot_preemptions:
+                        raise ZoneCapacityError(vm.zone, f"VM {vm.name} went {gone.status} "
+                                                f"{lost} times before its first use "
+                                                "(provider.boot_preemptions="
+                                                f"{self.config.boot_preemptions})") from None
+                    log.warning("gce: %s went %s before its first use (preempted): "
+                                "re-creating it alone", vm.name, gone.status)
+                    vm.host_keys = None
+                    self._recreate_booting(vm)
+                    self._await_running([vm])
 
         errors = self._parallel(fetch, vms)
         for error in errors:
@@ -363,6 +399,46 @@ class GceInstances:
                 for host in vm.hosts:
                     self._host_vm[host.id] = vm.name
 
+    def _await_guest(self, vm: Vm) -> None:
+        """The VM's host keys (until `host_key_timeout_s`; none: pinned on first use) and, on
+        a GPU VM, its GPU check. Each poll that finds nothing published also asks whether the
+        VM is still RUNNING (`_raise_if_gone`): a Spot VM preempted here must not be waited
+        for until a timeout that blames something else."""
+        deadline = self._clock() + self.config.host_key_timeout_s
+        while (keys := self.api.host_keys(vm.zone, vm.name)) is None:
+            self._raise_if_gone(vm)
+            if self._clock() >= deadline:
+                break
+            self._sleep(self.config.host_key_poll_s)
+        vm.host_keys = keys
+        if self.config.gpu_check and has_gpu(vm.request.machine_type, vm.request.gpu):
+            self._check_gpu(vm)
+
+    def _raise_if_gone(self, vm: Vm) -> None:
+        """_VmGone when the run's listing shows `vm` stopping, stopped, or not at all (asked
+        twice, as `_await_running` does: a listing may lag)."""
+        for _ in range(2):
+            listed = self.api.list_vms(self._run_filter(vm.run_id))
+            seen = next((v for v in listed if v.name == vm.name), None)
+            if seen is not None:
+                if STATE_MAP.get(seen.status) is HostState.REVOKED:
+                    raise _VmGone(seen.status)
+                return
+        raise _VmGone("gone")
+
+    def _guest_attributes_off(self, error: GuestAttributesOffError) -> None:
+        """Guest attributes are refused (403/412): the stated fallback, said once per
+        provider. Host keys are pinned on first use (each pin is logged and recorded in
+        `<run dir>/ssh_pinned_host_keys.jsonl`, and `placement.json` says which VMs were),
+        and the GPU is checked only by the trainer (a GPU task whose TensorFlow sees no GPU
+        fails at start), instead of stopping the run."""
+        with self._lock:
+            first, self.guest_attributes_off = self.guest_attributes_off is None, str(error)
+        if first:
+            log.warning("gce: %s; an organisation policy (compute.disableGuestAttributesAccess) "
+                        "or a role keeps them from us: host keys are pinned on first use "
+                        "(recorded) and the GPU is checked by the trainer only", error)
+
     def _check_gpu(self, vm: Vm) -> None:
         """Fail fast on a GPU VM that sees no GPU (driver missing or not loaded), instead of
         training on its CPU: its startup script publishes what nvidia-smi sees
@@ -370,6 +446,7 @@ class GceInstances:
         deadline = self._clock() + self.config.gpu_timeout_s + 60.0  # the script's wait, then
         what = f"VM {vm.name} ({vm.request.machine_type}, GPU {vm.request.gpu or 'built in'})"
         while (seen := self.api.guest_attributes(vm.zone, vm.name, GPU_NAMESPACE)) is None:
+            self._raise_if_gone(vm)  # preempted meanwhile: a loss, not a missing GPU check
             if self._clock() >= deadline:
                 raise BadRequestError(f"{what}: no GPU check published within "
                                       f"{self.config.gpu_timeout_s + 60:g} s (guest "
@@ -381,7 +458,7 @@ class GceInstances:
             detail = value.split(":", 1)[1].strip() if ":" in value else value
             raise BadRequestError(f"{what} sees no GPU: nvidia-smi: {detail} (the NVIDIA "
                                   "driver is missing or not loaded; use an image family that "
-                                  "carries it, e.g. common-cu128-ubuntu-2404-nvidia-570)")
+                                  f"carries it, e.g. {DEFAULT_IMAGE_FAMILY})")
 
     def known_hosts_path(self, run_id: str) -> Path:
         return self._workdirs.get(run_id, Path.cwd()) / KNOWN_HOSTS_FILE

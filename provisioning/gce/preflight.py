@@ -2,17 +2,25 @@
 
 A new project has `GPUS_ALL_REGIONS = 0`; without these checks the run creates the on-demand PS,
 fails on the workers and deletes the PS again, and a wrong bucket fails only after every VM has
-booted. Read here, with one projects.get, one regions.get per region and one
-images.getFromFamily:
+booted. Read here, with one projects.get, one regions.get per region, one
+images.getFromFamily (and one images.list when it answers 404) and one
+networks.getEffectiveFirewalls:
 
 - quotas the plan needs: per region `CPUS` (Spot: `PREEMPTIBLE_CPUS` where the region has that
   quota, else `CPUS`, as GCE counts them), the GPU's `NVIDIA_<GPU>_GPUS` /
   `PREEMPTIBLE_NVIDIA_<GPU>_GPUS`, `IN_USE_ADDRESSES` (one per VM with an external IP); project-wide
-  `GPUS_ALL_REGIONS` and `CPUS_ALL_REGIONS`. A region short of quota is a problem only when no
+  `GPUS_ALL_REGIONS` and `CPUS_ALL_REGIONS`; the boot disks' `SSD_TOTAL_GB` (pd-balanced,
+  pd-ssd) or `DISKS_TOTAL_GB` (pd-standard). A region short of quota is a problem only when no
   other region of `provider.zones` could hold the whole cluster (the zone fallback moves there);
-- the image family resolves (`provider.image_family` in `provider.image_project`);
-- the bucket of `provider.storage` exists and takes a write;
-- the project's OS Login mode (`enable-oslogin` in its common metadata), returned for the caller.
+- the image family resolves (`provider.image_family` in `provider.image_project`), else one
+  images.list names the newest family of its line; the boot disk holds its image;
+- the network's firewall lets SSH reach the VMs and the trainer ports pass between them (one
+  networks.getEffectiveFirewalls, `firewall.py`);
+- the bucket of `provider.storage` takes an object write and delete, with
+  `provider.credentials` (what Storage Object Admin allows; no bucket metadata read);
+- the project's OS Login mode (`enable-oslogin` in its common metadata), returned for the caller;
+  OS Login with 2-step verification refused, and the VMs' service account exists and, with a
+  lease, may delete its VM (`access.py`).
 """
 
 from __future__ import annotations
@@ -24,8 +32,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from provisioning.base import BadRequestError, ProvisionError
+from provisioning.gce.access import account_lines, metadata_true
 from provisioning.gce.body import ATTACHED_GPUS, BUILT_IN_GPUS, VmRequest
-from provisioning.gce.config import GceConfig
+from provisioning.gce.config import BOOT_DISK_QUOTAS, GceConfig
 from provisioning.gce.errors import region_of
 
 #: Catalog GPU -> the name in GCE's quota metrics (NVIDIA_T4_GPUS, PREEMPTIBLE_NVIDIA_T4_GPUS).
@@ -57,10 +66,11 @@ def machine_cpus(machine_type: str) -> int | None:
     return None
 
 
-def vm_demand(vm: VmRequest, external_ip: bool, region_quotas: dict[str, tuple[float, float]]
+def vm_demand(vm: VmRequest, cfg: GceConfig, region_quotas: dict[str, tuple[float, float]]
               ) -> Counter[str]:
     """The quota metrics one VM counts against in a region with `region_quotas`: a Spot VM
-    counts against PREEMPTIBLE_* where the region grants that quota, else the standard one."""
+    counts against PREEMPTIBLE_* where the region grants that quota, else the standard one;
+    its boot disk against SSD_TOTAL_GB or DISKS_TOTAL_GB (`BOOT_DISK_QUOTAS`), Spot or not."""
 
     def regional(metric: str) -> str:
         preemptible = f"PREEMPTIBLE_{metric}"
@@ -77,8 +87,10 @@ def vm_demand(vm: VmRequest, external_ip: bool, region_quotas: dict[str, tuple[f
         demand["GPUS_ALL_REGIONS"] += 1
         if gpu in GPU_QUOTA_NAMES:
             demand[regional(f"NVIDIA_{GPU_QUOTA_NAMES[gpu]}_GPUS")] += 1
-    if external_ip:
+    if cfg.external_ip:
         demand["IN_USE_ADDRESSES"] += 1
+    if cfg.boot_disk_type in BOOT_DISK_QUOTAS:
+        demand[BOOT_DISK_QUOTAS[cfg.boot_disk_type]] += cfg.boot_disk_gb
     return demand
 
 
@@ -121,10 +133,10 @@ def check(api: Any, cfg: GceConfig, vms: Sequence[VmRequest]) -> PreflightResult
     except ProvisionError as error:
         return PreflightResult([f"provider.project: cannot read project {api.project}: "
                                 f"{error}"], False)
-    os_login = info.metadata.get("enable-oslogin", "").strip().lower() in ("true", "1", "yes")
+    os_login = metadata_true(info.metadata.get("enable-oslogin"))
     total: Counter[str] = Counter()
     for vm in vms:
-        total.update(vm_demand(vm, cfg.external_ip, {}))
+        total.update(vm_demand(vm, cfg, {}))
     fits, short = quota_lines(total, info.quotas, "(all regions)", GLOBAL_METRICS)
     passed += fits
     problems += short
@@ -132,25 +144,107 @@ def check(api: Any, cfg: GceConfig, vms: Sequence[VmRequest]) -> PreflightResult
     passed += fits
     problems += short
     if not cfg.image:
-        try:
-            image = api.image_from_family(cfg.image_project, cfg.image_family)
-            passed.append(f"image family {cfg.image_family} (project {cfg.image_project}) "
-                          f"resolves to {image}")
-        except BadRequestError as error:
-            problems.append(f"provider.image_family: {error} (list the families with gcloud "
-                            f"compute images list --project {cfg.image_project} "
-                            "--no-standard-images)")
-        except ProvisionError as error:
-            problems.append(f"provider.image_family: cannot resolve {cfg.image_family}: {error}")
+        fits, short = _image_lines(api, cfg)
+        passed += fits
+        problems += short
+    fits, short = _firewall_lines(api, cfg, vms)
+    passed += fits
+    problems += short
+    fits, short = account_lines(api, cfg, info, os_login)  # OS Login 2FA, the VMs' account
+    passed += fits
+    problems += short
     if cfg.storage:
         from provisioning.gce.storage import bucket_problem
 
-        problem = bucket_problem(cfg.storage)
+        problem = bucket_problem(cfg.storage, cfg=cfg)
         if problem is not None:
             problems.append(f"provider.storage: {problem}")
         else:
             passed.append(f"bucket of {cfg.storage} exists and takes a write")
     return PreflightResult(problems, os_login, passed)
+
+
+def family_line(family: str) -> tuple[str, str | None]:
+    """(product, OS release) of an image family's name: `common-cu129-ubuntu-2404-nvidia-580`
+    -> ("common", "ubuntu-2404"); families of one line differ only in CUDA and driver."""
+    found = re.search(r"(?:ubuntu|debian|rocky|centos)-\d+", family)
+    return family.split("-", 1)[0], found[0] if found else None
+
+
+def newest_family_of_line(api: Any, image_project: str, family: str
+                          ) -> tuple[bool, tuple[str, str] | None]:
+    """(whether `family` has images, all deprecated; (family, image) of the newest image that
+    is not deprecated among the other families of its line, or None), from one filtered
+    images.list of `image_project`."""
+    product, release = family_line(family)
+    line = f"{re.escape(product)}-.*{release}.*" if release else f"{re.escape(product)}-.*"
+    images = api.list_images(image_project, f'family eq "{line}"')  # the API's RE2 form
+    retired = any(i.family == family for i in images)
+    live = [i for i in images if not i.deprecated and i.family != family
+            and family_line(i.family) == (product, release)]
+    if not live:
+        return retired, None
+    newest = max(live, key=lambda i: i.created)
+    return retired, (newest.family, newest.name)
+
+
+def _image_lines(api: Any, cfg: GceConfig) -> tuple[list[str], list[str]]:
+    """(fits, short) for `provider.image_family`: it resolves (getFromFamily answers 404 once
+    every image of a family is deprecated: Deep Learning VM families retire at their end of
+    availability), and `provider.boot_disk_gb` holds its image. On a 404 the newest family of
+    the same line is named, so the line says what to set."""
+    family, project = cfg.image_family, cfg.image_project
+    try:
+        image = api.image_from_family(project, family)
+    except BadRequestError as error:
+        hint = (f"list the families with gcloud compute images list --project {project} "
+                "--no-standard-images")
+        try:
+            retired, newest = newest_family_of_line(api, project, family)
+        except ProvisionError:  # listing not allowed: the generic hint
+            retired, newest = False, None
+        if newest is not None:
+            why = "retired: every image of it is deprecated" if retired else "no such family"
+            hint = (f"{why}; the newest family of its line is {newest[0]} (image "
+                    f"{newest[1]}): set provider.image_family={newest[0]}")
+        return [], [f"provider.image_family: {error} ({hint})"]
+    except ProvisionError as error:
+        return [], [f"provider.image_family: cannot resolve {family}: {error}"]
+    fits = [f"image family {family} (project {project}) resolves to {image.name}"]
+    if image.disk_gb and cfg.boot_disk_gb < image.disk_gb:
+        return fits, [f"provider.boot_disk_gb: {cfg.boot_disk_gb} GB is smaller than image "
+                      f"{image.name} ({image.disk_gb} GB), which GCE refuses: set it to at "
+                      f"least {image.disk_gb}"]
+    return fits, []
+
+
+def network_of(cfg: GceConfig, project: str) -> tuple[str, str]:
+    """(project, name) of `provider.network` (`global/networks/N`, or a full
+    `projects/P/global/networks/N` of a shared VPC)."""
+    found = re.search(r"projects/([^/]+)/global/networks/([^/]+)$", cfg.network)
+    return (found[1], found[2]) if found else (project, cfg.network.rsplit("/", 1)[-1])
+
+
+def _firewall_lines(api: Any, cfg: GceConfig, vms: Sequence[VmRequest]
+                    ) -> tuple[list[str], list[str]]:
+    """(fits, short) for SSH to the VMs and the trainer ports between them
+    (`firewall.py`): `provider.trainer_port` and one more port per further role on a VM."""
+    from provisioning.gce.firewall import firewall_lines
+
+    project, network = network_of(cfg, api.project)
+    try:
+        found = api.effective_firewalls(project, network)
+    except ProvisionError as error:
+        from google.api_core import exceptions as gexc
+
+        text = " ".join(str(error).split())
+        if isinstance(error.__cause__, gexc.Forbidden):  # a role without the read: not judged
+            return [f"firewall of network {network}: not checked ({text})"], []
+        return [], [f"provider.network: cannot read the firewall of network {network} "
+                    f"(project {project}): {text}"]
+    roles = max((len(vm.host_ids) for vm in vms), default=1)
+    ports = [cfg.trainer_port + i for i in range(roles)]
+    return firewall_lines(found, network, cfg.tags, ports, cfg.inside_vpc)
 
 
 def _regional_lines(api: Any, cfg: GceConfig, vms: Sequence[VmRequest]
@@ -173,7 +267,7 @@ def _regional_lines(api: Any, cfg: GceConfig, vms: Sequence[VmRequest]
             return [], [f"provider.zones: {found}"]
         demand: Counter[str] = Counter()
         for vm in members:
-            demand.update(vm_demand(vm, cfg.external_ip, found))
+            demand.update(vm_demand(vm, cfg, found))
         regional = [m for m in demand if m not in GLOBAL_METRICS]
         return quota_lines(demand, found, f"in region {region}", regional)
 

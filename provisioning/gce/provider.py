@@ -5,8 +5,9 @@ Split as SkyPilot splits `sky/provision/gcp`: this module holds the verbs of the
 check, lease, delete), `vm.py` the data model (`Vm`, the state map).
 
 - acquire: first the checks that need no VM, in one pass with one line per problem
-  (`preflight.py`: quotas, image family, bucket, OS Login, whose key is imported then; the login
-  key is `keys.py`'s). VMs are journalled *before* they are inserted, then created in parallel
+  (`preflight.py`: quotas, image family, bucket, OS Login, whose key is imported then, the VMs'
+  service account; the login key is `keys.py`'s; the first RUNNING VM's effective OS Login value
+  can still turn OS Login on, before any login). VMs are journalled *before* they are inserted, then created in parallel
   (one idempotency `request_id` per attempt), each operation waited on in a bounded loop. A
   failed insert is classified once (`errors.py`): a stock-out blocks the zone, a quota error its
   region (or every region for `*_ALL_REGIONS`), and the VMs that failed move to their next zone
@@ -60,6 +61,7 @@ from provisioning.base import (
     CleanUpResult,
     Cluster,
     ClusterRequest,
+    ContactLostError,
     Host,
     HostId,
     HostLostError,
@@ -127,7 +129,8 @@ class GceProvider(GceInstances, Provider):
         self._owner = owner_labels()
         self.revocations: dict[HostId, str] = {}  # host -> "preempted" | "gone" (for reports)
         self._login_key: str | None = None  # public half of the login key (`_public_key`)
-        self.os_login = False  # the project turns OS Login on (read by the preflight)
+        self.os_login = False  # OS Login is on (the preflight, or the first VM's effective value)
+        self._effective_read = False  # the first VM's effective OS Login value was read
         self._login_user: str | None = None  # OS Login's POSIX user; None = provider.ssh_user
         self._lease_thread: threading.Thread | None = None
         self._lease_stop = threading.Event()
@@ -177,12 +180,18 @@ class GceProvider(GceInstances, Provider):
             result = check(provider.api, config, provider._first_zone_requests(vms))
         except ProvisionError as error:
             return [f"problem: {' '.join(str(error).split())}"]
-        lines = [f"ok: {line}" for line in result.passed]
+        lines = [line if line.startswith("not checked:") else f"ok: {line}"
+                 for line in result.passed]
         lines += [f"problem: {line}" for line in result.problems]
+        try:
+            user = provider.api.os_login_user() if result.os_login else None
+        except ProvisionError:
+            user = None
         if not result.os_login:
             lines.append(f"ok: OS Login off in project {provider.api.project}: VMs take the "
-                         f"key from ssh-keys metadata, login as {config.ssh_user}")
-        elif user := provider.api.os_login_user():
+                         f"key from ssh-keys metadata, login as {config.ssh_user} (unless the "
+                         "first VM says an organisation policy turns it on)")
+        elif user:
             lines.append(f"ok: OS Login on in project {provider.api.project}: the run imports "
                          f"the key for {user} and logs in as its POSIX user")
         else:
@@ -234,6 +243,7 @@ class GceProvider(GceInstances, Provider):
         try:
             self._create_cluster(vms)
             self._await_running(vms)
+            self._follow_effective_os_login(vms[0])
             self._pin_host_keys(request.run_id, vms)
         except BaseException:
             self._delete([vm for vm in vms if vm.created])
@@ -265,14 +275,50 @@ class GceProvider(GceInstances, Provider):
         """Each VM's request in the zone it is tried in first (what the quotas count)."""
         return [replace(vm.request, zone=self._zones_for(vm)[0]) for vm in vms]
 
-    def _use_os_login(self) -> str | None:
+    def _follow_effective_os_login(self, vm: Vm) -> None:
+        """OS Login can be on where the project's metadata says nothing (an organisation
+        policy, compute.requireOsLogin): the first VM's effective value, as GCE resolved it
+        (`resourceStatus.effectiveInstanceMetadata`), decides, before any login. On: the key
+        goes into the OS Login profile now; PreflightError when that cannot work (no account,
+        no role, 2-step verification), and the acquire deletes its VMs."""
+        from provisioning.gce.access import two_factor_problem
+        from provisioning.gce.preflight import PreflightError
+
+        if self.os_login or self._effective_read:
+            return
+        self._effective_read = True
+        try:
+            on = self.api.effective_os_login(vm.zone, vm.name)
+        except ProvisionError as error:
+            log.warning("gce: cannot read VM %s's effective OS Login value (%s); logging in "
+                        "with ssh-keys", vm.name, error)
+            return
+        if not on:
+            return
+        log.warning("gce: OS Login is on for VM %s although project %s's metadata does not "
+                    "turn it on (an organisation policy): importing the key into the OS Login "
+                    "profile", vm.name, self.api.project)
+        self.os_login = True
+        problem = two_factor_problem(self.api.project, self.api.project_info().metadata) \
+            or self._use_os_login("(an organisation policy, not its metadata)")
+        if problem is not None:
+            raise PreflightError([problem])
+
+    def _use_os_login(self, why: str = "(enable-oslogin=TRUE)") -> str | None:
         """The project ignores `ssh-keys` metadata (OS Login): import our key into the OS
         Login profile and log in as its POSIX user; a line saying why not, else None."""
-        user = self.api.os_login_user()
+        try:
+            user = self.api.os_login_user()
+        except ProvisionError as error:  # token info unreachable, credentials not refreshable
+            return (f"provider.os_login_user: project {self.api.project} has OS Login on "
+                    f"{why} and the credentials' account could not be learnt ({error}); set "
+                    "it to the e-mail of the account whose OS Login profile gets the tool's key")
         if not user:
             return (f"provider.os_login_user: project {self.api.project} has OS Login on "
-                    "(enable-oslogin=TRUE), so VMs ignore the ssh-keys metadata; set it to the "
-                    "e-mail of the account whose OS Login profile gets the tool's key")
+                    f"{why}, so VMs ignore the ssh-keys metadata, and the "
+                    "credentials name no account (anonymous, or no e-mail in their token "
+                    "info); set it to the e-mail of the account whose OS Login profile gets "
+                    "the tool's key")
         try:
             self._login_user = self.api.import_os_login_key(user, self._public_key())
         except ProvisionError as error:
@@ -379,7 +425,23 @@ class GceProvider(GceInstances, Provider):
             if state is HostState.REVOKED:
                 self.revocations[host.id] = vm.revoked_reason or "gone"
             states[host.id] = state
+        self._raise_if_out_of_contact(cluster)
         return states
+
+    def _raise_if_out_of_contact(self, cluster: Cluster) -> None:
+        """ContactLostError when every VM of the cluster that has a connection lost it for
+        the grace (our network, not theirs: the run stops resumable instead of restarting on
+        VMs it cannot reach either). One VM out of contact while others answer is REVOKED."""
+        names = {self._host_vm.get(h.id, "") for h in cluster.hosts}
+        opened = [vm.ssh for name in names if (vm := self._vms.get(name)) is not None
+                  and not vm.deleted and vm.ssh is not None and vm.ssh.opened]
+        if opened and all(ssh.contact_lost() for ssh in opened):
+            raise ContactLostError(
+                f"no VM has answered over SSH for {self.config.unreachable_grace_s:g} s "
+                f"(provider.unreachable_grace_s)"
+                + (" and the Compute API is unreachable" if self._api_down else "")
+                + ": the orchestrator's network is down, most likely; the roles end on their "
+                "own within their lease, the VMs on theirs (provider.lease_s)")
 
     def state_lag_s(self) -> float:
         """poll() answers from one listing per `poll_interval_s`: a preempted VM's processes
@@ -445,9 +507,10 @@ class GceProvider(GceInstances, Provider):
         (`storage.GcsCheckpointStore`); otherwise the default folder store."""
         if not self.config.storage:
             return super().checkpoint_store(run_id, folder)
-        from provisioning.gce.storage import GcsCheckpointStore
+        from provisioning.gce.storage import GcsCheckpointStore, GcsStore
 
-        return GcsCheckpointStore(folder, self.config.storage, run_id)
+        return GcsCheckpointStore(folder, self.config.storage, run_id,
+                                  store=GcsStore(cfg=self.config))  # provider.credentials
 
     def clean_up(self, entries: Sequence[Any], grace_s: float = STOP_GRACE_S
                  ) -> list[CleanUpResult]:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-import time
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -37,7 +36,12 @@ def trainer_extra(has_gpu: bool, setting: str = "auto") -> str:
 
 
 class VmSsh:
-    """The SSH side of one VM: its connection (opened lazily) and the runners of its hosts."""
+    """The SSH side of one VM: its connection (opened lazily) and the runners of its hosts.
+
+    A dropped connection while GCE says RUNNING is OUR network, not a preemption: the SSH
+    backend's machine reconnects in the background and its roles' handles re-attach to the
+    roles, which run on (`provisioning/ssh/runner.py`); the VM is REVOKED only after
+    `provider.unreachable_grace_s` without a connection, or when GCE says it is gone."""
 
     def __init__(self, cfg: GceConfig, vm_name: str, address: str, has_gpu: bool,
                  known_hosts: Path, pinned: bool, journal: ResourceJournal | None,
@@ -47,15 +51,27 @@ class VmSsh:
         self.has_gpu, self.known_hosts, self.pinned = has_gpu, known_hosts, pinned
         self.journal = journal
         self._machine = None
+        self._opening = None  # the machine while its first login runs (under `_lock`)
         self._runners: dict[str, object] = {}
         self._lock = threading.Lock()
-        self._unreachable_since: float | None = None  # heartbeat lost, reconnecting
-        self._reconnected = threading.Condition(self._lock)
-        self._reconnecting: threading.Thread | None = None
         self._closed = False
-        self.reconnects = 0  # connections re-established after a lost heartbeat
 
-    def _open(self, booting: bool = True):  # type: ignore[no-untyped-def]
+    @property
+    def reconnects(self) -> int:
+        """Connections re-established after a drop."""
+        return 0 if self._machine is None else self._machine.reconnects
+
+    @property
+    def opened(self) -> bool:
+        """Whether a connection was ever opened (a runner was asked for)."""
+        return self._machine is not None
+
+    @property
+    def unreachable_since(self) -> float | None:
+        """When the connection dropped (monotonic), while it is being re-established."""
+        return None if self._machine is None else self._machine.unreachable_since
+
+    def _open(self):  # type: ignore[no-untyped-def]
         from provisioning.ssh.config import SshHostConfig, SshProviderConfig
         from provisioning.ssh.provider import Machine, SshProvider
 
@@ -63,124 +79,86 @@ class VmSsh:
         inventory = SshHostConfig(name=self.vm_name, address=self.address, port=22,
                                   user=self.user, key_path=cfg.ssh_key_path(), root=cfg.remote_root,
                                   python=cfg.python)
+        # One machine per provider: the graces are this VM's (GCE decides the rest).
         ssh_config = SshProviderConfig(
             hosts=[inventory], known_hosts=str(self.known_hosts),
             trust_on_first_use=not self.pinned, first_port=cfg.trainer_port,
             wheelhouse=cfg.wheelhouse, index_url=cfg.index_url, extra=trainer_extra(self.has_gpu, cfg.extra),
-            ready_timeout_s=cfg.ready_timeout_s)
+            ready_timeout_s=cfg.ready_timeout_s, unreachable_grace_s=cfg.unreachable_grace_s,
+            outage_grace_s=cfg.unreachable_grace_s)
         provider = SshProvider(ssh_config, journal=self.journal)
-        if booting:  # a fresh VM is RUNNING before it takes logins: wait for it
-            provider.timeouts = replace(provider.timeouts, boot_timeout_s=cfg.boot_timeout_s,
-                                        login_grace_s=cfg.login_grace_s)
+        provider._run_dir = self.known_hosts.parent  # a key pinned on first use is recorded there
+        # a fresh VM is RUNNING before it takes logins: the first connection waits for it
+        provider.timeouts = replace(provider.timeouts, boot_timeout_s=cfg.boot_timeout_s,
+                                    login_grace_s=cfg.login_grace_s)
         machine = Machine(inventory, provider)
+        with provider._lock:
+            provider._machines[inventory.name] = machine
+        self._opening = machine
         try:
             machine.open()
         except Exception as error:
             raise HostLostError(self.vm_name, f"VM {self.vm_name} ({self.address}) cannot be "
                                 f"reached over SSH: {error}") from error
+        provider.timeouts = replace(provider.timeouts, boot_timeout_s=0.0)  # reconnections
         return machine
 
     def runner(self, host: Host):  # type: ignore[no-untyped-def]
-        """The SSH runner of `host` (a host on this VM); the same object on every call until
-        the connection is re-established after a lost heartbeat (then a fresh one). While the
-        VM is unreachable this waits for the reconnection, at most until the grace ends."""
+        """The SSH runner of `host` (a host on this VM), the same object on every call. While
+        the VM is unreachable its calls wait for the connection to come back."""
         from provisioning.ssh.provider import SshHostRunner
-        from provisioning.ssh.runner import RoleLauncher
 
         with self._lock:
-            if self._unreachable_since is not None:
-                deadline = self._unreachable_since + self.cfg.unreachable_grace_s
-                self._reconnected.wait_for(lambda: self._unreachable_since is None
-                                           or self._closed,
-                                           timeout=max(0.0, deadline - time.monotonic()))
-                if self._unreachable_since is not None or self._closed:
-                    raise HostLostError(host.id, f"VM {self.vm_name} ({self.address}) is "
-                                        "unreachable over SSH")
+            if self._closed:
+                raise HostLostError(host.id, f"VM {self.vm_name} was released")
             if host.id not in self._runners:
                 if self._machine is None:
                     self._machine = self._open()
-                runner = SshHostRunner(host, self._machine, self.journal)
                 # Journal the roles as this backend's: its clean-up (deleting the VM) owns them.
-                runner.launcher = RoleLauncher(self._machine.connection, host,
-                                               runner.launcher.python, self.journal, "gce")
-                self._runners[host.id] = runner
+                self._runners[host.id] = SshHostRunner(host, self._machine, self.journal,
+                                                       backend="gce")
             return self._runners[host.id]
 
     def state(self) -> HostState | None:
-        """None while the connection is fine (or not opened). A lost heartbeat while GCE says
-        RUNNING is OUR network, not a preemption: the VM is *unreachable*, reconnected with
-        backoff in the background, and REVOKED only after `provider.unreachable_grace_s`."""
+        """None while the connection is fine, not opened, or dropped and being re-established
+        (unknown: the VM's roles run on); REVOKED once it stayed dropped for
+        `provider.unreachable_grace_s` (the SSH backend's grace, applied here)."""
         machine = self._machine
-        if machine is None or machine.alive():
+        if machine is None or self._closed:
             return None
-        now = time.monotonic()
-        with self._lock:
-            if self._closed:
-                return None
-            if self._unreachable_since is None:
-                self._unreachable_since = now
-                log.warning("gce: VM %s unreachable over SSH (GCE says RUNNING): reconnecting "
-                            "for up to %g s", self.vm_name, self.cfg.unreachable_grace_s)
-                self._reconnecting = threading.Thread(target=self._reconnect, daemon=True,
-                                                      name=f"gce-reconnect-{self.vm_name}")
-                self._reconnecting.start()
-            if now - self._unreachable_since >= self.cfg.unreachable_grace_s:
-                return HostState.REVOKED
-        return None
+        machine.provider._judge_unreachable()
+        return None if machine.alive() else HostState.REVOKED
 
-    def _reconnect(self) -> None:
-        """Open a new connection with backoff until the grace ends; then stop what the roles
-        of the old connection may still run (their output streams died with it, so the
-        orchestrator starts them again) and hand out fresh runners."""
-        from provisioning.ssh.runner import kill_groups_command
-
-        since = self._unreachable_since or time.monotonic()
-        delay = 1.0
-        while not self._closed and time.monotonic() - since < self.cfg.unreachable_grace_s:
-            try:
-                machine = self._open(booting=False)
-            except HostLostError as error:
-                log.info("gce: VM %s still unreachable: %s", self.vm_name, error)
-                time.sleep(min(delay, max(0.0, since + self.cfg.unreachable_grace_s
-                                          - time.monotonic())))
-                delay = min(delay * 1.5, 10.0)
-                continue
-            with self._lock:
-                old_machine, self._machine = self._machine, machine
-                old_runners, self._runners = list(self._runners.values()), {}
-            for runner in old_runners:
-                runner.mark_gone()  # type: ignore[attr-defined]
-                groups = runner.launcher.maybe_running()  # type: ignore[attr-defined]
-                if groups and machine.connection is not None:
-                    with contextlib.suppress(Exception):
-                        machine.connection.run(kill_groups_command("KILL", groups), check=False)
-                        runner.launcher.forget([g for g, _ in groups])  # type: ignore[attr-defined]
-            if old_machine is not None:
-                with contextlib.suppress(Exception):
-                    old_machine.close()
-            with self._lock:
-                self._unreachable_since = None
-                self.reconnects += 1
-                self._reconnected.notify_all()
-            log.warning("gce: VM %s reachable again", self.vm_name)
-            return
-        with self._lock:
-            self._reconnected.notify_all()
+    def contact_lost(self) -> bool:
+        """Whether this VM was declared lost for want of a connection (not by GCE)."""
+        machine = self._machine
+        return machine is not None and machine.provider.contact_lost is not None
 
     def mark_gone(self) -> None:
-        """The VM was revoked: its runners refuse new work (HostLostError) from now on."""
+        """The VM was revoked: its runners refuse new work (HostLostError) from now on, and
+        its roles' handles report their loss; a first login still waiting for it gives up."""
+        opening = self._opening
+        if opening is not None:  # before the lock, which a waiting first login holds
+            opening.declare_lost("the VM is gone")
         with self._lock:
             runners = list(self._runners.values())
+            machine = self._machine
         for runner in runners:
             runner.mark_gone()  # type: ignore[attr-defined]
+        if machine is not None:
+            machine.declare_lost("the VM is gone")
 
     def close(self, hosts: Sequence[Host] = ()) -> None:
         """Stop the runners' roles and close the connection (idempotent)."""
+        opening = self._opening
+        if opening is not None:  # a first login still waiting for the VM: given up
+            opening.abort_open("released")
         with self._lock:
             self._closed = True
-            self._reconnected.notify_all()
             runners, self._runners = list(self._runners.values()), {}
             machine, self._machine = self._machine, None
+        if machine is not None and not machine.reachable():
+            machine.declare_lost("released while unreachable")  # its VM is deleted anyway
         for runner in runners:
             with contextlib.suppress(Exception):  # a lost VM: its processes go with it
                 runner.stop_all()  # type: ignore[attr-defined]

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from provisioning.base import CheckpointStore, HostRunner, LocalFolderStore
+from provisioning.gce.config import CREDENTIALS_ADC
 
 #: Chunk of a resumable upload (a multiple of 256 KiB); files above 8 MiB are uploaded
 #: resumably in chunks of this size, so a dropped connection repeats one chunk, not the file.
@@ -77,46 +78,79 @@ def results_url(base: str, run_id: str) -> GcsUrl:
     return GcsUrl.parse(base).child(run_id, RESULTS)
 
 
-def make_client(project: str | None = None) -> Any:
-    """A `storage.Client`. Honours `STORAGE_EMULATOR_HOST` (then no credentials are needed)."""
+def make_client(project: str | None = None, cfg: Any = None) -> Any:
+    """A `storage.Client`. With `cfg` (a `GceConfig`) it acts as `provider.credentials`, the
+    identity the Compute calls use (`api.resolve_credentials`: a key file, ADC or anonymous for
+    a local fake); without, Application Default Credentials. Honours `STORAGE_EMULATOR_HOST`."""
     from google.auth import exceptions as auth_exceptions
     from google.cloud import storage
 
+    credentials = None
+    if cfg is not None:
+        project = project or cfg.project
+    if cfg is not None and cfg.credentials != CREDENTIALS_ADC:  # ADC: the client finds them
+        from provisioning.gce.api import GceAuthError, resolve_credentials
+
+        try:
+            credentials, resolved = resolve_credentials(cfg)
+        except GceAuthError as error:
+            raise StorageError(f"{error.field}: {error.problem}") from None
+        project = project or resolved
     try:
-        return storage.Client(project=project)
+        return storage.Client(project=project, credentials=credentials)
     except auth_exceptions.DefaultCredentialsError:
         from provisioning.gce.api import AUTH_HINT
 
         raise StorageError("no Google credentials for Cloud Storage; " + AUTH_HINT) from None
 
 
-def bucket_problem(url: str, client: Any = None) -> str | None:
+def bucket_problem(url: str, client: Any = None, cfg: Any = None) -> str | None:
     """Why checkpoints and results could not be written under `url` (gs://BUCKET/PREFIX), or
-    None: the bucket exists and takes (and gives back) a small probe object under PREFIX."""
+    None: a small probe object under PREFIX is written and deleted. Only object calls, which
+    Storage Object Admin (`roles/storage.objectAdmin`, `storage.objects.*`) allows; reading the
+    bucket's metadata (`bucket.exists()`) needs `storage.buckets.get`, which it lacks. The
+    client is `make_client(cfg=cfg)`'s: the run's own credentials."""
+    from google.api_core import exceptions as gexc
+
     try:
         parsed = GcsUrl.parse(url)
     except ValueError:
         return f"'{url}' names no bucket, expected gs://BUCKET[/PREFIX]"
     try:
-        client = client if client is not None else make_client()
-        bucket = client.bucket(parsed.bucket)
-        if not bucket.exists():
-            return f"bucket {parsed.bucket} does not exist (gcloud storage buckets create gs://{parsed.bucket})"
-        probe = bucket.blob(parsed.child(f".transient-write-probe-{os.getpid()}").prefix)
+        client = client if client is not None else make_client(cfg=cfg)
+        probe = client.bucket(parsed.bucket).blob(
+            parsed.child(f".transient-write-probe-{os.getpid()}").prefix)
         probe.upload_from_string(b"ok")
         probe.delete()
     except StorageError as error:
         return str(error)
+    except gexc.NotFound as error:
+        if "bucket" in str(error).lower() or parsed.bucket in str(error):
+            return (f"bucket {parsed.bucket} does not exist (gcloud storage buckets create "
+                    f"gs://{parsed.bucket})")
+        return f"cannot write to {url}: {' '.join(str(error).split())[:300]}"
     except Exception as error:  # a permission or transport error: say which, in one line
         return f"cannot write to {url}: {' '.join(str(error).split())[:300]}"
     return None
 
 
+def store_for_provider(provider: dict[str, Any]) -> GcsStore:
+    """A `GcsStore` acting as the `credentials` of a saved `provider` config (a resume reads
+    the bucket as the run wrote it); keys GceConfig does not have are ignored."""
+    from dataclasses import fields
+
+    from provisioning.gce.config import GceConfig
+
+    known = {f.name for f in fields(GceConfig) if f.init}
+    return GcsStore(cfg=GceConfig(**{k: v for k, v in provider.items() if k in known}))
+
+
 class GcsStore:
     """Parallel directory-tree transfers to and from one bucket."""
 
-    def __init__(self, client: Any = None, max_workers: int = MAX_WORKERS) -> None:
-        self.client = client if client is not None else make_client()
+    def __init__(self, client: Any = None, max_workers: int = MAX_WORKERS,
+                 cfg: Any = None) -> None:
+        self.client = client if client is not None else make_client(cfg=cfg)
         self.max_workers = max_workers
 
     def _bucket(self, url: GcsUrl) -> Any:

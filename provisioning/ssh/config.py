@@ -10,10 +10,13 @@ from __future__ import annotations
 import getpass
 import ipaddress
 import os
+import re
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from provisioning.base import STOP_GRACE_S, ProviderConfig
+from provisioning.base import STOP_GRACE_S, HostSpec, ProviderConfig
+from provisioning.catalog import PricingConfig
 
 #: Where hosts install the trainer's dependencies from, by default: the public package index.
 DEFAULT_INDEX_URL = "https://pypi.org/simple"
@@ -39,6 +42,11 @@ class SshHostConfig:
     def key_file(self) -> Path:
         return Path(os.path.expanduser(self.key_path))
 
+    def gpu(self) -> str | None:
+        """The GPU `labels.gpu` names, spelled as the catalog spells GPUs (`gpu_name`)."""
+        label = self.labels.get("gpu")
+        return None if label is None else gpu_name(str(label))
+
 
 @dataclass
 class SshProviderConfig(ProviderConfig):
@@ -52,13 +60,18 @@ class SshProviderConfig(ProviderConfig):
     connect_timeout_s: float = 10.0  # TCP connect, SSH banner and auth, each
     command_timeout_s: float = 60.0  # one short remote command (setup installs get longer)
     heartbeat_interval_s: float = 2.0  # liveness check of every machine
-    heartbeat_timeout_s: float = 6.0  # unanswered this long = machine lost
+    heartbeat_timeout_s: float = 6.0  # unanswered this long = connection dropped (reconnected)
+    unreachable_grace_s: float = 60.0  # dropped while other machines answer: lost after this
+    outage_grace_s: float = 300.0  # no machine answers (our own network): lost after this
     max_parallel_handshakes: int = 8  # below sshd's MaxStartups (10)
     first_port: int = 23400  # roles on a machine listen on first_port, first_port + 1, ...
     index_url: str | None = DEFAULT_INDEX_URL  # hosts without `python` install from it, on the host
     wheelhouse: str | None = None  # local dir of wheels for hosts without an index (wins if set)
     extra: str = "cpu"  # TensorFlow build hosts without `python` install (cpu, gpu)
     stop_grace_s: float = STOP_GRACE_S  # SIGTERM-to-SIGKILL grace when roles are stopped
+
+    def contact_grace_s(self) -> float:
+        return max(self.unreachable_grace_s, self.outage_grace_s)
 
     def check(self) -> list[tuple[str, str]]:
         """(field, problem) for every semantic mistake, fields as the user types them."""
@@ -113,6 +126,33 @@ class SshProviderConfig(ProviderConfig):
                                              any(h.python is None for h in self.hosts))
         return problems
 
+    def check_plan(self, hosts: Sequence[HostSpec], catalog: PricingConfig) -> list[tuple[str, str]]:
+        """GPU labels the catalog does not know (a typo would keep GPU roles off the machine),
+        and an inventory whose non-spare machines cannot hold the plan's machines (placed as
+        `SshProvider.acquire` places them), before anything connects."""
+        problems: list[tuple[str, str]] = []
+        for i, host in enumerate(self.hosts):
+            if host.gpu() is not None and host.gpu() not in catalog.gpus:
+                problems.append((f"provider.hosts.{i}.labels.gpu", (
+                    f"{host.labels['gpu']!r} names no GPU of catalog '{catalog.name}' (one of: "
+                    f"{', '.join(catalog.gpus)}, in any case, e.g. T4 or nvidia-tesla-t4)")))
+        owners = [s for s in hosts if s.colocate_with is None]
+        pinned = {s.name: self.placement[s.name] for s in owners if s.name in self.placement}
+        _, unplaced = assign(self.hosts, [(s.name, s.gpu) for s in owners if s.name not in pinned],
+                             set(pinned.values()), spare_ok=False)
+        spare = sum(h.spare for h in self.hosts)
+        if unplaced and not problems and len(self.hosts) - spare < len(owners):
+            problems.append(("provider.hosts", (
+                f"{len(self.hosts) - spare} machines are not spare ({spare} spare), the plan "
+                f"places {len(owners)} ({', '.join(s.name for s in owners)}): list more "
+                "machines, or set spare: false on some")))
+        elif unplaced and not problems:
+            gpus = sorted({s.gpu for s in owners if s.name in unplaced and s.gpu}) or ["any"]
+            problems.append(("provider.hosts", (
+                f"no free non-spare machine labelled gpu: {' or '.join(gpus)} (or unlabelled) "
+                f"for {', '.join(unplaced)}: label a machine with its GPU, or add one")))
+        return problems
+
 
 def runtime_install_problems(index_url: str | None, wheelhouse: str | None, extra: str,
                              needed: bool) -> list[tuple[str, str]]:
@@ -143,3 +183,32 @@ def same_address(address: str) -> str:
     except ValueError:
         return text.rstrip(".")  # a host name (a trailing dot is the same name)
     return "loopback" if ip.is_loopback else str(ip)
+
+
+def gpu_name(label: str) -> str:
+    """An inventory GPU label as the catalog names GPUs (lower case, no vendor prefix):
+    `T4`, `t4`, `nvidia-tesla-t4` (GCE's accelerator type) and `NVIDIA Tesla T4` are all `t4`."""
+    name = re.sub(r"[\s_]+", "-", label.strip().lower())
+    for prefix in ("nvidia-", "tesla-"):
+        name = name.removeprefix(prefix)
+    return name
+
+
+def assign(hosts: Sequence[SshHostConfig], wanted: Sequence[tuple[str, str | None]],
+           taken: Collection[str], spare_ok: bool) -> tuple[dict[str, SshHostConfig], list[str]]:
+    """Inventory machines for (host name, catalog GPU or None) pairs, none of `taken` and no
+    spare unless `spare_ok`: ({host name: machine}, names left without one). Hosts wanting a
+    GPU go first, to a machine labelled with it, else an unlabelled one; hosts without one
+    prefer unlabelled machines, so they do not take the GPU machines the others need."""
+    free = [h for h in hosts if h.name not in taken and (spare_ok or not h.spare)]
+    placed: dict[str, SshHostConfig] = {}
+    unplaced: list[str] = []
+    for name, gpu in sorted(wanted, key=lambda w: w[1] is None):
+        choice = next((h for h in free if h.gpu() == gpu), None) or next(
+            (h for h in free if h.gpu() != gpu and (gpu is None or h.gpu() is None)), None)
+        if choice is None:
+            unplaced.append(name)
+        else:
+            placed[name] = choice
+            free.remove(choice)
+    return placed, unplaced

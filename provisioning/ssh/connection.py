@@ -43,6 +43,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import paramiko
 
@@ -171,6 +172,40 @@ def _keepalive_socket(target: SshTarget, timeout_s: float) -> socket.socket:
     return sock
 
 
+class ByteCounter:
+    """Bytes written to a machine's sockets, over all its connections (reconnects included):
+    what crossed the orchestrator's uplink to it, SSH framing and encryption counted."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.total = 0
+
+    def add(self, n: int) -> None:
+        with self._lock:
+            self.total += n
+
+
+class _CountingSocket:
+    """The connection's socket, counting what paramiko sends (its packetizer calls `send`);
+    every other attribute is the socket's own."""
+
+    def __init__(self, sock: socket.socket, counter: ByteCounter) -> None:
+        self._sock = sock
+        self._counter = counter
+
+    def send(self, data: bytes) -> int:
+        n = self._sock.send(data)
+        self._counter.add(n)
+        return n
+
+    def sendall(self, data: bytes) -> None:
+        self._sock.sendall(data)
+        self._counter.add(len(data))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._sock, name)
+
+
 @dataclass(frozen=True)
 class CommandResult:
     exit_code: int
@@ -188,8 +223,10 @@ class SshConnection:
 
     def __init__(self, target: SshTarget, known_hosts: Path, trust_on_first_use: bool,
                  timeouts: SshTimeouts, on_pin: Callable[[str, str], None] | None = None,
-                 on_lost: Callable[[SshConnection], None] | None = None) -> None:
+                 on_lost: Callable[[SshConnection], None] | None = None,
+                 sent: ByteCounter | None = None) -> None:
         self.target = target
+        self.sent = sent or ByteCounter()  # shared by a machine's successive connections
         self.known_hosts = Path(known_hosts).expanduser()
         self.trust_on_first_use = trust_on_first_use
         self.timeouts = timeouts
@@ -242,7 +279,9 @@ class SshConnection:
                     f"ssh host {self._where()}: no login within {boot_s:g} s of boot "
                     f"({self.attempts} attempts), last error: {last}") from None
             log.info("ssh host %s not ready (%s), retrying in %.1f s", self._where(), last, delay)
-            time.sleep(delay)
+            if self._closed.wait(delay):  # closed meanwhile: its machine is gone (declare_lost)
+                raise SshUnreachableError(f"ssh host {self._where()}: given up while waiting "
+                                          f"for its boot, last error: {last}")
             delay = min(delay * 1.5, self.timeouts.boot_retry_max_s)
 
     def _connect_once(self) -> None:
@@ -296,7 +335,8 @@ class SshConnection:
                 f"(after {time.monotonic() - started:.1f} s)") from None
         try:
             client.connect(
-                t.address, port=t.port, username=t.user, key_filename=t.key_path, sock=sock,
+                t.address, port=t.port, username=t.user, key_filename=t.key_path,
+                sock=_CountingSocket(sock, self.sent),  # type: ignore[arg-type]
                 look_for_keys=False, allow_agent=False, timeout=self.timeouts.connect_s,
                 banner_timeout=self.timeouts.connect_s, auth_timeout=self.timeouts.connect_s,
                 channel_timeout=self.timeouts.connect_s)

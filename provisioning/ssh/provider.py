@@ -32,8 +32,9 @@ import os
 import posixpath
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +48,7 @@ from provisioning.base import (
     CleanUpResult,
     Cluster,
     ClusterRequest,
+    ContactLostError,
     Host,
     HostId,
     HostLostError,
@@ -58,8 +60,9 @@ from provisioning.base import (
     RemoteProcess,
     ResourceJournal,
 )
-from provisioning.ssh.config import SshHostConfig, SshProviderConfig
+from provisioning.ssh.config import SshHostConfig, SshProviderConfig, assign
 from provisioning.ssh.connection import (
+    ByteCounter,
     SshConnection,
     SshTarget,
     SshTimeouts,
@@ -80,8 +83,14 @@ log = logging.getLogger(__name__)
 
 #: File in the run directory recording host keys pinned on first use (public fingerprints).
 PINNED_KEYS_FILE = "ssh_pinned_host_keys.jsonl"
+DATASETS_DIR = "datasets"  # under a machine's root: datasets kept across runs (dataset_cache)
 #: How long release() and clean_up() try to reach a machine that was lost.
 RETRY_LOST_CONNECT_S = 3.0
+#: Longest pause between two reconnection attempts to an unreachable machine: after a drop
+#: ends, every machine is reconnected within this (plus one handshake).
+RECONNECT_MAX_DELAY_S = 10.0
+#: Tries of one file transfer cut short by dropped connections.
+TRANSFER_ATTEMPTS = 3
 KILL_CONFIRM_S = 5.0  # after KILL, how long a leftover group may take to be gone (reaped)
 
 _wheel_caches: dict[tuple[str, str | None, str, str | None], WheelCache] = {}
@@ -105,9 +114,16 @@ def _wheel_cache(wheelhouse: str | None, extra: str, index_url: str | None) -> W
 
 
 class Machine:
-    """One inventory machine as this provider uses it: its connection, state and setup."""
+    """One inventory machine as this provider uses it: its connection, state and setup.
 
-    def __init__(self, inventory: SshHostConfig, provider: SshProvider) -> None:
+    A dropped connection (a missed heartbeat, a closed transport) makes the machine
+    *unreachable*, not lost: it is reconnected in the background with backoff (at most
+    RECONNECT_MAX_DELAY_S between tries) while its roles run on, and only the provider
+    declares it lost (`declare_lost`: SshProvider's graces, or the cloud's word on a VM).
+    Everything that needs its connection meanwhile waits (`await_connection`)."""
+
+    def __init__(self, inventory: SshHostConfig, provider: SshProvider,
+                 reconnect: bool = True) -> None:
         self.inventory = inventory
         self.provider = provider
         self.connection: SshConnection | None = None
@@ -117,6 +133,15 @@ class Machine:
         self.setup_future: Future[Environment] | None = None
         self.ports = itertools.count(provider.config.first_port)
         self.lock = threading.Lock()
+        self.reconnect = reconnect
+        self.unreachable_since: float | None = None  # monotonic time of the drop
+        self.alone_since: float | None = None  # unreachable while another machine answered
+        self.lost_reason = ""
+        self.reconnects = 0  # connections re-established after a drop
+        self.sent = ByteCounter()  # bytes sent to it over every connection (bytes_sent)
+        self._link = threading.Condition()
+        self._closing = False
+        self._opening: SshConnection | None = None  # the connection being made (`connect`)
 
     @property
     def name(self) -> str:
@@ -130,8 +155,10 @@ class Machine:
         cfg = self.provider.config
         connection = SshConnection(self.target(), Path(cfg.known_hosts).expanduser(),
                                    cfg.trust_on_first_use, timeouts or self.provider.timeouts,
-                                   on_pin=self.provider._record_pin,
-                                   on_lost=lambda c: self._lost())
+                                   on_pin=self.provider._record_pin, on_lost=self._dropped,
+                                   sent=self.sent)
+        with self._link:
+            self._opening = connection  # closed by declare_lost while it waits for a boot
         connection.connect()
         return connection
 
@@ -151,32 +178,150 @@ class Machine:
                 raise ProvisionError(f"ssh host {self.name}: cannot create its root {root}: "
                                      f"{error}") from None
         self.root = root
-        self.state = HostState.RUNNING
+        with self._link:
+            if self.state == HostState.REVOKED:  # declared lost while it was opened
+                self.connection.close()
+                raise SshUnreachableError(f"ssh host {self.name}: {self.lost_reason}")
+            self.state = HostState.RUNNING
 
-    def _lost(self) -> None:
-        if self.state == HostState.RUNNING:
-            self.state = HostState.REVOKED
+    # --- losing and regaining contact ---------------------------------------------------------
+
+    def _dropped(self, connection: SshConnection) -> None:
+        """A connection of this machine was lost: unreachable (reconnecting) or, for a machine
+        that is not reconnected, revoked."""
+        with self._link:
+            if connection is not self.connection or self.state != HostState.RUNNING \
+                    or self._closing:
+                return
+            if not self.reconnect:
+                self._set_lost(connection.lost_reason)
+                return
+            if self.unreachable_since is not None:
+                return
+            self.unreachable_since = time.monotonic()
+        log.warning("ssh host %s unreachable (%s): reconnecting; its roles run on",
+                    self.name, connection.lost_reason)
+        threading.Thread(target=self._reconnect, daemon=True,
+                         name=f"ssh-reconnect-{self.name}").start()
+
+    def _reconnect(self) -> None:
+        """Connect again with backoff until it works or the machine is lost or released."""
+        delay = 1.0
+        timeouts = replace(self.provider.timeouts, connect_attempts=1, boot_timeout_s=0.0)
+        while True:
+            with self._link:
+                if self.state != HostState.RUNNING or self._closing:
+                    return
+            try:
+                connection = self.connect(timeouts)
+            except ProvisionError as error:
+                log.info("ssh host %s still unreachable: %s", self.name, error)
+                with self._link:
+                    self._link.wait(delay)
+                delay = min(delay * 1.5, RECONNECT_MAX_DELAY_S)
+                continue
+            with self._link:
+                if self.state != HostState.RUNNING or self._closing:
+                    connection.close()
+                    return
+                since = self.unreachable_since or time.monotonic()
+                self.connection = connection
+                self.unreachable_since = self.alone_since = None
+                self.reconnects += 1
+                self._link.notify_all()
+            log.warning("ssh host %s reachable again after %.0f s", self.name,
+                        time.monotonic() - since)
+            return
+
+    def declare_lost(self, reason: str) -> None:
+        """The machine is gone for this run (its provider's decision): waiters get None, its
+        roles' handles report their loss."""
+        with self._link:
+            if self.state == HostState.RUNNING:
+                self._set_lost(reason)
+        self.abort_open(reason)
+
+    def abort_open(self, reason: str) -> None:
+        """Give up the first connection while it still waits for the machine to boot (a VM
+        taken, or released, before it ever answered): `open` raises SshUnreachableError."""
+        with self._link:
+            if self.state == HostState.PENDING and self._opening is not None:
+                self.state, self.lost_reason = HostState.REVOKED, reason
+                self._opening.close()
+                self._link.notify_all()
+
+    def _set_lost(self, reason: str) -> None:
+        self.state = HostState.REVOKED
+        self.lost_reason = reason
+        self._link.notify_all()
+        if self.connection is not None:
+            self.connection.close()
+
+    def await_connection(self, old: SshConnection | None,
+                         timeout_s: float | None = None) -> SshConnection | None:
+        """A live connection other than `old` (`runner.Link`): None once the machine is lost or
+        released; SshUnreachableError after `timeout_s` (None: no limit). While waiting, the
+        provider's graces are applied, so a machine that never comes back is declared lost
+        even where nobody polls."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            self._notice()
+            self.provider._judge_unreachable()
+            with self._link:
+                if self.state != HostState.RUNNING or self._closing:
+                    return None
+                connection = self.connection
+                if connection is not None and connection is not old \
+                        and self.unreachable_since is None and not connection.lost.is_set():
+                    return connection
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise SshUnreachableError(
+                        f"ssh host {self.name} unreachable for {timeout_s:g} s (reconnecting)")
+                self._link.wait(1.0 if left is None else min(1.0, left))
 
     def alive(self) -> bool:
-        return (self.state == HostState.RUNNING and self.connection is not None
-                and self.connection.check_alive())
+        """Not lost: connected, or unreachable and being reconnected (its roles run on)."""
+        if self.state != HostState.RUNNING or self.connection is None:
+            return False
+        self._notice()
+        return self.state == HostState.RUNNING
+
+    def _notice(self) -> None:
+        """A dead transport starts the reconnection at once (also one that died before this
+        machine adopted it, whose own report found nobody listening)."""
+        connection = self.connection
+        if connection is not None and self.unreachable_since is None \
+                and (not connection.check_alive() or connection.lost.is_set()):
+            self._dropped(connection)
+
+    def reachable(self) -> bool:
+        """Alive and connected now (no drop being waited out)."""
+        return self.alive() and self.unreachable_since is None
 
     def close(self) -> None:
+        with self._link:
+            self._closing = True
+            self._link.notify_all()
         if self.connection is not None:
             self.connection.close()
 
 
 class SshHostRunner(HostRunner):
-    """Runs roles of one host on its machine over the machine's connection."""
+    """Runs roles of one host on its machine over the machine's connection. While the machine
+    is unreachable, a call waits for it to be back (at most `command_timeout_s`, then
+    SshUnreachableError); only a lost machine is HostLostError."""
 
     shares_orchestrator_fs = False
 
-    def __init__(self, host: Host, machine: Machine, journal: ResourceJournal | None) -> None:
+    def __init__(self, host: Host, machine: Machine, journal: ResourceJournal | None,
+                 backend: str = "ssh") -> None:
         self.host = host
         self.machine = machine
         assert machine.connection is not None
         python = machine.inventory.python or "python3"
-        self.launcher = RoleLauncher(machine.connection, host, python, journal, SshProvider.name)
+        self.launcher = RoleLauncher(machine, host, python, journal, backend,
+                                     wait_s=machine.provider.config.command_timeout_s)
         self._gone = False
 
     @property
@@ -184,15 +329,27 @@ class SshHostRunner(HostRunner):
         return self.host.workdir / PREEMPTION_NOTICE_FILE
 
     def _check(self) -> SshConnection:
-        if self._gone or not self.machine.alive():
-            reason = self.machine.connection.lost_reason if self.machine.connection else ""
-            raise HostLostError(self.host.id, f"host {self.host.id} on ssh machine "
-                                f"{self.machine.name} is gone {reason}".strip())
-        assert self.machine.connection is not None
-        return self.machine.connection
+        if not self._gone and self.machine.alive():
+            try:
+                connection = self.machine.await_connection(
+                    None, self.machine.provider.config.command_timeout_s)
+            except SshUnreachableError:
+                raise
+            if connection is not None:
+                return connection
+        reason = self.machine.lost_reason or (
+            self.machine.connection.lost_reason if self.machine.connection else "")
+        raise HostLostError(self.host.id, f"host {self.host.id} on ssh machine "
+                            f"{self.machine.name} is gone {reason}".strip())
 
     def _path(self, remote: Path | str) -> str:
         return posixpath.join(str(self.host.workdir), str(remote))  # absolute stays absolute
+
+    def dataset_cache(self) -> Path | None:
+        return Path(posixpath.join(self.machine.root, DATASETS_DIR)) if self.machine.root else None
+
+    def bytes_sent(self) -> int | None:
+        return self.machine.sent.total
 
     def setup(self) -> None:
         self._check()
@@ -225,27 +382,29 @@ class SshHostRunner(HostRunner):
             raise HostLostError(self.host.id, str(error)) from None
 
     def copy(self, local: Path, remote: Path) -> None:
-        connection = self._check()
-        with self._host_errors(connection), connection.sftp() as sftp:
-            sftp_put(sftp, Path(local), self._path(remote))
+        self._transfer(lambda sftp: sftp_put(sftp, Path(local), self._path(remote)))
 
     def fetch(self, remote: Path, local: Path) -> bool:
-        connection = self._check()
-        with self._host_errors(connection), connection.sftp() as sftp:
-            return sftp_get(sftp, self._path(remote), Path(local))
+        return self._transfer(lambda sftp: sftp_get(sftp, self._path(remote), Path(local)))
 
-    @contextlib.contextmanager
-    def _host_errors(self, connection: SshConnection) -> Iterator[None]:
-        """A transfer that fails because the connection died is the host's loss."""
-        try:
-            yield
-        except (OSError, EOFError, paramiko.SSHException, SshUnreachableError) as error:
-            if isinstance(error, paramiko.SSHException) and "connection dropped" in str(error):
-                connection.mark_lost(str(error))
-            connection.check_alive()
-            if not self.machine.alive():
-                raise HostLostError(self.host.id, str(error)) from None
-            raise
+    def _transfer(self, move: Callable[[paramiko.SFTPClient], Any]) -> Any:
+        """Run one SFTP transfer (idempotent: files land atomically); one cut short by a
+        dropped connection runs again once the machine is back (`TRANSFER_ATTEMPTS` in all).
+        A lost machine is HostLostError."""
+        for attempt in range(1, TRANSFER_ATTEMPTS + 1):
+            connection = self._check()
+            try:
+                with connection.sftp() as sftp:
+                    return move(sftp)
+            except (OSError, EOFError, paramiko.SSHException, SshUnreachableError) as error:
+                if isinstance(error, paramiko.SSHException) and "connection dropped" in str(error):
+                    connection.mark_lost(str(error))
+                connection.check_alive()
+                if not self.machine.alive():
+                    raise HostLostError(self.host.id, str(error)) from None
+                if not connection.lost.is_set() or attempt == TRANSFER_ATTEMPTS:
+                    raise
+        raise AssertionError("unreachable")
 
     def alive(self) -> bool:
         return not self._gone and self.machine.alive()
@@ -279,6 +438,7 @@ class SshProvider(Provider):
         self._ids = itertools.count()
         self._lock = threading.Lock()
         self._run_dir: Path | None = None
+        self.contact_lost: str | None = None  # set once no machine answered for the grace
         self._setup_pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="ssh-setup")
 
     # --- acquire ----------------------------------------------------------------------------
@@ -311,14 +471,6 @@ class SshProvider(Provider):
             hosts.append(host)
         return Cluster(run_id=request.run_id, hosts=hosts)
 
-    def _usable(self, inventory: SshHostConfig, spec: HostSpec, spare_ok: bool) -> bool:
-        if inventory.name in self._machines:
-            return False
-        if inventory.spare and not spare_ok:
-            return False
-        gpu = inventory.labels.get("gpu")
-        return not (gpu is not None and spec.gpu is not None and gpu != spec.gpu)
-
     def _place(self, specs: Sequence[HostSpec], spare_ok: bool = False) -> dict[str, Machine]:
         """Inventory machine for every machine-owning spec; reserves them (self._machines)."""
         placed: dict[str, Machine] = {}
@@ -333,21 +485,18 @@ class SshProvider(Provider):
                 if machine is None:
                     machine = self._machines[wanted] = Machine(inventory[wanted], self)
                 placed[spec.name] = machine
-            for spec in owners:
-                if spec.name in placed:
-                    continue
-                choice = next((h for h in self.config.hosts
-                               if self._usable(h, spec, spare_ok)), None)
-                if choice is None:
-                    need = [s.name for s in owners if s.name not in placed]
-                    for machine in placed.values():
-                        self._machines.pop(machine.name, None)
-                    raise CapacityError(
-                        f"provider.hosts: no free inventory machine for {', '.join(need)} "
-                        f"({len(self.config.hosts)} in the inventory, "
-                        f"{len(self._machines)} in use or lost)")
-                machine = self._machines[choice.name] = Machine(choice, self)
-                placed[spec.name] = machine
+            chosen, need = assign(self.config.hosts, [(s.name, s.gpu) for s in owners
+                                                      if s.name not in placed],
+                                  set(self._machines), spare_ok)
+            if need:
+                for machine in placed.values():
+                    self._machines.pop(machine.name, None)
+                raise CapacityError(
+                    f"provider.hosts: no free inventory machine for {', '.join(need)} "
+                    f"({len(self.config.hosts)} in the inventory, "
+                    f"{len(self._machines)} in use or lost)")
+            for name, choice in chosen.items():
+                placed[name] = self._machines[choice.name] = Machine(choice, self)
         return placed
 
     def _open_all(self, machines: Sequence[Machine]) -> None:
@@ -424,6 +573,12 @@ class SshProvider(Provider):
             raise HostLostError(host.id, f"host {host.id} was not acquired here") from None
 
     def poll(self, cluster: Cluster) -> dict[HostId, HostState]:
+        """A machine that dropped its connection stays RUNNING while it is reconnected (its
+        roles run on) and is REVOKED once the graces say it is lost (`_judge_unreachable`);
+        ContactLostError once no machine has answered for `outage_grace_s`."""
+        self._judge_unreachable()
+        if self.contact_lost is not None:
+            raise ContactLostError(self.contact_lost)
         states = {}
         for host in cluster.hosts:
             known = self._states.get(host.id)
@@ -437,6 +592,40 @@ class SshProvider(Provider):
                                    HostState.REVOKED if machine.state != HostState.TERMINATED
                                    else HostState.TERMINATED)
         return states
+
+    def _judge_unreachable(self) -> None:
+        """Apply the graces to unreachable machines (docs/ssh.md, "Losing contact"): lost
+        after `unreachable_grace_s` of being unreachable while another machine answers (that
+        machine, not our network, is the problem), or after `outage_grace_s` while none
+        answers (our own network is down: every machine is lost, and the run stops resumable
+        rather than restarting on machines it cannot reach either)."""
+        cfg, now = self.config, time.monotonic()
+        with self._lock:
+            machines = [m for m in self._machines.values()
+                        if m.state == HostState.RUNNING and m.connection is not None]
+        answering = [m for m in machines if m.unreachable_since is None]
+        silent = [m for m in machines if m.unreachable_since is not None]
+        for machine in silent:
+            since = machine.unreachable_since
+            if since is None:  # reconnected meanwhile
+                continue
+            if any(o is not machine for o in answering):
+                machine.alone_since = machine.alone_since or now
+            else:
+                machine.alone_since = None
+            if machine.alone_since is not None \
+                    and now - machine.alone_since >= cfg.unreachable_grace_s:
+                machine.declare_lost(f"unreachable for {now - since:.0f} s while other "
+                                     f"machines answered (provider.unreachable_grace_s="
+                                     f"{cfg.unreachable_grace_s:g})")
+            elif now - since >= cfg.outage_grace_s and not answering:
+                machine.declare_lost(f"unreachable for {now - since:.0f} s "
+                                     f"(provider.outage_grace_s={cfg.outage_grace_s:g})")
+                if self.contact_lost is None:
+                    self.contact_lost = (
+                        f"no machine has answered over SSH for {cfg.outage_grace_s:g} s "
+                        f"(provider.outage_grace_s): the orchestrator's network is down, most "
+                        f"likely; the roles end on their own within their lease")
 
     def replace(self, cluster: Cluster, lost: Sequence[HostId],
                 keep_endpoints: bool = True) -> Cluster:
@@ -493,6 +682,9 @@ class SshProvider(Provider):
 
     def release(self, cluster: Cluster) -> None:
         runners = [self._runners[h.id] for h in cluster.hosts if h.id in self._runners]
+        for runner in runners:  # out of contact now: stopped below if it answers again
+            if runner.machine.alive() and not runner.machine.reachable():
+                runner.machine.declare_lost("released while unreachable")
         threads = [threading.Thread(target=self._stop_quietly, args=(r,)) for r in runners]
         for thread in threads:
             thread.start()
@@ -522,7 +714,7 @@ class SshProvider(Provider):
         """Stop roles on lost machines that answer again (briefly: they usually do not)."""
         by_machine: dict[str, list[tuple[SshHostRunner, list[tuple[int, int | None]]]]] = {}
         for runner in self._runners.values():
-            groups = runner.launcher.unobserved()
+            groups = runner.launcher.maybe_running()
             if groups and not runner.machine.alive():
                 by_machine.setdefault(runner.machine.name, []).append((runner, groups))
         for name, items in by_machine.items():
@@ -536,7 +728,7 @@ class SshProvider(Provider):
                  grace_s: float) -> list[int] | None:
         """Connect afresh and stop these groups (TERM, grace, KILL); the pgids that were still
         running, or None if the machine cannot be reached."""
-        machine = Machine(inventory, self)
+        machine = Machine(inventory, self, reconnect=False)
         timeouts = SshTimeouts(connect_s=RETRY_LOST_CONNECT_S, command_s=30.0,
                                heartbeat_interval_s=3600.0, heartbeat_timeout_s=60.0,
                                connect_attempts=1)
@@ -593,7 +785,7 @@ class SshProvider(Provider):
             thread.start()
         for thread in threads:
             thread.join()
-        machine.state = HostState.REVOKED
+        machine.declare_lost("revoked")
         machine.close()
 
     def clean_up(self, entries: Sequence[Any], grace_s: float = STOP_GRACE_S

@@ -3,8 +3,13 @@
 A role starts detached (`setsid`, stdin from /dev/null, stdout and stderr into files beside its
 pid file), so it survives a dropped connection and the exec channel can close at once
 (gce-notes §F). A small follower, run on the host by its Python over one channel per role,
-streams both files back (stdout on the channel's stdout, stderr on its stderr) and exits with
-the role's exit code once the role's process group is gone. paramiko cannot send signals
+streams both files back (stdout on the channel's stdout, stderr on its stderr) from given byte
+offsets and exits with the role's exit code once the role's process group is gone.
+
+A dropped connection is not the role's end: the role runs on, its output lands in its files.
+The process handle waits for its machine's link to connect again (`Link.await_connection`)
+and starts a new follower from the offsets it had read, so no line is lost or read twice;
+only a machine its provider declares lost ends the handle (exit -9). paramiko cannot send signals
 (RFC 4254 §6.9 is unimplemented), so stop and kill are `kill -SIG -- -PGID` commands, guarded
 by the leader's start time so a reused pid is never signalled.
 
@@ -27,6 +32,7 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any, Protocol
 
 import paramiko
 
@@ -46,14 +52,19 @@ PROCS_DIR = ".procs"
 _NO_RC = 255
 _LOST_CODE = -9
 _POLL_S = 0.05
+#: Followers started again on a connection that is still alive before the role is given up.
+MAX_IDLE_REATTACH = 3
 
-# Runs on the host: `python -c FOLLOWER BASE LEADER TICKS`. Streams BASE.out / BASE.err until
-# the role's process group is gone, then exits with the role's exit code. Python 3.6+.
+# Runs on the host: `python -c FOLLOWER BASE LEADER TICKS OUT_OFFSET ERR_OFFSET`. Streams
+# BASE.out / BASE.err from those byte offsets until the role's process group is gone, then exits
+# with the role's exit code. Python 3.6+.
 FOLLOWER = r"""
 import os, sys, time
 base, leader, ticks = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 parent = os.getppid()
 srcs = [(open(base + ".out", "rb"), sys.stdout.buffer), (open(base + ".err", "rb"), sys.stderr.buffer)]
+for (src, _), offset in zip(srcs, sys.argv[4:6]):
+    src.seek(int(offset))
 def fields(pid):
     try:
         s = open("/proc/%d/stat" % pid).read()
@@ -133,25 +144,59 @@ def launch_script(base: str, cwd: str, argv: Sequence[str], env: Mapping[str, st
             "echo $P $(sed 's/^.*) //' /proc/$P/stat | cut -d' ' -f20)")
 
 
+class Link(Protocol):
+    """A machine's connection as its roles see it: the current one, and a way to wait for the
+    next after a drop (`provisioning.ssh.provider.Machine`)."""
+
+    @property
+    def connection(self) -> SshConnection | None: ...
+
+    def await_connection(self, old: SshConnection | None,
+                         timeout_s: float | None = None) -> SshConnection | None:
+        """A live connection other than `old`: None once the machine is lost or released;
+        SshUnreachableError after `timeout_s` (None: no limit) without one."""
+        ...
+
+    def reachable(self) -> bool:
+        """Whether the current connection answers (no drop being waited out)."""
+        ...
+
+
+def follower_command(python: str, base: str, pgid: int, ticks: int | None,
+                     offsets: tuple[int, int] = (0, 0)) -> str:
+    """The exec command of a role's follower, reading its files from `offsets` (out, err)."""
+    return "exec " + " ".join(shlex.quote(a) for a in (
+        python, "-u", "-c", FOLLOWER, base, str(pgid), str(ticks), *map(str, offsets)))
+
+
 class SshProcess(RemoteProcess):
     """A role on an SSH machine. A reader thread moves the follower's stdout into lines and
-    its stderr into `log_path`; the follower's exit status is the role's exit code."""
+    its stderr into `log_path`; the follower's exit status is the role's exit code. A follower
+    cut off with its connection is started again, from the bytes already read, once the
+    machine's link is back (module docstring)."""
 
-    def __init__(self, connection: SshConnection, host_id: str, pgid: int, ticks: int | None,
+    def __init__(self, link: Link, host_id: str, pgid: int, ticks: int | None,
                  channel: paramiko.Channel, log_path: Path | None,
-                 on_exit: callable | None = None) -> None:  # type: ignore[valid-type]
-        self._connection = connection
+                 on_exit: callable | None = None, python: str = "python3",  # type: ignore[valid-type]
+                 base: str = "") -> None:
+        self._link = link
+        self._connection = link.connection
         self._host_id = host_id
         self._pgid = pgid
         self.ticks = ticks
         self._channel = channel
         self._log_path = log_path
+        self._python = python
+        self._base = base
         self._lines: queue.Queue[str] = queue.Queue()
         self._code: int | None = None
         self._done = threading.Event()
         self._signal_sent: int | None = None
         self._on_exit = on_exit
         self.observed = False  # the exit was seen on the host (not a lost connection)
+        self.reattached = 0  # followers started again after a dropped connection
+        self._idle_reattaches = 0
+        self._offsets = [0, 0]  # bytes of the role's stdout and stderr files read so far
         self._reader = threading.Thread(target=self._read, daemon=True,
                                         name=f"ssh-role-{host_id}-{pgid}")
         self._reader.start()
@@ -161,15 +206,39 @@ class SshProcess(RemoteProcess):
         return self._pgid
 
     def _read(self) -> None:
-        channel, pending = self._channel, b""
-        end = ChannelEnd(channel)
+        pending = b""
         log = open(self._log_path, "ab") if self._log_path is not None else None  # noqa: SIM115
+        try:
+            while True:
+                status = -1
+                if self._channel is not None:
+                    status, pending = self._follow(self._channel, pending, log)
+                if status >= 0 or not self._base or not self._reattach():
+                    break
+        finally:
+            if log is not None:
+                log.close()
+        if pending:
+            self._lines.put(pending.decode(errors="replace") + "\n")
+        self._code = self._exit_code(status)
+        self.observed = status >= 0
+        self._done.set()
+        self._lines.put("")
+        if self._on_exit is not None:
+            self._on_exit(self, status >= 0)
+
+    def _follow(self, channel: paramiko.Channel, pending: bytes,
+                log: Any) -> tuple[int, bytes]:
+        """Read one follower to its end: (its exit status, or -1 if the connection ended
+        first; the partial last line)."""
+        end = ChannelEnd(channel)
         try:
             while True:
                 moved = False
                 if channel.recv_ready():
                     data = channel.recv(65536)
                     moved = bool(data)
+                    self._offsets[0] += len(data)
                     pending += data
                     *lines, pending = pending.split(b"\n")
                     for line in lines:
@@ -177,6 +246,7 @@ class SshProcess(RemoteProcess):
                 if channel.recv_stderr_ready():
                     data = channel.recv_stderr(65536)
                     moved = moved or bool(data)
+                    self._offsets[1] += len(data)
                     if log is not None:
                         log.write(data)
                         log.flush()
@@ -184,24 +254,42 @@ class SshProcess(RemoteProcess):
                     if end.reached():
                         break
                     end.wait(_POLL_S)
-            if pending:
-                self._lines.put(pending.decode(errors="replace") + "\n")
             status = channel.exit_status if channel.status_event.is_set() else -1
         except (OSError, EOFError, paramiko.SSHException):
             status = -1
         finally:
-            if log is not None:
-                log.close()
             with contextlib.suppress(Exception):
                 channel.close()
-        if status < 0:
-            self._connection.check_alive()  # the machine is lost before its roles' exits show
-        self._code = self._exit_code(status)
-        self.observed = status >= 0
-        self._done.set()
-        self._lines.put("")
-        if self._on_exit is not None:
-            self._on_exit(self, status >= 0)
+        if status < 0 and self._connection is not None:
+            self._connection.check_alive()  # a dead transport tells the machine at once
+        return status, pending
+
+    def _reattach(self) -> bool:
+        """After a dropped connection: wait for the machine's next one and follow the role's
+        files again from the offsets read. False once the machine is lost or released."""
+        old = self._connection
+        if old is not None and self._link.connection is old and old.check_alive():
+            # The follower's channel ended but its connection lives (sshd ended the session):
+            # follow again on it, a few times; more would mean the host refuses followers.
+            self._idle_reattaches += 1
+            if self._idle_reattaches > MAX_IDLE_REATTACH:
+                return False
+            old = None
+        while True:
+            try:
+                connection = self._link.await_connection(old)
+            except ProvisionError:
+                return False
+            if connection is None:
+                return False
+            self._connection = old = connection
+            try:
+                self._channel = connection.open_channel(follower_command(
+                    self._python, self._base, self._pgid, self.ticks, tuple(self._offsets)))
+            except ProvisionError:
+                continue  # that connection dropped too: wait for the next
+            self.reattached += 1
+            return True
 
     def _exit_code(self, status: int) -> int:
         if status < 0:  # the machine was lost: the connection ended without a status
@@ -229,14 +317,14 @@ class SshProcess(RemoteProcess):
         self._signal("KILL", 9)
 
     def _signal(self, name: str, number: int) -> None:
-        if self._done.is_set() or self._connection.lost.is_set():
-            return
+        connection = self._link.connection
+        if self._done.is_set() or connection is None or not self._link.reachable():
+            return  # out of contact: the group is still recorded, stopped when back or released
         self._signal_sent = self._signal_sent or number
         if number == 9:
             self._signal_sent = 9
         with contextlib.suppress(ProvisionError):
-            self._connection.run(kill_groups_command(name, [(self._pgid, self.ticks)]),
-                                 check=False)
+            connection.run(kill_groups_command(name, [(self._pgid, self.ticks)]), check=False)
 
     def readline(self) -> str:
         if self._done.is_set() and self._lines.empty():
@@ -254,26 +342,41 @@ def _ticks(text: str) -> int | None:
 class RoleLauncher:
     """Starts, stops and tracks the roles one host (runner) started on its machine."""
 
-    def __init__(self, connection: SshConnection, host: Host, python: str,
-                 journal: ResourceJournal | None, backend: str) -> None:
-        self.connection = connection
+    def __init__(self, link: Link, host: Host, python: str,
+                 journal: ResourceJournal | None, backend: str,
+                 wait_s: float | None = None) -> None:
+        self.link = link
         self.host = host
         self.python = python  # runs the follower; any Python 3 on the host
         self._journal = journal
         self._backend = backend
+        self._wait_s = wait_s  # how long a launch waits out a dropped connection
         self._processes: list[SshProcess] = []  # not yet stopped by stop_all
         self._started: list[SshProcess] = []  # every process, for leftovers on lost machines
         self._lock = threading.Lock()
         self._seq = itertools.count()
 
+    def _connection(self) -> SshConnection:
+        """The machine's live connection, waiting out a drop (at most `wait_s`)."""
+        connection = self.link.connection
+        if connection is not None and self.link.reachable():
+            return connection
+        found = self.link.await_connection(None if connection is None else connection,
+                                           self._wait_s)
+        if found is None:
+            raise HostLostError(self.host.id, f"ssh host {self.host.id}: its machine is lost")
+        return found
+
     def launch(self, argv: Sequence[str], env: Mapping[str, str], cwd: str,
                log_path: Path | None) -> SshProcess:
         base = posixpath.join(str(self.host.workdir), PROCS_DIR,
                               f"{self.host.id}-{next(self._seq)}-{int(time.time() * 1000)}")
+        connection = self._connection()
         try:
-            result = self.connection.run(launch_script(base, cwd, argv, env))
+            result = connection.run(launch_script(base, cwd, argv, env))
         except ProvisionError as error:
-            if self.connection.lost.is_set():
+            if connection.lost.is_set() and self.link.connection in (None, connection) \
+                    and not self.link.reachable():
                 raise HostLostError(self.host.id, str(error)) from None
             raise
         pid_text, ticks_text = [*result.stdout.split(), "", ""][:2]
@@ -288,14 +391,12 @@ class RoleLauncher:
             self._journal.record_process_group(
                 backend=self._backend, host_id=self.host.id, address=self.host.address,
                 pid=pgid, pgid=pgid, argv=list(argv), start_ticks=ticks)
-        follow = " ".join(shlex.quote(a) for a in
-                          (self.python, "-u", "-c", FOLLOWER, base, str(pgid), str(ticks)))
         try:
-            channel = self.connection.open_channel(f"exec {follow}")
-        except ProvisionError as error:
-            raise HostLostError(self.host.id, str(error)) from None
-        process = SshProcess(self.connection, self.host.id, pgid, ticks, channel, log_path,
-                             on_exit=self._exited)
+            channel = connection.open_channel(follower_command(self.python, base, pgid, ticks))
+        except ProvisionError:
+            channel = None  # dropped right after the launch: the role runs; follow it when back
+        process = SshProcess(self.link, self.host.id, pgid, ticks, channel, log_path,
+                             on_exit=self._exited, python=self.python, base=base)
         with self._lock:
             self._processes.append(process)
             self._started.append(process)
@@ -336,25 +437,27 @@ class RoleLauncher:
         with self._lock:
             processes, self._processes = self._processes, []
         live = [p for p in processes if p.poll() is None]
-        if not live or self.connection.lost.is_set():
-            return
+        connection = self.link.connection
+        if not live or connection is None or not self.link.reachable():
+            return  # out of contact: the groups stay recorded (the provider's release)
         groups = [(p.pid, p.ticks) for p in live]
         for p in live:
             p._signal_sent = 15 if grace_s > 0 else 9
         with contextlib.suppress(ProvisionError):
-            self.connection.run(kill_groups_command("TERM" if grace_s > 0 else "KILL", groups),
-                                check=False)
+            connection.run(kill_groups_command("TERM" if grace_s > 0 else "KILL", groups),
+                           check=False)
         deadline = time.monotonic() + grace_s
         for p in live:
             with contextlib.suppress(TimeoutError):
                 p.wait(max(0.0, deadline - time.monotonic()))
         rest = [p for p in live if p.poll() is None]
-        if rest and not self.connection.lost.is_set():
+        connection = self.link.connection
+        if rest and connection is not None and self.link.reachable():
             for p in rest:
                 p._signal_sent = 9
             with contextlib.suppress(ProvisionError):
-                self.connection.run(kill_groups_command("KILL", [(p.pid, p.ticks) for p in rest]),
-                                    check=False)
+                connection.run(kill_groups_command("KILL", [(p.pid, p.ticks) for p in rest]),
+                               check=False)
             for p in rest:
                 with contextlib.suppress(TimeoutError):
                     p.wait(max(2.0, grace_s))

@@ -13,12 +13,17 @@ surface our GCE backend uses, with the JSON shapes and error placements of the r
 - a stock-out (`ZONE_RESOURCE_POOL_EXHAUSTED`, 503) and quota errors (`QUOTA_EXCEEDED`, 403, with
   `quotaInfo.metricName`) surface inside the finished insert operation, as they do on GCE; an
   accelerator the zone does not offer is a synchronous 400. Quotas (`set_quota`) count GPUs,
-  vCPUs (`CPUS`, `PREEMPTIBLE_CPUS` where granted, `CPUS_ALL_REGIONS`), `IN_USE_ADDRESSES` and
-  `GPUS_ALL_REGIONS`, and are readable with their usage through projects.get / regions.get;
+  vCPUs (`CPUS`, `PREEMPTIBLE_CPUS` where granted, `CPUS_ALL_REGIONS`), `IN_USE_ADDRESSES`,
+  `GPUS_ALL_REGIONS` and boot disks (`SSD_TOTAL_GB` for pd-balanced/pd-ssd, `DISKS_TOTAL_GB` for
+  pd-standard), and are readable with their usage through projects.get / regions.get;
 - projects.get also serves `project_metadata` (commonInstanceMetadata: `enable-oslogin`), and
   the OS Login API's `users.importSshPublicKey` (`/v1/users/U:importSshPublicKey`, the real
   `google-cloud-os-login` client pointed at the fake) returns the POSIX user to log in as;
-  images.getFromFamily resolves the families in `image_families` (None: every family);
+  images.getFromFamily answers a family of `image_catalogue` with its newest non-deprecated
+  image (404 once all are deprecated: a retired Deep Learning VM family), others per
+  `image_families` (None: every family); images.list lists the catalogue (with filters);
+- networks.getEffectiveFirewalls serves `firewalls` (network -> VPC rules; default: the
+  `default` network's four rules);
 - `request_id` makes a repeated insert return the first operation (idempotency);
 - what a first real run hits: `fail_inserts` (503 after the VM was created anyway),
   `preempt_booting` (a Spot VM preempted while PROVISIONING), `not_ready_while_stopping`
@@ -31,8 +36,18 @@ surface our GCE backend uses, with the JSON shapes and error placements of the r
   `wait_for_change`/`last_etag`, so the VM-side preemption watcher can run against it, and
   instance name/zone/attributes, project id and a token for the VM-side lease watcher;
 - guest attributes `transient-gpu/gpus` of GPU VMs: what nvidia-smi sees (`gpu_driver_ok`);
+  `preempt_when_read` preempts a VM when its host keys or GPU check are first asked for;
+  `guest_attributes_denied` (403 or 412) refuses every getGuestAttributes, as an organisation
+  policy does;
 - setMetadata (with the fingerprint check); GCE's `maxRunDuration` and the guests' lease
-  watchers are honoured (`_enforce`: a VM whose lease in its metadata has passed is deleted);
+  watchers are honoured (`_enforce`: a VM is deleted `transient-lease-s` after its lease stamp
+  last changed, timed on the fake's clock as the guest times it on its own);
+- OS Login and IAM as a locked-down project has them: instances.get's
+  `resourceStatus.effectiveInstanceMetadata.enableOsloginMetadataValue` from instance and
+  project metadata or an enforcing organisation policy (`oslogin_enforced`); OAuth's token
+  endpoint (refresh grant) and `tokeninfo` (the e-mail only for tokens with the e-mail scope);
+  IAM `serviceAccounts.get` (the default compute account, which tests may delete), `roles.get`,
+  and Resource Manager `projects.getIamPolicy` (`iam_policy`, `iam_policy_denied`);
 - `calls` counts API calls per endpoint (what a benchmark of API calls per minute reads).
 
 Stdlib only. Everything happens on 127.0.0.1; nothing leaves the machine.
@@ -57,6 +72,7 @@ from typing import Any
 
 API = "https://www.googleapis.com/compute/v1"
 LEASE_KEY = "transient-lease-expires"  # provisioning.gce.body.LEASE_KEY (the fake stays stdlib)
+LEASE_S_KEY = "transient-lease-s"  # provisioning.gce.body.LEASE_S_KEY
 GPU_NAMESPACE = "transient-gpu"  # provisioning.gce.body.GPU_NAMESPACE
 NO_DRIVER = ("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. "
              "Make sure that the latest NVIDIA driver is installed and running.")
@@ -79,6 +95,62 @@ def region_of(zone: str) -> str:
 
 #: The `zone` of global operations (images.insert).
 GLOBAL = "global"
+DLVM_PROJECT = "deeplearning-platform-release"
+#: deprecated.state values that take an image out of images.getFromFamily
+_DEPRECATED_STATES = ("DEPRECATED", "OBSOLETE", "DELETED")
+
+
+def catalogue_image(project: str, name: str, family: str, created: str,
+                    deprecated: bool = False, disk_gb: int = 50) -> dict[str, Any]:
+    """One public image as images.get/list return it (`created`: YYYY-MM-DD)."""
+    image: dict[str, Any] = {
+        "kind": "compute#image", "name": name, "family": family, "status": "READY",
+        "diskSizeGb": str(disk_gb), "creationTimestamp": f"{created}T00:00:00.000-07:00",
+        "selfLink": f"{API}/projects/{project}/global/images/{name}"}
+    if deprecated:
+        image["deprecated"] = {"state": "DEPRECATED"}
+    return image
+
+
+def default_firewalls() -> dict[str, list[dict[str, Any]]]:
+    """The rules an auto-mode `default` network is created with (priority 65534: any rule of
+    the project overrides them)."""
+    def rule(name: str, ranges: list[str], allowed: list[dict[str, Any]]) -> dict[str, Any]:
+        return {"kind": "compute#firewall", "name": name, "network": "global/networks/default",
+                "direction": "INGRESS", "priority": 65534, "sourceRanges": ranges,
+                "allowed": allowed, "disabled": False}
+
+    return {"default": [
+        rule("default-allow-internal", ["10.128.0.0/9"],
+             [{"IPProtocol": "tcp", "ports": ["0-65535"]},
+              {"IPProtocol": "udp", "ports": ["0-65535"]}, {"IPProtocol": "icmp"}]),
+        rule("default-allow-ssh", ["0.0.0.0/0"], [{"IPProtocol": "tcp", "ports": ["22"]}]),
+        rule("default-allow-rdp", ["0.0.0.0/0"], [{"IPProtocol": "tcp", "ports": ["3389"]}]),
+        rule("default-allow-icmp", ["0.0.0.0/0"], [{"IPProtocol": "icmp"}]),
+    ]}
+
+
+def default_image_catalogue() -> dict[str, list[dict[str, Any]]]:
+    """Deep Learning VM families as published in late 2026 (real-cloud-audit B1): the cu128 /
+    driver-570 Ubuntu 24.04 family is retired (every image deprecated, so getFromFamily answers
+    404), cu129 / driver-580 is current. 50 GB is the images' disk size (`diskSizeGb`)."""
+    p = DLVM_PROJECT
+    return {p: [
+        catalogue_image(p, "common-cu128-ubuntu-2404-nvidia-570-v20260210",
+                        "common-cu128-ubuntu-2404-nvidia-570", "2026-02-10", deprecated=True),
+        catalogue_image(p, "common-cu128-ubuntu-2404-nvidia-570-v20260323",
+                        "common-cu128-ubuntu-2404-nvidia-570", "2026-03-23", deprecated=True),
+        catalogue_image(p, "common-cu128-ubuntu-2204-nvidia-570-v20260323",
+                        "common-cu128-ubuntu-2204-nvidia-570", "2026-03-23"),
+        catalogue_image(p, "common-cu129-ubuntu-2404-nvidia-580-v20260819",
+                        "common-cu129-ubuntu-2404-nvidia-580", "2026-08-19"),
+        catalogue_image(p, "common-cu129-ubuntu-2404-nvidia-580-v20260909",
+                        "common-cu129-ubuntu-2404-nvidia-580", "2026-09-09"),
+        catalogue_image(p, "common-cu129-ubuntu-2204-nvidia-580-v20260909",
+                        "common-cu129-ubuntu-2204-nvidia-580", "2026-09-09"),
+        catalogue_image(p, "pytorch-2-9-cu129-ubuntu-2404-nvidia-580-v20260915",
+                        "pytorch-2-9-cu129-ubuntu-2404-nvidia-580", "2026-09-15"),
+    ]}
 
 
 class FakeHttpError(Exception):
@@ -155,6 +227,8 @@ class FakeInstance:
     gone: bool = False
     guest_attr_delay_s: float = 0.0
     ended_by: str | None = None  # "maxRunDuration" | "lease" when GCE or the guest ended it
+    lease_changed_at: float = 0.0  # when setMetadata last changed the lease stamp (the
+    #: guest's watcher times the lease from there, on its own clock)
     guest_written: dict[str, dict[str, str]] = field(default_factory=dict)  # PUT by the guest
     watchers: threading.Condition = field(default_factory=threading.Condition)
 
@@ -225,11 +299,22 @@ def _lookup(obj: dict[str, Any], path: str) -> Any:
     return node
 
 
+_REGEX_TERM = re.compile(r'^([A-Za-z][\w.\-]*)\s+(eq|ne)\s+(?:"(.*)"|\'(.*)\'|(\S+))$')
+
+
 def matches_filter(obj: dict[str, Any], expression: str) -> bool:
-    """`a = b AND (c:* ) AND d != "e"`; OR, NOT and regex forms are a 400 (we never send them)."""
+    """`a = b AND (c:* ) AND d != "e"`, or one regex term `family eq "common-.*"` (RE2, the
+    whole field); OR, NOT and other regex forms are a 400 (we never send them)."""
     expression = expression.strip()
     if not expression:
         return True
+    regex = _REGEX_TERM.match(expression)
+    if regex is not None:
+        path, op, *literal = regex.groups()
+        pattern = next(x for x in literal if x is not None)
+        actual = _lookup(obj, path)
+        found = actual is not None and re.fullmatch(pattern, str(actual)) is not None
+        return found if op == "eq" else not found
     if re.search(r"\b(OR|NOT)\b|\b(eq|ne)\b", expression):
         raise FakeHttpError(400, f"Invalid value for field 'filter': '{expression}'. "
                             "The fake supports AND of simple terms only.")
@@ -285,11 +370,41 @@ class FakeGce:
         self.stockouts: dict[str, int | None] = {}  # zone -> remaining failing inserts (None: all)
         self.quotas: dict[tuple[str, str | None], int] = {}  # (metric, region|None) -> limit
         self.project_metadata: dict[str, str] = {}  # commonInstanceMetadata (enable-oslogin)
-        #: (image project, family) that resolve; None: every family resolves
+        #: (image project, family) that resolve; None: every family resolves. Families of
+        #: `image_catalogue` resolve as Google documents instead (its newest non-deprecated image)
         self.image_families: set[tuple[str, str]] | None = None
+        #: image project -> its public images (name, family, creationTimestamp, diskSizeGb,
+        #: deprecated.state), listed by images.list; seeded with DLVM families as published today
+        self.image_catalogue: dict[str, list[dict[str, Any]]] = default_image_catalogue()
+        #: network name -> its VPC firewall rules (REST JSON), served by
+        #: networks.getEffectiveFirewalls; a network not here is a 404
+        self.firewalls: dict[str, list[dict[str, Any]]] = default_firewalls()
         #: OS Login: user e-mail -> public keys imported (`users.importSshPublicKey`)
         self.oslogin_keys: dict[str, list[str]] = {}
         self.oslogin_denied = False  # importSshPublicKey answers 403 (no OS Login role)
+        #: an organisation policy (compute.requireOsLogin) turns OS Login on whatever the
+        #: metadata says: only a VM's effective metadata (instances.get) shows it
+        self.oslogin_enforced = False
+        #: OAuth: a user's refresh token -> their e-mail (`POST /token` issues access tokens,
+        #: with the e-mail in their token info only for the e-mail scope); access token ->
+        #: its token info (`/tokeninfo`, the endpoint google-auth names)
+        self.oauth_users: dict[str, str] = {}
+        self.token_info: dict[str, dict[str, str]] = {}
+        #: IAM: service accounts of the project (e-mail -> {"disabled": bool}), seeded with the
+        #: default compute account; the project's IAM policy (role -> members), where the
+        #: default account is Editor as in projects made before May 2024; permissions of the
+        #: roles IAM roles.get answers (predefined ones listed, custom ones added by tests)
+        self.default_service_account = "1234-compute@developer.gserviceaccount.com"
+        self.service_accounts: dict[str, dict[str, Any]] = {
+            self.default_service_account: {"disabled": False}}
+        self.iam_policy: dict[str, list[str]] = {
+            "roles/editor": [f"serviceAccount:{self.default_service_account}"]}
+        self.iam_policy_denied = False  # getIamPolicy answers 403 (the caller may not read it)
+        self.roles: dict[str, list[str]] = {
+            "roles/compute.instanceAdmin.v1": ["compute.instances.delete",
+                                               "compute.instances.get"],
+            "roles/compute.viewer": ["compute.instances.get", "compute.instances.list"],
+            "roles/logging.logWriter": ["logging.logEntries.create"]}
         #: zone -> insert calls left that create the VM and then answer 503 anyway
         self.insert_errors: dict[str, int] = {}
         self.preempt_booting = 0  # the next N Spot VMs are preempted while PROVISIONING
@@ -298,6 +413,12 @@ class FakeGce:
         self.ip_hold_s = 0.0  # an internal IP stays in use this long after its VM is gone
         self.guest_lease_watch = True  # emulate the VMs' lease watchers (see `_enforce`)
         self.gpu_driver_ok = True  # False: GPU VMs' nvidia-smi finds no driver
+        #: 403 or 412: getGuestAttributes is refused with that code, as in an organisation
+        #: whose policy `compute.disableGuestAttributesAccess` is enforced (None: allowed)
+        self.guest_attributes_denied: int | None = None
+        #: guest attribute namespace -> which VMs GCE preempts when first asked for it
+        #: (`preempt_when_read`)
+        self.preempt_on_read: dict[str, list[Callable[[FakeInstance], bool]]] = {}
         self.api_down = False  # True: the API answers 503 to everything (the VMs' own
         #: metadata servers, and so their watchers, keep working): the orchestrator's link is cut
         self.instances: dict[tuple[str, str], FakeInstance] = {}  # (zone, name)
@@ -388,6 +509,26 @@ class FakeGce:
         if self._on_gone is not None:
             self._on_gone(inst.ip)
 
+    def preempt_when_read(self, namespace: str, match: Callable[[FakeInstance], bool]) -> None:
+        """Preempt the next RUNNING VM that `match` accepts when its guest attributes under
+        `namespace` are asked for (`hostkeys`: the host-key wait; `transient-gpu`: the GPU
+        check), that ask answering as a gone VM's does: GCE takes a Spot VM back at any moment
+        after RUNNING, before anything used it too. One VM per call."""
+        with self._lock:
+            self.preempt_on_read.setdefault(namespace, []).append(match)
+
+    def _preempt_if_asked(self, zone: str, name: str, namespace: str) -> None:
+        with self._lock:
+            inst = self.instances.get((zone, name))
+            triggers = self.preempt_on_read.get(namespace, [])
+            if inst is None or inst.status(time.time(), self.stop_s) != "RUNNING":
+                return
+            match = next((m for m in triggers if m(inst)), None)
+            if match is None:
+                return
+            triggers.remove(match)
+        self.preempt(zone, name)
+
     def stop_instance(self, zone: str, name: str) -> FakeOperation:
         """instances.stop: STOPPING, TERMINATED after `stop_s`; the disk is kept (its host is
         powered off through `on_gone`, like a preemption with the STOP action)."""
@@ -434,12 +575,22 @@ class FakeGce:
         with self._lock:
             return sum(self.calls.values())
 
+    def effective_os_login(self, inst: FakeInstance) -> bool:
+        """OS Login as GCE resolves it for `inst`: an enforcing organisation policy, else the
+        instance's `enable-oslogin`, else the project's (instance values win)."""
+        if self.oslogin_enforced:
+            return True
+        value = inst.metadata().get("enable-oslogin", self.project_metadata.get("enable-oslogin"))
+        return (value or "").strip().lower() in ("true", "1", "yes", "y")
+
     # --- internals -------------------------------------------------------------------------
 
     def _enforce(self, inst: FakeInstance, now: float) -> None:
         """What GCE and the guest do on their own: `maxRunDuration` runs the termination
         action; the guest's lease watcher (`body.lease_watcher_script`, emulated here unless
-        `guest_lease_watch` is off) deletes its VM once the lease in its metadata has passed."""
+        `guest_lease_watch` is off) deletes its VM once `transient-lease-s` has passed since the
+        lease stamp last changed (or since boot, when its watcher started): the stamp's value
+        itself, the orchestrator's clock, means nothing to the guest."""
         if inst.deleting_at is not None or inst.stopped_at is not None:
             return
         scheduling = inst.body.get("scheduling", {})
@@ -452,10 +603,12 @@ class FakeGce:
                 inst.stopped_at = end
             inst.ended_by = "maxRunDuration"
             return
-        expires = inst.metadata().get(LEASE_KEY)
-        if self.guest_lease_watch and expires and now > float(expires):
-            inst.deleting_at = float(expires)
-            inst.ended_by = "lease"
+        metadata = inst.metadata()
+        if self.guest_lease_watch and metadata.get(LEASE_KEY) and metadata.get(LEASE_S_KEY):
+            end = max(inst.running_since(), inst.lease_changed_at) + float(metadata[LEASE_S_KEY])
+            if now > end:
+                inst.deleting_at = end
+                inst.ended_by = "lease"
 
     def _is_gone(self, inst: FakeInstance) -> bool:
         if inst.gone:
@@ -538,6 +691,11 @@ class FakeGce:
         nics = body.get("networkInterfaces") or [{}]
         if nics[0].get("accessConfigs"):
             demand["IN_USE_ADDRESSES"] += 1
+        for disk in body.get("disks", []):  # persistent disks: SSD_TOTAL_GB or DISKS_TOTAL_GB
+            params = disk.get("initializeParams", {})
+            kind = str(params.get("diskType", "pd-standard")).rsplit("/", 1)[-1]
+            size = int(params.get("diskSizeGb") or 10)
+            demand["DISKS_TOTAL_GB" if kind == "pd-standard" else "SSD_TOTAL_GB"] += size
         return dict(demand)
 
     def _quota_error(self, zone: str, inst_body: dict[str, Any]) -> dict[str, Any] | None:
@@ -686,8 +844,16 @@ class FakeGce:
         return [b for b in bodies if matches_filter(b, expression)]
 
     def guest_attributes(self, zone: str, name: str, query_path: str) -> dict[str, Any]:
+        self._preempt_if_asked(zone, name, query_path.rstrip("/"))
         with self._lock:
             inst = self._instance(zone, name)
+            if self.guest_attributes_denied is not None:
+                code = self.guest_attributes_denied
+                raise FakeHttpError(
+                    code, f"Constraint constraints/compute.disableGuestAttributesAccess "
+                    f"violated for project {self.project}: guest attributes are disabled.",
+                    *(("forbidden", "PERMISSION_DENIED") if code == 403 else
+                      ("conditionNotMet", "FAILED_PRECONDITION")))
             if inst.metadata().get("enable-guest-attributes", "").upper() != "TRUE":
                 raise FakeHttpError(400, "Guest attributes are disabled for this instance "
                                     "(metadata enable-guest-attributes is not TRUE)")
@@ -736,6 +902,13 @@ _ROUTES: list[tuple[str, re.Pattern[str], str]] = [
     ("GET", re.compile(r"/compute/v1/projects/(?P<project>[^/]+)$"), "projects.get"),
     ("POST", re.compile(r"/v1/users/(?P<user>[^/:]+):importSshPublicKey$"),
      "oslogin.importSshPublicKey"),
+    ("POST", re.compile(r"/tokeninfo$"), "oauth.tokeninfo"),
+    ("POST", re.compile(r"/token$"), "oauth.token"),
+    ("POST", re.compile(r"/v1/projects/(?P<project>[^/:]+):getIamPolicy$"),
+     "crm.getIamPolicy"),
+    ("GET", re.compile(r"/v1/projects/(?P<sa_project>[^/]+)/serviceAccounts/(?P<email>[^/]+)$"),
+     "iam.serviceAccounts.get"),
+    ("GET", re.compile(r"/v1/(?P<role>(?:projects/[^/]+/)?roles/[^/]+)$"), "iam.roles.get"),
     ("GET", re.compile(r"/compute/v1/projects/(?P<project>[^/]+)/regions/(?P<region>[^/]+)$"),
      "regions.get"),
     ("GET", re.compile(r"/compute/v1/projects/(?P<image_project>[^/]+)/global/images/family/"
@@ -762,7 +935,11 @@ _ROUTES: list[tuple[str, re.Pattern[str], str]] = [
                        r"instance/guest-attributes/(?P<ns>[^/]+)/(?P<key>[^/]+)$"),
      "metadata.putGuestAttribute"),
     ("POST", re.compile(_ZONE + r"/instances/(?P<name>[^/]+)/stop$"), "instances.stop"),
+    ("GET", re.compile(_GLOBAL + r"/networks/(?P<network>[^/]+)/getEffectiveFirewalls$"),
+     "networks.getEffectiveFirewalls"),
     ("POST", re.compile(_GLOBAL + r"/images$"), "images.insert"),
+    ("GET", re.compile(r"/compute/v1/projects/(?P<image_project>[^/]+)/global/images$"),
+     "images.list"),
     ("GET", re.compile(_GLOBAL + r"/images/(?P<name>[^/]+)$"), "images.get"),
     ("GET", re.compile(_GLOBAL + r"/operations/(?P<op>[^/]+)$"), "globalOperations.get"),
     ("POST", re.compile(_GLOBAL + r"/operations/(?P<op>[^/]+)/wait$"), "globalOperations.wait"),
@@ -809,8 +986,9 @@ class _Handler(BaseHTTPRequestHandler):
                     raise FakeHttpError(404, f"The resource 'projects/{args['project']}' was not "
                                         "found", "notFound", "NOT_FOUND")
                 status, body = getattr(self, "_" + endpoint.replace(".", "_"))(
-                    args, query, raw.decode(errors="replace") if endpoint.startswith("metadata.")
-                    else json.loads(raw) if raw else {})
+                    args, query, raw.decode(errors="replace")
+                    if endpoint.startswith(("metadata.", "oauth.")) else json.loads(raw) if raw
+                    else {})
             except FakeHttpError as err:
                 status, body = err.code, err.body()
             except _AlreadySent:
@@ -867,6 +1045,7 @@ class _Handler(BaseHTTPRequestHandler):
         fake = self.fake
         items = [{"key": k, "value": v} for k, v in fake.project_metadata.items()]
         return 200, {"kind": "compute#project", "name": fake.project, "id": "1234",
+                     "defaultServiceAccount": fake.default_service_account,
                      "quotas": fake.quota_list(None),
                      "commonInstanceMetadata": {"kind": "compute#metadata",
                                                 "fingerprint": "ZmFrZQ==", "items": items}}
@@ -883,8 +1062,20 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _images_getFromFamily(self, a: dict[str, str], q: dict[str, str],
                               _: Any) -> tuple[int, Any]:
+        """The newest non-deprecated image of the family (404 once every image of it is
+        deprecated, as Google documents) for families of the catalogue; else `image_families`."""
         families = self.fake.image_families
         key = (a["image_project"], a["family"])
+        with self.fake._lock:
+            listed = [i for i in self.fake.image_catalogue.get(key[0], [])
+                      if i.get("family") == key[1]]
+        if listed:
+            live = [i for i in listed
+                    if i.get("deprecated", {}).get("state") not in _DEPRECATED_STATES]
+            if not live:
+                raise FakeHttpError(404, f"The resource 'projects/{key[0]}/global/images/"
+                                    f"family/{key[1]}' was not found", "notFound", "NOT_FOUND")
+            return 200, max(live, key=lambda i: i["creationTimestamp"])
         if families is not None and key not in families:
             raise FakeHttpError(404, f"The resource 'projects/{key[0]}/global/images/family/"
                                 f"{key[1]}' was not found", "notFound", "NOT_FOUND")
@@ -901,7 +1092,70 @@ class _Handler(BaseHTTPRequestHandler):
     def _instances_get(self, a: dict[str, str], q: dict[str, str], _: Any) -> tuple[int, Any]:
         with self.fake._lock:
             inst = self.fake._instance(a["zone"], a["name"])
-            return 200, inst.to_json(time.time(), self.fake.stop_s)
+            body = inst.to_json(time.time(), self.fake.stop_s)
+            body["resourceStatus"] = {"effectiveInstanceMetadata": {
+                "enableOsloginMetadataValue": self.fake.effective_os_login(inst)}}
+            return 200, body
+
+    def _oauth_tokeninfo(self, a: dict[str, str], q: dict[str, str],
+                         form: str) -> tuple[int, Any]:
+        """What an access token is (`access_token` in the form or the query); 400 for a token
+        Google does not know, as the real endpoint answers."""
+        token = (urllib.parse.parse_qs(form).get("access_token") or [q.get("access_token")])[-1]
+        with self.fake._lock:
+            info = self.fake.token_info.get(token or "")
+        if info is None:
+            return 400, {"error": "invalid_token", "error_description": "Invalid Value"}
+        return 200, info
+
+    def _oauth_token(self, a: dict[str, str], q: dict[str, str], form: str) -> tuple[int, Any]:
+        """The refresh-token grant: a new access token for `scope` (the e-mail in its token
+        info only when the scope includes the e-mail scope)."""
+        fields = {k: v[-1] for k, v in urllib.parse.parse_qs(form).items()}
+        fake = self.fake
+        with fake._lock:
+            email = fake.oauth_users.get(fields.get("refresh_token", ""))
+            if fields.get("grant_type") != "refresh_token" or email is None:
+                return 400, {"error": "invalid_grant", "error_description": "Bad Request"}
+            scope = fields.get("scope", "https://www.googleapis.com/auth/cloud-platform")
+            token = f"ya29.fake-{len(fake.token_info)}"
+            info = {"aud": fields.get("client_id", ""), "scope": scope, "expires_in": "3599"}
+            if "userinfo.email" in scope or "email" in scope.split():
+                info.update(email=email, email_verified="true")
+            fake.token_info[token] = info
+        return 200, {"access_token": token, "expires_in": 3599, "scope": scope,
+                     "token_type": "Bearer"}
+
+    def _crm_getIamPolicy(self, a: dict[str, str], q: dict[str, str],
+                          _: Any) -> tuple[int, Any]:
+        """The project's own IAM policy (Resource Manager v1)."""
+        fake = self.fake
+        if fake.iam_policy_denied:
+            raise FakeHttpError(403, "The caller does not have permission", "forbidden",
+                                "PERMISSION_DENIED")
+        with fake._lock:
+            bindings = [{"role": r, "members": list(m)} for r, m in fake.iam_policy.items() if m]
+        return 200, {"version": 1, "etag": "BwX=", "bindings": bindings}
+
+    def _iam_serviceAccounts_get(self, a: dict[str, str], q: dict[str, str],
+                                 _: Any) -> tuple[int, Any]:
+        fake = self.fake
+        email = urllib.parse.unquote(a["email"])
+        with fake._lock:
+            account = fake.service_accounts.get(email)
+        if account is None:
+            raise FakeHttpError(404, "Unknown service account", "notFound", "NOT_FOUND")
+        return 200, {"name": f"projects/{fake.project}/serviceAccounts/{email}",
+                     "projectId": fake.project, "email": email,
+                     "disabled": bool(account.get("disabled"))}
+
+    def _iam_roles_get(self, a: dict[str, str], q: dict[str, str], _: Any) -> tuple[int, Any]:
+        with self.fake._lock:
+            permissions = self.fake.roles.get(a["role"])
+        if permissions is None:
+            raise FakeHttpError(404, f"The role named {a['role']} was not found.", "notFound",
+                                "NOT_FOUND")
+        return 200, {"name": a["role"], "includedPermissions": list(permissions)}
 
     def _instances_setMetadata(self, a: dict[str, str], q: dict[str, str],
                                body: dict[str, Any]) -> tuple[int, Any]:
@@ -911,7 +1165,10 @@ class _Handler(BaseHTTPRequestHandler):
             if body.get("fingerprint") != inst.metadata_fingerprint():
                 raise FakeHttpError(412, "Supplied fingerprint does not match current metadata "
                                     "fingerprint.", "conditionNotMet", "FAILED_PRECONDITION")
+            stamp = inst.metadata().get(LEASE_KEY)
             inst.body["metadata"] = {"items": list(body.get("items", []))}
+            if inst.metadata().get(LEASE_KEY) != stamp:
+                inst.lease_changed_at = time.time()
             op = fake._new_operation(a["zone"], a["name"], "setMetadata", time.time())
             return 200, op.to_json(time.time())
 
@@ -983,6 +1240,25 @@ class _Handler(BaseHTTPRequestHandler):
     def _instances_stop(self, a: dict[str, str], q: dict[str, str], _: Any) -> tuple[int, Any]:
         op = self.fake.stop_instance(a["zone"], a["name"])
         return 200, op.to_json(time.time())
+
+    def _networks_getEffectiveFirewalls(self, a: dict[str, str], q: dict[str, str],
+                                        _: Any) -> tuple[int, Any]:
+        """The network's VPC firewall rules (no firewall policies in the fake)."""
+        with self.fake._lock:
+            rules = self.fake.firewalls.get(a["network"])
+        if rules is None:
+            raise FakeHttpError(404, f"The resource 'projects/{self.fake.project}/global/"
+                                f"networks/{a['network']}' was not found", "notFound",
+                                "NOT_FOUND")
+        return 200, {"firewalls": [dict(r) for r in rules]}
+
+    def _images_list(self, a: dict[str, str], q: dict[str, str], _: Any) -> tuple[int, Any]:
+        """The image project's images, deprecated ones included (as the API lists them),
+        filtered (`family eq "common-.*-ubuntu-2404.*"`) and paged."""
+        with self.fake._lock:
+            items = list(self.fake.image_catalogue.get(a["image_project"], []))
+        items = [i for i in items if matches_filter(i, q.get("filter", ""))]
+        return 200, _page(items, q, {"kind": "compute#imageList"})
 
     def _images_insert(self, a: dict[str, str], q: dict[str, str],
                        body: dict[str, Any]) -> tuple[int, Any]:

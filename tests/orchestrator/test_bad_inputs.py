@@ -28,6 +28,7 @@ from orchestrator.config.schema import ExperimentConfig
 from orchestrator.config.validation import validate
 from orchestrator.plan import make_plan
 from orchestrator.validate import compose_experiment, validate_files
+from provisioning.registry import all_backends
 
 REPO = Path(__file__).resolve().parents[2]
 # A pasteable override path: dotted names and list indices, no brackets, no '*', no '<...>'.
@@ -69,17 +70,28 @@ def _patterns_for(hint: Any, path: str) -> list[tuple[str, type]]:
 
 
 NUMERIC = dict(_numeric_patterns(ExperimentConfig))
+#: Each backend's own numeric fields (provider=<name> composes against its schema), beyond the
+#: common ones in NUMERIC: backend -> pattern -> type.
+BACKEND_NUMERIC = {b.name: {p: t for p, t in _numeric_patterns(b.config, "provider.")
+                            if p not in NUMERIC} for b in all_backends()}
+
+
+def backend_of(pattern: str) -> str:
+    """The provider whose config has the field (local for the common ones)."""
+    return next((name for name, own in BACKEND_NUMERIC.items() if pattern in own), "local")
 
 
 def kind_of(pattern: str) -> type:
     """int or float: the schema type of a RANGES pattern (hparam maps are float per name)."""
-    return NUMERIC.get(pattern) or NUMERIC[pattern.rsplit(".", 1)[0] + ".*"]
+    known = {**NUMERIC, **BACKEND_NUMERIC[backend_of(pattern)]}
+    return known.get(pattern) or known[pattern.rsplit(".", 1)[0] + ".*"]
 
 
 def test_every_numeric_schema_field_has_a_range() -> None:
-    """A numeric field added to the schema without a range fails here, naming it."""
+    """A numeric field added to the schema, or to a backend's config, without a range fails
+    here, naming it."""
     missing = []
-    for pattern in NUMERIC:
+    for pattern in [*NUMERIC, *(p for own in BACKEND_NUMERIC.values() for p in own)]:
         if pattern.endswith(".*.*") or pattern.endswith("hparams.*"):  # hparam maps: per name
             head = pattern.rsplit(".*", 1)[0]
             if not any(p.startswith(head + ".") for p in RANGES):
@@ -141,10 +153,26 @@ def _get(node: Any, part: str) -> Any:
     return getattr(node, part)
 
 
+def ssh_inventory(key: Path, *extras: str) -> str:
+    """`provider.hosts=[...]`: one machine per extra (its further keys, e.g. ", spare: true"),
+    each with the key file `key` and a Python of its own."""
+    hosts = ", ".join(f"{{name: m{i}, address: '10.9.0.{i + 1}', key_path: '{key}', "
+                      f"python: python3{extra}}}" for i, extra in enumerate(extras))
+    return f"provider.hosts=[{hosts}]"
+
+
 @pytest.fixture(scope="module")
-def base_data() -> dict[str, Any]:
-    """digits_local with a straggler, a revocation schedule and a phase schedule: every
-    numeric field of the schema is present in it. Valid as it is."""
+def ssh_key(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    key = tmp_path_factory.mktemp("ssh") / "id_ed25519"
+    key.write_text("")  # only its existence is checked before connecting
+    return key
+
+
+@pytest.fixture(scope="module")
+def base_data(ssh_key: Path) -> dict[str, dict[str, Any]]:
+    """Per backend, digits_local with every numeric field of that backend's schema present:
+    local with a straggler, a revocation schedule and a phase schedule; gce; ssh with an
+    inventory of three machines. Each valid as it is."""
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
@@ -152,13 +180,19 @@ def base_data() -> dict[str, Any]:
     from orchestrator.paths import CONF_DIR
 
     register_configs()
-    with initialize_config_dir(version_base="1.3", config_dir=str(CONF_DIR)):
-        composed = compose("config", overrides=["+experiment=digits_local", *BASE_OVERRIDES])
-    data = OmegaConf.to_container(composed, resolve=True)
-    assert isinstance(data, dict)
-    data.pop("hydra", None)
-    validate(to_experiment(data))
-    return data
+    overrides = {"local": BASE_OVERRIDES, "gce": ["provider=gce"],
+                 "ssh": ["provider=ssh", "provider.trust_on_first_use=true",
+                         ssh_inventory(ssh_key, "", "", "")]}
+    bases = {}
+    for backend, extra in overrides.items():
+        with initialize_config_dir(version_base="1.3", config_dir=str(CONF_DIR)):
+            composed = compose("config", overrides=["+experiment=digits_local", *extra])
+        data = OmegaConf.to_container(composed, resolve=True)
+        assert isinstance(data, dict)
+        data.pop("hydra", None)
+        validate(to_experiment(data))
+        bases[backend] = data
+    return bases
 
 
 def _bad_values(allowed: Range, kind: type) -> list[tuple[str, Any]]:
@@ -178,22 +212,25 @@ RANGE_CASES = [
 ]
 
 
-def _prepared(base_data: dict[str, Any], pattern: str) -> dict[str, Any]:
-    data = copy.deepcopy(base_data)
+def _prepared(base_data: dict[str, dict[str, Any]], pattern: str) -> dict[str, Any]:
+    data = copy.deepcopy(base_data[backend_of(pattern)])
     for key, value in concrete(pattern)[0].items():
         _set(data, key, copy.deepcopy(value))
     return data
 
 
 @pytest.fixture(scope="module")
-def typed_configs(base_data: dict[str, Any]) -> dict[str, ExperimentConfig]:
+def typed_configs(base_data: dict[str, dict[str, Any]]) -> dict[str, ExperimentConfig]:
     """Each prepared config, typed once (the merge into the schema is the slow part)."""
     typed: dict[str, ExperimentConfig] = {}
+
+    def key(pattern: str) -> str:
+        return backend_of(pattern) + repr(concrete(pattern)[0])
+
     for pattern in RANGES:
-        key = repr(concrete(pattern)[0])
-        if key not in typed:
-            typed[key] = to_experiment(_prepared(base_data, pattern))
-    return {pattern: typed[repr(concrete(pattern)[0])] for pattern in RANGES}
+        if key(pattern) not in typed:
+            typed[key(pattern)] = to_experiment(_prepared(base_data, pattern))
+    return {pattern: typed[key(pattern)] for pattern in RANGES}
 
 
 def test_prepared_configs_are_valid(typed_configs: dict[str, ExperimentConfig]) -> None:
@@ -205,8 +242,8 @@ def test_prepared_configs_are_valid(typed_configs: dict[str, ExperimentConfig]) 
 @pytest.mark.parametrize(("pattern", "label", "value"), RANGE_CASES,
                          ids=[f"{p}={lab}" for p, lab, _ in RANGE_CASES])
 def test_numeric_field_out_of_range_or_not_a_number(
-        base_data: dict[str, Any], typed_configs: dict[str, ExperimentConfig], pattern: str,
-        label: str, value: Any) -> None:
+        base_data: dict[str, dict[str, Any]], typed_configs: dict[str, ExperimentConfig],
+        pattern: str, label: str, value: Any) -> None:
     path = concrete(pattern)[1]
     is_number = isinstance(value, float) and kind_of(pattern) is float
     if label in ("below", "above") or is_number:
@@ -355,6 +392,8 @@ BAD_OVERRIDES: list[tuple[str, list[str], str, str]] = [
     ("digits_local", ["provider.name=gce"], "provider.name", "with provider=gce"),
     ("digits_local", ["provider.name=ssh"], "provider.name", "provider=local's"),
     ("digits_local", ["provider=ssh", "provider.name=local"], "provider.name", "provider=ssh's"),
+    ("digits_local", ["provider.data_source=bucket"], "provider.data_source",
+     "unknown data source 'bucket'"),
     # a bad value inside an item that is a mapping of plain values: its key, not only the item
     ("digits_local", ["sync=switch", "sync.phase_hparams=[{learning_rate: fast}]"],
      "sync.phase_hparams.0.learning_rate", "'fast' is not a valid number"),
@@ -556,3 +595,166 @@ def test_two_inventory_hosts_at_one_address_are_a_config_error(tmp_path: Path, f
     assert_one_line(info.value.line(), "provider.hosts.2.address")
     assert "also provider.hosts.0.address" in info.value.line()
     compose_experiment("ssh_digits", inventory(first, "10.9.0.7", "10.9.0.8"))  # distinct: fine
+
+
+# --- values that can only be wrong: refused in one line before anything is created -------------
+
+GCE_ZONES = ("us-central1-a, us-central1-b, us-central1-c, us-central1-f, us-east1-b, "
+             "us-east1-c, us-east1-d, us-west1-a, us-west1-b, us-west1-c, europe-west1-b, "
+             "europe-west1-d, europe-west4-a, europe-west4-b, europe-west4-c, asia-east1-a, "
+             "asia-east1-b, asia-east1-c, asia-northeast1-a")
+STORAGE_HINT = "(expected gs://BUCKET/PREFIX, e.g. gs://my-bucket/transient)"
+ONLY_WRONG: list[tuple[list[str], str]] = [
+    # (overrides of cifar10_res32, whose provider is gce; the exact line)
+    (["provider.lease_s=-5"], "provider.lease_s: must be ≥ 0 (got -5)"),
+    (["provider.retries=0"], "provider.retries: must be ≥ 1 (got 0)"),
+    (["provider.max_parallel=-2"], "provider.max_parallel: must be ≥ 1 (got -2)"),
+    (["provider.poll_interval_s=0"], "provider.poll_interval_s: must be > 0 (got 0)"),
+    (["provider.unreachable_grace_s=-1"], "provider.unreachable_grace_s: must be > 0 (got -1)"),
+    (["provider.operation_timeout_s=0"], "provider.operation_timeout_s: must be > 0 (got 0)"),
+    (["provider.trainer_port=70000"],
+     "provider.trainer_port: must be in [1024, 65000) (got 70000)"),
+    (["provider.zones=[]"], "provider.zones: is empty: list the zones VMs may fall back to, "
+     "in order (e.g. [us-central1-a])"),
+    (["provider.zones=[us-west1-b,us-west9-z]"],
+     f"provider.zones.1: unknown zone 'us-west9-z' in catalog 'gce' (one of: {GCE_ZONES})"),
+    (["pricing.gpus.t4.zones=[]", "cluster.worker_groups.0.zone=null"],
+     "pricing.gpus.t4.zones: is empty: no zone offers GPU 't4' (the zones where "
+     "cluster.worker_groups.0 may run)"),
+    (["cluster.ps_zone=mars-1a"],
+     f"cluster.ps_zone: unknown zone 'mars-1a' (one of: {GCE_ZONES}, local)"),
+    (["provider.storage=s3://bucket/runs"],
+     f"provider.storage: 's3://bucket/runs' is not a Cloud Storage URL {STORAGE_HINT}"),
+    (["provider.storage=gs:///runs"],
+     f"provider.storage: 'gs:///runs': '' is not a bucket name {STORAGE_HINT}"),
+    (["provider.storage=gs://My_Bucket/runs"],
+     f"provider.storage: 'gs://My_Bucket/runs': 'My_Bucket' is not a bucket name {STORAGE_HINT}"),
+    (["provider=local", "provider.stop_grace_s=0"], "provider.stop_grace_s: must be > 0 (got 0)"),
+]
+
+
+@pytest.mark.parametrize(("overrides", "line"), ONLY_WRONG, ids=[o[-1] for o, _ in ONLY_WRONG])
+def test_a_value_that_can_only_be_wrong_is_one_exact_line(overrides: list[str], line: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        make_plan(compose_experiment("cifar10_res32", overrides))  # the dry run's checks
+    assert info.value.line() == f"config error: {line}"
+
+
+def test_a_gs_bucket_with_or_without_prefix_is_accepted() -> None:
+    for url in ("gs://my-bucket", "gs://my-bucket/runs/a", "gs://runs.example.com/x"):
+        make_plan(compose_experiment("cifar10_res32", [f"provider.storage={url}"]))
+
+
+SSH = ["provider=ssh", "provider.trust_on_first_use=true"]
+SSH_WRONG: list[tuple[tuple[str, ...], list[str], str]] = [
+    # (the inventory's machines, more overrides of ssh_digits, the exact line)
+    (("", "", ", spare: true"), [],
+     "provider.hosts: 2 machines are not spare (1 spare), the plan places 3 (ps-0, worker-0, "
+     "worker-1): list more machines, or set spare: false on some"),
+    (("", ", labels: {gpu: V100}", ", labels: {gpu: T4}", ", labels: {gpu: v100}"),
+     ["cluster.worker_groups.0.gpu=t4", "cluster.workers=3"],
+     "provider.hosts: no free non-spare machine labelled gpu: t4 (or unlabelled) for "
+     "worker-2: label a machine with its GPU, or add one"),
+    (("", ", labels: {gpu: H200}", ""), [],
+     "provider.hosts.1.labels.gpu: 'H200' names no GPU of catalog 'gce' (one of: k80, p100, "
+     "v100, t4, a100, l4, in any case, e.g. T4 or nvidia-tesla-t4)"),
+    (("", "", ""), ["provider.hosts.1.port=70000"],
+     "provider.hosts.1.port: must be in [1, 65535] (got 70000)"),
+    (("", "", ""), ["provider.hosts.2.port=0"],
+     "provider.hosts.2.port: must be in [1, 65535] (got 0)"),
+    (("", "", ""), ["provider.first_port=80"],
+     "provider.first_port: must be in [1024, 65000) (got 80)"),
+    (("", "", ""), ["provider.heartbeat_interval_s=0"],
+     "provider.heartbeat_interval_s: must be > 0 (got 0)"),
+    (("", "", ""), ["provider.max_parallel_handshakes=0"],
+     "provider.max_parallel_handshakes: must be ≥ 1 (got 0)"),
+]
+
+
+@pytest.mark.parametrize(("machines", "overrides", "line"), SSH_WRONG,
+                         ids=[line.split(":")[0] + str(i)
+                              for i, (_, _, line) in enumerate(SSH_WRONG)])
+def test_an_ssh_inventory_that_can_only_be_wrong_is_one_exact_line(
+        ssh_key: Path, machines: tuple[str, ...], overrides: list[str], line: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        make_plan(compose_experiment("ssh_digits", [*SSH, ssh_inventory(ssh_key, *machines),
+                                                    *overrides]))
+    assert info.value.line() == f"config error: {line}"
+
+
+def documented_inventory(key: Path) -> list[str]:
+    """conf/provider/ssh.yaml as documented (lab1 {gpu: T4}, lab2, lab3, lab4 a spare), with
+    key files that exist."""
+    return [*SSH, *(f"provider.hosts.{i}.key_path={key}" for i in range(4))]
+
+
+def placed_on(cfg: ExperimentConfig) -> dict[str, str]:
+    """Plan host -> inventory machine, as SshProvider.acquire places them (before connecting;
+    the provider is new and connects to nothing here)."""
+    from provisioning.registry import get_provider
+
+    placed = get_provider("ssh", cfg.provider)._place(make_plan(cfg).host_specs())
+    return {name: machine.name for name, machine in placed.items()}
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_the_documented_gpu_t4_label_places_t4_workers(ssh_key: Path, workers: int) -> None:
+    """`labels: {gpu: T4}` names the catalog's `t4` (case and GCE's `nvidia-tesla-t4` do not
+    matter): a T4 worker goes to that machine first (no longer to an unlabelled one while the
+    PS takes the T4 machine), the PS to an unlabelled one, and the spare is left alone."""
+    cfg = compose_experiment("ssh_digits", [*documented_inventory(ssh_key),
+                                            "cluster.worker_groups.0.gpu=t4",
+                                            f"cluster.workers={workers}"])
+    assert cfg.provider.hosts[0].labels == {"gpu": "T4"}
+    machines = placed_on(cfg)
+    assert machines["worker-0"] == "lab1", machines
+    assert "lab1" not in [machines[n] for n in machines if n != "worker-0"], machines
+    assert "lab4" not in machines.values()  # the spare
+    assert len(set(machines.values())) == 1 + workers
+
+
+def test_a_gpu_label_in_gce_spelling_matches_the_catalog_gpu(ssh_key: Path) -> None:
+    cfg = compose_experiment("ssh_digits", [
+        *documented_inventory(ssh_key), "provider.hosts.0.labels.gpu=nvidia-tesla-t4",
+        "+provider.hosts.1.labels.gpu='NVIDIA Tesla T4'", "cluster.worker_groups.0.gpu=t4"])
+    placed = placed_on(cfg)
+    assert {placed["worker-0"], placed["worker-1"]} == {"lab1", "lab2"}, placed
+    assert placed["ps-0"] == "lab3"
+
+
+def test_committed_experiments_and_the_documented_inventory_are_not_refused(
+        ssh_key: Path) -> None:
+    """The limits refuse nothing we ship: every experiment validates with its own provider,
+    and ssh_digits with the documented inventory."""
+    results = validate_files(sorted((REPO / "experiments").glob("*.yaml")))
+    assert not {p.name: e for p, e in results.items() if e}, results
+    make_plan(compose_experiment("ssh_digits", documented_inventory(ssh_key)))
+
+
+CLI_ONLY_WRONG = [
+    (["provider=gce", "provider.lease_s=-5"], "provider.lease_s: must be ≥ 0 (got -5)"),
+    (["provider=gce", "provider.zones=[]"], "provider.zones: is empty: list the zones VMs "
+     "may fall back to, in order (e.g. [us-central1-a])"),
+    (["provider=gce", "provider.storage=bucket/runs"], "provider.storage: 'bucket/runs' is not "
+     f"a Cloud Storage URL {STORAGE_HINT}"),
+]
+
+
+@pytest.mark.parametrize(("overrides", "line"), CLI_ONLY_WRONG, ids=[o[-1] for o, _ in
+                                                                       CLI_ONLY_WRONG])
+def test_cli_refuses_a_value_that_can_only_be_wrong_in_one_line(overrides: list[str],
+                                                                line: str) -> None:
+    """Through the real command in a dry run: exit 2, only that line, nothing planned."""
+    proc = _cli("-m", "orchestrator", "+experiment=digits_local", *overrides, "dry_run=true")
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stdout == "", proc.stdout
+    assert proc.stderr.strip() == f"config error: {line}"
+
+
+def test_cli_refuses_an_ssh_inventory_too_small_for_the_plan(ssh_key: Path) -> None:
+    proc = _cli("-m", "orchestrator", "+experiment=ssh_digits", *documented_inventory(ssh_key),
+                "provider.hosts.2.spare=true", "dry_run=true")
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip() == (
+        "config error: provider.hosts: 2 machines are not spare (2 spare), the plan places 3 "
+        "(ps-0, worker-0, worker-1): list more machines, or set spare: false on some")

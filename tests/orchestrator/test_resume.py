@@ -571,11 +571,7 @@ def test_fake_cloud_sweep_on_isolated_hosts_killed_twice_is_resumed(
         for n in ("1", "2"):  # point 1 kept by the last resume, point 2 started by it
             assert resume.RESUMED_EVENT not in [e["kind"] for e in events(sweep_dir / n)]
         assert fake.live_instances() == []
-        deadline = time.monotonic() + 10
-        while any(h.running for h in fake.slots.values()):
-            assert time.monotonic() < deadline, [h.name for h in fake.slots.values()
-                                                 if h.running]
-            time.sleep(0.2)
+        fake.assert_hosts_off(10.0)
 
 
 @pytest.mark.slow

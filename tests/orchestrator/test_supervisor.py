@@ -113,7 +113,7 @@ class FakeRun:
             threading.Thread(target=guarded, daemon=True).start()
         started = time.monotonic()
         try:
-            self.fleet.deploy()
+            self.supervisor.deploy()
             self.supervisor.follow()
         finally:
             self.fleet.release()

@@ -184,6 +184,15 @@ class IsolatedFakeGce(FakeGce):
         """The isolated host a live VM runs on."""
         return self.slots[self._instance(zone, name).ip]
 
+    def assert_hosts_off(self, within_s: float = 10.0) -> None:
+        """Every VM's host is powered off within `within_s` (deleting a VM stops its host a
+        moment later)."""
+        deadline = time.monotonic() + within_s
+        while any(h.running for h in self.slots.values()):
+            assert time.monotonic() < deadline, [h.name for h in self.slots.values()
+                                                 if h.running]
+            time.sleep(0.2)
+
     def disk_for(self, source_image: str) -> Disk:
         """The disk a VM created from `source_image` (a family or a custom image URL) boots."""
         path = source_image.split("/compute/v1/", 1)[-1]

@@ -44,6 +44,8 @@ STUBBORN = textwrap.dedent(
             "    open(sys.argv[1], 'a').write('g')\\n"
             "    time.sleep(0.1)\\n")
     subprocess.Popen([sys.executable, "-c", code, beat + ".child"])
+    while not os.path.exists(beat + ".child"):  # "up" once both beat (a loaded machine is slow)
+        time.sleep(0.05)
     print("up", flush=True)
     while True:
         open(beat, "a").write("p")

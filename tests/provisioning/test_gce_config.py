@@ -103,3 +103,17 @@ def test_provider_extra_picks_tensorflows_build_by_gpu_or_for_every_vm() -> None
     with pytest.raises(ConfigError) as info:
         compose_experiment("cifar10_res32", ["provider.extra=rocm"])
     assert info.value.line() == "config error: provider.extra: 'rocm': must be auto, cpu or gpu"
+
+
+def test_a_vm_lease_shorter_than_the_unreachable_grace_is_refused() -> None:
+    """A VM lease the run cannot renew through a network drop it waits out would end healthy
+    VMs: refused in one line before anything is created; as long as the grace (or off) is fine."""
+    with pytest.raises(ConfigError) as info:
+        compose_experiment("cifar10_res32", ["provider.lease_s=120",
+                                             "provider.unreachable_grace_s=300"])
+    assert info.value.line() == (
+        "config error: provider.lease_s: 120 s is shorter than provider.unreachable_grace_s "
+        "(300 s): the VMs would end themselves during a drop of this machine's network that "
+        "the run waits out; make it at least that")
+    for ok in ("provider.lease_s=300", "provider.lease_s=0"):
+        compose_experiment("cifar10_res32", [ok, "provider.unreachable_grace_s=300"])

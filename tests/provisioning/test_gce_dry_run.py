@@ -65,8 +65,9 @@ def test_the_dry_run_prints_the_pre_create_checks_and_creates_nothing(tmp_path: 
     assert "ok: quota CPUS_ALL_REGIONS (all regions): the plan needs 20, 64 free" in text
     assert ("ok: quota PREEMPTIBLE_NVIDIA_T4_GPUS in region us-west1: the plan needs 4, "
             "8 free") in text
-    assert re.search(r"ok: image family common-cu128-ubuntu-2404-nvidia-570 \(project "
-                     r"deeplearning-platform-release\) resolves to \S+", text)
+    assert re.search(r"ok: image family common-cu129-ubuntu-2404-nvidia-580 \(project "
+                     r"deeplearning-platform-release\) resolves to "
+                     r"common-cu129-ubuntu-2404-nvidia-580-v20260909", text)
     assert f"ok: bucket of gs://{BUCKET}/runs exists and takes a write" in text
     assert f"ok: OS Login off in project {PROJECT}" in text
     assert len([n for n in notes if n.startswith("problem:")]) == 1, text

@@ -227,11 +227,7 @@ def test_headline_sweep_on_fake_gce(gce_isolated_bed: IsolatedTestBed,
         for row in rows:
             assert [e for e in list_unreleased(Path(row["run_dir"]) / "journal.jsonl")
                     if e.kind is ResourceKind.VM] == []
-        deadline = time.monotonic() + 10
-        while any(h.running for h in fake.slots.values()):
-            assert time.monotonic() < deadline, [h.name for h in fake.slots.values()
-                                                 if h.running]
-            time.sleep(0.2)
+        fake.assert_hosts_off(10.0)
     # docs/benchmarks.md quotes it (bench/hosts.py): the figure of the last passing run here
     TIMING_FILE.parent.mkdir(exist_ok=True)
     TIMING_FILE.write_text(json.dumps(timing) + "\n")

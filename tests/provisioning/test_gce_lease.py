@@ -16,7 +16,15 @@ from pathlib import Path
 
 import pytest
 
-from provisioning.gce.body import LEASE_KEY, VmRequest, instance_body, lease_watcher_script
+from provisioning.gce.api import ComputeApi
+from provisioning.gce.body import (
+    LEASE_KEY,
+    LEASE_S_KEY,
+    VmRequest,
+    instance_body,
+    lease_value,
+    lease_watcher_script,
+)
 from provisioning.gce.config import GceConfig
 from tests.fakes.gce_server import FakeGce
 from tests.fakes.keys import write_ssh_key
@@ -50,6 +58,7 @@ def test_every_vm_the_ps_too_gets_a_cloud_enforced_life_and_a_lease() -> None:
                                   "instanceTerminationAction": "DELETE"}
     items = {i["key"]: i["value"] for i in body["metadata"]["items"]}  # type: ignore[index]
     assert items[LEASE_KEY] == "1235"  # rounded up: rounding never shortens a lease
+    assert items[LEASE_S_KEY] == "900"  # what the VM times on its own clock
     assert "transient-lease-watcher" in items["startup-script"]
 
 
@@ -68,14 +77,9 @@ def test_the_vm_side_watcher_deletes_its_vm_once_the_lease_has_passed(fake: Fake
     fake.guest_lease_watch = False  # the real script does it here
     expires = int(time.time()) + 2
     fake.insert(ZONE, {"name": "vm-1", "metadata": {"items": [
-        {"key": LEASE_KEY, "value": str(expires)}]}}, None)
-    script = tmp_path / "lease.sh"
-    script.write_text(lease_watcher_script(poll_s=1))
+        {"key": LEASE_KEY, "value": str(expires)}, {"key": LEASE_S_KEY, "value": "2"}]}}, None)
     marker = tmp_path / "powered-off"
-    env = {"PATH": "/usr/bin:/bin", "TRANSIENT_METADATA_URL": fake.metadata_url(ZONE, "vm-1"),
-           "TRANSIENT_COMPUTE_URL": f"{fake.endpoint}/compute/v1",
-           "TRANSIENT_POWEROFF": f"touch {marker}"}  # never the test machine's shutdown
-    proc = subprocess.Popen(["bash", str(script)], env=env)
+    proc = start_lease_watcher(fake, tmp_path, "vm-1", marker)
     try:
         assert proc.wait(timeout=60) == 0
     finally:
@@ -85,6 +89,56 @@ def test_the_vm_side_watcher_deletes_its_vm_once_the_lease_has_passed(fake: Fake
     assert time.time() >= expires  # not before the lease had passed
     assert not marker.exists(), "powered off: the delete through the API failed"
     assert wait_until(lambda: fake.live_instances() == [], 30)  # deleted through the API
+    assert fake.calls["instances.delete"] == 1
+
+
+def start_lease_watcher(fake: FakeGce, tmp_path: Path, name: str,
+                        marker: Path) -> subprocess.Popen[bytes]:
+    """The VM-side lease watcher's real bash, run here against `name`'s fake metadata server,
+    polling every second; its power-off only touches `marker`."""
+    script = tmp_path / "lease.sh"
+    script.write_text(lease_watcher_script(poll_s=1))
+    env = {"PATH": "/usr/bin:/bin", "TRANSIENT_METADATA_URL": fake.metadata_url(ZONE, name),
+           "TRANSIENT_COMPUTE_URL": f"{fake.endpoint}/compute/v1",
+           "TRANSIENT_POWEROFF": f"touch {marker}"}  # never the test machine's shutdown
+    return subprocess.Popen(["bash", str(script)], env=env)
+
+
+@pytest.mark.skipif(shutil.which("curl") is None,
+                    reason="LEASE WATCHER NOT RUN: the VM-side watcher uses curl, missing here")
+def test_an_orchestrator_clock_an_hour_behind_neither_ends_nor_keeps_vms(
+        fake: FakeGce, tmp_path: Path) -> None:
+    """Audit D7: the orchestrator's stamps are an hour in the past (a laptop clock after
+    sleep), so comparing them with the VM's clock would end the VM at once. The watcher times
+    the lease from the stamp's last change on the VM's own clock: the VM lives while renewals
+    come, and ends `lease_s` after the last one."""
+    fake.guest_lease_watch = False  # the real script does it here
+    lease_s, skew_s = 3, -3600.0
+    fake.insert(ZONE, {"name": "vm-1", "metadata": {"items": [
+        {"key": LEASE_KEY, "value": lease_value(time.time() + skew_s + lease_s)},
+        {"key": LEASE_S_KEY, "value": str(lease_s)}]}}, None)
+    api = ComputeApi(GceConfig(project=PROJECT, api_endpoint=fake.endpoint,
+                               credentials="anonymous", retry_backoff_s=0.01))
+    marker = tmp_path / "powered-off"
+    proc = start_lease_watcher(fake, tmp_path, "vm-1", marker)
+    try:
+        renewals_until = time.time() + 3 * lease_s
+        stamp = time.time() + skew_s
+        while time.time() < renewals_until:  # renew every second, the stamps an hour old
+            stamp = max(time.time() + skew_s + lease_s, stamp + 1)
+            api.set_metadata_value(ZONE, "vm-1", LEASE_KEY, lease_value(stamp))
+            last_renewal = time.time()
+            assert proc.poll() is None and len(fake.live_instances()) == 1
+            time.sleep(1.0)
+        assert fake.calls["instances.delete"] == 0  # renewed for 3 x lease_s: still there
+        assert proc.wait(timeout=60) == 0  # renewals stopped: the watcher deletes the VM
+        assert time.time() >= last_renewal + lease_s  # not before lease_s of silence
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert not marker.exists(), "powered off: the delete through the API failed"
+    assert wait_until(lambda: fake.live_instances() == [], 30)
     assert fake.calls["instances.delete"] == 1
 
 

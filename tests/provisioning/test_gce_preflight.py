@@ -28,7 +28,7 @@ def test_every_problem_is_one_line_and_nothing_is_created(fake: FakeGce, make_pr
     for region in ("us-central1", "us-east1"):  # no region of provider.zones has a T4 for Spot
         fake.set_quota("NVIDIA_T4_GPUS", 0, region=region)
     fake.set_quota("IN_USE_ADDRESSES", 1, region="us-central1")
-    fake.image_families = set()  # the family is gone
+    fake.image_families, fake.image_catalogue = set(), {}  # the family is gone
     with storage_emulator():
         provider = make_provider(storage="gs://no-such-bucket/runs")
         with pytest.raises(PreflightError) as info:
@@ -42,7 +42,7 @@ def test_every_problem_is_one_line_and_nothing_is_created(fake: FakeGce, make_pr
     assert "quota NVIDIA_T4_GPUS in region us-central1: the plan needs 2, 0 free" in text
     assert "quota IN_USE_ADDRESSES in region us-central1: the plan needs 3, 1 free" in text
     assert any(line.startswith("provider.image_family: image family "
-                               "common-cu128-ubuntu-2404-nvidia-570 not found") for line in problems)
+                               "common-cu129-ubuntu-2404-nvidia-580 not found") for line in problems)
     assert any(line.startswith("provider.storage: bucket no-such-bucket does not exist")
                for line in problems)
     assert len(problems) == 6, text

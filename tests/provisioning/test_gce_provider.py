@@ -103,7 +103,8 @@ def test_poll_is_one_list_per_interval_and_maps_states(fake: FakeGce, make_provi
             states = provider.poll(cluster)
         assert set(states.values()) == {HostState.RUNNING}
         assert fake.calls["instances.aggregatedList"] - before["instances.aggregatedList"] == 1
-        assert fake.calls["instances.get"] == before.get("instances.get", 0) == 0
+        # No per-VM get: the acquire's only one reads the first VM's effective OS Login.
+        assert fake.calls["instances.get"] == before.get("instances.get", 0) == 1
     finally:
         provider.release(cluster)
     assert set(provider.poll(cluster).values()) == {HostState.TERMINATED}

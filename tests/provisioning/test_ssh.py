@@ -29,7 +29,13 @@ from pathlib import Path
 
 import pytest
 
-from provisioning.base import BadRequestError, ClusterRequest, HostSpec, HostState
+from provisioning.base import (
+    BadRequestError,
+    ClusterRequest,
+    ContactLostError,
+    HostSpec,
+    HostState,
+)
 from provisioning.host_runtime import HostRuntime
 from provisioning.journal import Journal, list_unreleased
 from provisioning.registry import get_provider
@@ -179,22 +185,105 @@ def test_output_that_follows_the_exit_status_is_read(ssh_testbed: SshTestBed,
 @pytest.mark.parametrize("fault", ["cut_link", "freeze"])
 def test_lost_host_is_reported_without_tcp_noticing(ssh_testbed: SshTestBed, tmp_path,
                                                     fault: str) -> None:
-    host = ssh_testbed.add_host()
+    """A machine that stops answering while another still answers is lost after
+    `unreachable_grace_s` (the heartbeat notices it, TCP does not), its roles' handles with it."""
+    host, other = ssh_testbed.add_host(), ssh_testbed.add_host()
     journal = Journal(tmp_path / "journal.jsonl")
-    provider = get_provider("ssh", provider_options(ssh_testbed, [host]), journal=journal)
-    cluster = provider.acquire(one_host_request(tmp_path))
-    worker = cluster.hosts[0]
+    provider = get_provider("ssh", provider_options(ssh_testbed, [host, other],
+                                                    unreachable_grace_s=2.0), journal=journal)
+    cluster = provider.acquire(ClusterRequest(
+        run_id=f"t{time.monotonic_ns()}", workdir=tmp_path / "run",
+        hosts=[HostSpec("worker-0", "worker"), HostSpec("worker-1", "worker")]))
+    worker, survivor = cluster.hosts
     process = provider.runner(worker).start(["sleep", "600"])
     try:
         assert provider.poll(cluster)[worker.id] == HostState.RUNNING
         (ssh_testbed.cut if fault == "cut_link" else ssh_testbed.freeze)(host)
         wait_state(provider, cluster, worker.id, HostState.REVOKED, LOSS_BOUND_S)
+        assert provider.poll(cluster)[survivor.id] == HostState.RUNNING
         assert process.wait(10) == -9  # the machine was lost with it
         assert not provider.runner(worker).alive()
     finally:
         (ssh_testbed.restore if fault == "cut_link" else ssh_testbed.thaw)(host)
         provider.release(cluster)  # reaches the machine again and stops the leftover
+    assert ssh_testbed.processes_left([host, other]) == {host.name: [], other.name: []}
+    assert list_unreleased(journal.path) == []
+
+
+#: A role that counts for about 30 s, one numbered line to stdout and one to stderr each 0.1 s.
+COUNTER = ("i=0; while [ $i -lt 300 ]; do echo line-$i; echo err-$i >&2; i=$((i+1)); "
+           "sleep 0.1; done; exit 7")
+
+
+@pytest.mark.slow
+def test_a_dropped_connection_costs_nothing(ssh_testbed: SshTestBed, tmp_path) -> None:
+    """The link to the only machine cut for longer than the heartbeat (our network, as far as
+    we can tell): the machine stays RUNNING, its role runs on, and once the link is back the
+    same handle reads on from where it was: every line once, in order, and the role's own
+    exit code. Nothing is restarted or killed."""
+    host = ssh_testbed.add_host()
+    journal = Journal(tmp_path / "journal.jsonl")
+    provider = get_provider("ssh", provider_options(ssh_testbed, [host]), journal=journal)
+    cluster = provider.acquire(one_host_request(tmp_path))
+    worker = cluster.hosts[0]
+    log_path = tmp_path / "role.log"
+    process = provider.runner(worker).start(["sh", "-c", COUNTER], log_path=log_path)
+    machine = provider._host_machine[worker.id]
+    try:
+        assert process.readline() == "line-0\n"
+        ssh_testbed.cut(host)
+        try:
+            deadline = time.monotonic() + LOSS_BOUND_S
+            while machine.unreachable_since is None:  # the heartbeat notices the cut
+                assert time.monotonic() < deadline, "the cut was not noticed"
+                assert provider.poll(cluster)[worker.id] == HostState.RUNNING
+                time.sleep(0.2)
+            for _ in range(20):  # 4 s more, well past the heartbeat's verdict
+                assert provider.poll(cluster)[worker.id] == HostState.RUNNING
+                assert process.poll() is None
+                time.sleep(0.2)
+        finally:
+            ssh_testbed.restore(host)
+        lines = [process.readline() for _ in range(299)]
+        assert process.wait(60) == 7
+        assert process.readline() == ""
+    finally:
+        provider.release(cluster)
+    assert lines == [f"line-{i}\n" for i in range(1, 300)]
+    assert log_path.read_text().split() == [f"err-{i}" for i in range(300)]
+    assert process.reattached >= 1 and machine.reconnects >= 1
     assert ssh_testbed.processes_left([host]) == {host.name: []}
+    assert list_unreleased(journal.path) == []
+
+
+@pytest.mark.slow
+def test_no_machine_answering_past_the_outage_grace_stops_the_run_resumable(
+        ssh_testbed: SshTestBed, tmp_path) -> None:
+    """Every machine silent for `outage_grace_s`: they are lost, and poll says so as
+    ContactLostError (the orchestrator's network: restarting elsewhere would not help).
+    The release stops what runs there once the link is back."""
+    host = ssh_testbed.add_host()
+    journal = Journal(tmp_path / "journal.jsonl")
+    provider = get_provider("ssh", provider_options(ssh_testbed, [host], outage_grace_s=3.0),
+                            journal=journal)
+    cluster = provider.acquire(one_host_request(tmp_path))
+    worker = cluster.hosts[0]
+    process = provider.runner(worker).start(["sleep", "600"])
+    try:
+        ssh_testbed.cut(host)
+        try:
+            deadline = time.monotonic() + LOSS_BOUND_S
+            with pytest.raises(ContactLostError, match=r"provider\.outage_grace_s"):
+                while True:
+                    provider.poll(cluster)
+                    assert time.monotonic() < deadline, "contact never declared lost"
+                    time.sleep(0.2)
+            assert process.wait(10) == -9
+        finally:
+            ssh_testbed.restore(host)
+    finally:
+        provider.release(cluster)
+    assert ssh_testbed.processes_left([host], within_s=10.0) == {host.name: []}
     assert list_unreleased(journal.path) == []
 
 

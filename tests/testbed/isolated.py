@@ -387,6 +387,17 @@ class IsolatedTestBed(HostSignals):
     def restore(self, host: IsolatedHost) -> None:
         _ip("link", "set", host.veth, "up")
 
+    def drop_orchestrator(self) -> None:
+        """Take the test machine off the bed's network (its address on the bridge removed:
+        nothing reaches the hosts from here, nor here from them), while the hosts still reach
+        each other over the bridge: the user's own network dropping mid-run."""
+        _ip("addr", "del", f"{self.gateway}/24", "dev", self.bridge)
+
+    def restore_orchestrator(self) -> None:
+        """Undo `drop_orchestrator` (idempotent)."""
+        subprocess.run(["ip", "addr", "add", f"{self.gateway}/24", "dev", self.bridge],
+                       capture_output=True)
+
     def ssh_argv(self, host: IsolatedHost, user: str | None = None) -> list[str]:
         """An `ssh` command line for `host` with the bed's key and strict known_hosts."""
         return ["ssh", "-i", str(self.client_key), "-o", f"UserKnownHostsFile={self.known_hosts}",

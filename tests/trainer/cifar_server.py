@@ -93,7 +93,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         b = self.server.behaviour  # type: ignore[attr-defined]
-        record = {"path": self.path, "range": self.headers.get("Range"), "sent": 0}
+        record = {"path": self.path, "range": self.headers.get("Range"), "sent": 0,
+                  "client": self.client_address[0]}
         b.requests.append(record)
         name = self.path.rsplit("/", 1)[-1]
         if b.status is not None or name not in b.files:
@@ -133,9 +134,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 class ArchiveServer:
     """``with ArchiveServer() as srv:`` serves ``srv.behaviour.files`` at ``srv.base_url``."""
 
-    def __init__(self) -> None:
-        self.behaviour = Behaviour()
-        self._httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+    def __init__(self, address: str = "127.0.0.1") -> None:
+        self.behaviour = Behaviour()  # `address`: e.g. a test bed's bridge, for its hosts
+        self._httpd = http.server.ThreadingHTTPServer((address, 0), _Handler)
         self._httpd.behaviour = self.behaviour  # type: ignore[attr-defined]
         self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
 

@@ -21,7 +21,7 @@ from orchestrator.config.validation import validate_data_dir
 from orchestrator.runtime import data as data_step
 from orchestrator.validate import compose_experiment
 from provisioning.base import ClusterRequest, HostSpec, Role
-from provisioning.local import LocalProvider
+from provisioning.local import LocalHostRunner, LocalProvider
 from trainer import data
 from trainer.problems import get_problem
 
@@ -125,25 +125,81 @@ def test_offline_run_stops_with_one_line_before_provisioning(tmp_path: Path) -> 
     assert {p.name for p in run_dir.iterdir()} <= {".hydra", "__main__.log"}
 
 
-def test_stage_dataset_copies_to_the_hosts_that_read_it(tmp_path: Path,
-                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_staging_pushes_what_a_host_lacks_once(tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """A host without a dataset cache (here a local host, staged as if remote) gets the files
+    pushed into its work dir; a second staging (a restart's) pushes nothing, and a changed file
+    is the only one sent again."""
     archive = make_archive("cifar-100-binary.tar.gz")
     folder = fetch_served(monkeypatch, archive, tmp_path / "cache")
     hosts = [HostSpec("ps-0", Role.PS), HostSpec("worker-0", Role.WORKER),
              HostSpec("chief-0", Role.CHIEF), HostSpec("evaluator-0", Role.EVALUATOR)]
     provider = LocalProvider(provision_delay_s=0.0)
     cluster = provider.acquire(ClusterRequest("stage", hosts, tmp_path / "run"))
+    readers = [h for h in cluster.hosts if data_step.reads_data(cluster, h)]
+
+    def stage() -> list[data_step.Staged]:
+        stager = data_step.DataStager(folder, tmp_path / "run")  # one per deployment
+        return [stager.stage(h, provider.runner(h)) for h in readers]
+
     try:
-        remote = data_step.stage_dataset(provider, cluster, folder)
+        first = stage()
+        again = stage()
+        changed = folder / "cifar-100-binary" / "test.bin"
+        changed.write_bytes(changed.read_bytes()[::-1])
+        third = stage()
     finally:
         provider.release(cluster)
-    assert remote == "data/cifar100"
+    assert [h.role for h in readers] == [Role.CHIEF, Role.EVALUATOR]
+    assert [s.how for s in first] == ["pushed", "pushed"]
+    assert [s.pushed_bytes for s in first] == [data.folder_bytes(folder)] * 2
+    assert [(s.how, s.pushed_bytes) for s in again] == [("pushed", 0), ("pushed", 0)]
+    assert [s.pushed_bytes for s in third] == [changed.stat().st_size] * 2
     for host in cluster.hosts:
-        staged = host.workdir / remote
+        staged = host.workdir / data_step.staged_path(folder)
         if host.role in data_step.READING_ROLES:
-            check_arrays(get_problem("image_cifar100").load(str(staged), 0), archive)
+            assert (staged / "cifar-100-binary" / "test.bin").read_bytes() == changed.read_bytes()
         else:
             assert not staged.exists(), host.id
+
+
+class CachedRunner(LocalHostRunner):
+    """A local host staged as if remote, with a dataset cache beside the run's hosts: every
+    local host has the same address, so they share it as machines at one address would."""
+
+    shares_orchestrator_fs = False
+
+    def dataset_cache(self) -> Path:
+        return self.host.workdir.parents[1] / "datasets"
+
+
+class CachedProvider(LocalProvider):
+    runner_class = CachedRunner
+
+
+def test_machines_at_one_address_share_one_pushed_copy(tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    folder = fetch_served(monkeypatch, make_archive("cifar-100-binary.tar.gz"), tmp_path / "c")
+    provider = CachedProvider(provision_delay_s=0.0)
+    cluster = provider.acquire(ClusterRequest("share", [
+        HostSpec("ps-0", Role.PS), HostSpec("chief-0", Role.CHIEF),
+        HostSpec("evaluator-0", Role.EVALUATOR)], tmp_path / "run"))
+    chief, evaluator = cluster.hosts[1:]
+    try:
+        stager = data_step.DataStager(folder, tmp_path / "run")
+        first = [stager.stage(h, provider.runner(h)) for h in (chief, evaluator)]
+        restart = data_step.DataStager(folder, tmp_path / "run")
+        again = [restart.stage(h, provider.runner(h)) for h in (chief, evaluator)]
+    finally:
+        provider.release(cluster)
+    assert chief.address == evaluator.address and chief.workdir != evaluator.workdir
+    assert [(s.how, s.pushed_bytes) for s in first] == [
+        ("pushed", data.folder_bytes(folder)), ("shared", 0)]
+    assert [(s.how, s.pushed_bytes) for s in again] == [("pushed", 0), ("shared", 0)]
+    links = [(h.workdir / data_step.staged_path(folder)) for h in (chief, evaluator)]
+    assert all(link.is_symlink() for link in links)
+    assert {link.resolve().parent for link in links} == {tmp_path / "run" / "datasets"}
+    assert data.holds_files("image_cifar100", links[1])
 
 
 @pytest.mark.slow
