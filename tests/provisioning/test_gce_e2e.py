@@ -21,7 +21,9 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -74,6 +76,28 @@ def cli_argv(fake: IsolatedFakeGce, bed: IsolatedTestBed, image: str, run_dir: P
         "progress=false", *extra, f"hydra.run.dir={run_dir}"]
 
 
+def preempt_a_worker_when(fake: IsolatedFakeGce, proc: subprocess.Popen[str], run_dir: Path,
+                          reached: Callable[[dict], bool], what: str) -> tuple[Any, Any, str]:
+    """Once an event of the run satisfies `reached`, preempt a worker's Spot VM (its host goes
+    off `stop_s` later) and wait for the run's end: (the VM, its host's pid namespace, the
+    run's output). The run is killed if anything fails meanwhile."""
+    deadline = time.monotonic() + RUN_TIMEOUT_S
+    try:
+        while not any(reached(e) for e in events(run_dir)):
+            assert proc.poll() is None, proc.stdout.read()[-4000:]  # type: ignore[union-attr]
+            assert time.monotonic() < deadline, f"no {what}"
+            time.sleep(0.05)
+        worker = next(i for i in fake.live_instances() if i.body["labels"]["role"] == "worker")
+        pidns = fake.host_of(worker.zone, worker.name).pidns
+        fake.preempt(worker.zone, worker.name)
+        out, _ = proc.communicate(timeout=max(10, deadline - time.monotonic()))
+    except BaseException:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise
+    return worker, pidns, out
+
+
 def test_cli_on_fake_gce_stockout_preemption_and_nothing_left(
         module_isolated_bed: IsolatedTestBed, baked_runtime: BakedRuntime,
         tmp_path: Path) -> None:
@@ -85,22 +109,9 @@ def test_cli_on_fake_gce_stockout_preemption_and_nothing_left(
         argv = cli_argv(fake, bed, image, run_dir, "job.train_steps=400")
         proc = subprocess.Popen(argv, cwd=REPO, env=ENV, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True, start_new_session=True)
-        try:
-            deadline = time.monotonic() + RUN_TIMEOUT_S
-            while not any(e.get("kind") == "step" and e.get("step", 0) >= 100
-                          for e in events(run_dir)):
-                assert proc.poll() is None, proc.stdout.read()[-4000:]  # type: ignore[union-attr]
-                assert time.monotonic() < deadline, "no training step 100"
-                time.sleep(0.2)
-            worker = next(i for i in fake.live_instances()
-                          if i.body["labels"]["role"] == "worker")
-            pidns = fake.host_of(worker.zone, worker.name).pidns
-            fake.preempt(worker.zone, worker.name)  # its host goes off `stop_s` later
-            out, _ = proc.communicate(timeout=max(10, deadline - time.monotonic()))
-        except BaseException:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
-            raise
+        worker, pidns, out = preempt_a_worker_when(
+            fake, proc, run_dir, lambda e: e.get("kind") == "step" and e.get("step", 0) >= 100,
+            "training step 100")
         assert proc.returncode == 0, out[-4000:]
         assert not fake.boot_errors, fake.boot_errors
         assert not isolated.live_processes([pidns])  # the preempted VM's processes died
@@ -144,20 +155,8 @@ def test_cli_on_fake_gce_worker_preempted_before_training_is_replaced(
         argv = cli_argv(fake, bed, image, run_dir, "job.train_steps=200", "preflight=false")
         proc = subprocess.Popen(argv, cwd=REPO, env=ENV, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True, start_new_session=True)
-        try:
-            deadline = time.monotonic() + RUN_TIMEOUT_S
-            while not any(e.get("kind") == "provisioned" for e in events(run_dir)):
-                assert proc.poll() is None, proc.stdout.read()[-4000:]  # type: ignore[union-attr]
-                assert time.monotonic() < deadline, "never provisioned"
-                time.sleep(0.05)
-            worker = next(i for i in fake.live_instances()
-                          if i.body["labels"]["role"] == "worker")
-            fake.preempt(worker.zone, worker.name)  # its host goes off `stop_s` later
-            out, _ = proc.communicate(timeout=max(10, deadline - time.monotonic()))
-        except BaseException:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
-            raise
+        worker, _, out = preempt_a_worker_when(
+            fake, proc, run_dir, lambda e: e.get("kind") == "provisioned", "provisioned")
         assert proc.returncode == 0, out[-4000:]
         assert not fake.boot_errors, fake.boot_errors
         summary = json.loads((run_dir / "summary.json").read_text())
