@@ -330,11 +330,8 @@ class SshHostRunner(HostRunner):
 
     def _check(self) -> SshConnection:
         if not self._gone and self.machine.alive():
-            try:
-                connection = self.machine.await_connection(
-                    None, self.machine.provider.config.command_timeout_s)
-            except SshUnreachableError:
-                raise
+            connection = self.machine.await_connection(  # SshUnreachableError after the wait
+                None, self.machine.provider.config.command_timeout_s)
             if connection is not None:
                 return connection
         reason = self.machine.lost_reason or (

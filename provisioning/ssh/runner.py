@@ -402,13 +402,6 @@ class RoleLauncher:
             self._started.append(process)
         return process
 
-    def unobserved(self) -> list[tuple[int, int | None]]:
-        """(pgid, ticks) of groups whose end was never seen on the host (the machine was lost
-        while they ran): they may still run there."""
-        with self._lock:
-            return [(p.pid, p.ticks) for p in self._started if p.poll() is not None
-                    and not p.observed]
-
     def maybe_running(self) -> list[tuple[int, int | None]]:
         """(pgid, ticks) of every group whose end was not seen on the host, whether or not its
         handle has noticed the loss yet (a connection replaced after a cut link)."""
