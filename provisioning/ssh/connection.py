@@ -238,6 +238,7 @@ class SshConnection:
         self._channel_lock = threading.Lock()
         self._sftp_lock = threading.Lock()
         self._sftp: paramiko.SFTPClient | None = None
+        self._session: tuple[int, int] | tuple[()] | None = None  # session_process, once
         self._closed = threading.Event()
         self._heartbeat: threading.Thread | None = None
         self.attempts = 0  # connection attempts the last connect() made (a booting machine)
@@ -453,6 +454,36 @@ class SshConnection:
                 self._sftp.get_channel().settimeout(self.timeouts.command_s)
             yield self._sftp
 
+    def session_process(self) -> tuple[int, int] | None:
+        """(pid, start ticks) of the host's sshd process serving this connection, read once
+        over SFTP from /proc: the SFTP server's nearest `sshd*` ancestor that is not sshd's own
+        SFTP child (internal-sftp); None where /proc cannot be read. Why: when our side of a connection
+        dies without a goodbye (our network dropped), the host's sshd holds that session and
+        its SFTP server until its TCP keepalive gives up, hours later; the next connection
+        ends it (`end_session_command`), and the start ticks make sure no other process that
+        reused the pid is signalled."""
+        if self._session is not None:
+            return self._session or None
+        found: tuple[int, int] | None = None
+        with contextlib.suppress(OSError, ValueError, IndexError, paramiko.SSHException,
+                                 ProvisionError, EOFError), self.sftp() as sftp:
+            path = "/proc/self/stat"
+            for _ in range(5):  # sftp-server, maybe a shell, the connection's sshd
+                with sftp.open(path) as handle:
+                    stat = handle.read().decode()
+                pid = int(stat.split(" ", 1)[0])
+                comm = stat[stat.index("(") + 1:stat.rindex(")")]
+                fields = stat[stat.rindex(")") + 2:].split()
+                if comm.startswith("sshd"):
+                    with sftp.open(f"/proc/{pid}/cmdline") as handle:
+                        internal = b"internal-sftp" in handle.read()
+                    if not internal:
+                        found = (pid, int(fields[19]))
+                        break
+                path = f"/proc/{int(fields[1])}/stat"
+        self._session = found or ()
+        return found
+
     # --- liveness -----------------------------------------------------------------------------
 
     def _beat(self) -> None:
@@ -517,6 +548,15 @@ class SshConnection:
         if client is not None:
             # Closing a transport whose peer vanished can block on its socket: do it aside.
             threading.Thread(target=client.close, daemon=True, name="ssh-close").start()
+
+
+def end_session_command(pid: int, ticks: int) -> str:
+    """Shell command ending the sshd session process `pid` (`SshConnection.session_process`)
+    if it is still that process (same start ticks, an `sshd*` command name): its channels'
+    programs (the SFTP server, followers) end with it. Exits 0 whatever it finds."""
+    return (f'P={int(pid)}; [ "$(sed "s/^.*) //" /proc/$P/stat 2>/dev/null | cut -d" " -f20)" '
+            f'= "{int(ticks)}" ] && case "$(cat /proc/$P/comm 2>/dev/null)" in sshd*) '
+            'kill -TERM $P 2>/dev/null;; esac; true')
 
 
 def _one_line(error: object) -> str:

@@ -67,6 +67,7 @@ from provisioning.ssh.connection import (
     SshTarget,
     SshTimeouts,
     SshUnreachableError,
+    end_session_command,
     set_handshake_limit,
 )
 from provisioning.ssh.runner import (
@@ -178,6 +179,7 @@ class Machine:
                 raise ProvisionError(f"ssh host {self.name}: cannot create its root {root}: "
                                      f"{error}") from None
         self.root = root
+        self.connection.session_process()  # known while it lives (`_end_stale_session`)
         with self._link:
             if self.state == HostState.REVOKED:  # declared lost while it was opened
                 self.connection.close()
@@ -220,18 +222,33 @@ class Machine:
                     self._link.wait(delay)
                 delay = min(delay * 1.5, RECONNECT_MAX_DELAY_S)
                 continue
+            connection.session_process()
             with self._link:
                 if self.state != HostState.RUNNING or self._closing:
                     connection.close()
                     return
                 since = self.unreachable_since or time.monotonic()
-                self.connection = connection
+                stale, self.connection = self.connection, connection
                 self.unreachable_since = self.alone_since = None
                 self.reconnects += 1
                 self._link.notify_all()
             log.warning("ssh host %s reachable again after %.0f s", self.name,
                         time.monotonic() - since)
+            self._end_stale_session(stale, connection)
             return
+
+    def _end_stale_session(self, stale: SshConnection | None, live: SshConnection) -> None:
+        """End, over `live`, the host's side of the dropped connection `stale`: its sshd still
+        holds that session (and its SFTP server) until its own keepalive gives up, since our
+        side vanished without a goodbye. Best effort: a failure leaves only that session."""
+        session = stale.session_process() if stale is not None else None
+        if session is None or session == live.session_process():
+            return
+        try:
+            live.run(end_session_command(*session), check=False)
+        except ProvisionError as error:
+            log.info("ssh host %s: the dropped connection's session was not ended: %s",
+                     self.name, error)
 
     def declare_lost(self, reason: str) -> None:
         """The machine is gone for this run (its provider's decision): waiters get None, its
