@@ -9,10 +9,10 @@ command again on the same hosts. It reads the `host_setup` events (orchestrator/
 deploy.py): the bytes each machine was sent while it was set up, counted on its SSH socket
 (the wheel, the setup script, the spec, the lease, the data commands, a push), and how it
 got the dataset; and the time from the hosts' connection (`provisioned`) to the first
-training step. Why this bed and not the fake cloud: the headline on the fake (`make gce-fake`,
-isolated hosts, a baked image) takes ~10 minutes of the 2 cores; the SSH bed exercises the
-same deployer, runner and counter in about a minute. Needs root, `ip` and sshd (like the
-tests); otherwise the section says why nothing was measured.
+training step. The same figures on the fake cloud (the headline's experiment, isolated VMs
+from the baked image, a restart onto a new VM): bench/cloud_transfer.py; this bed adds a second
+run on the same hosts. Needs root, `ip` and sshd (like the tests); otherwise the section says
+why nothing was measured.
 """
 
 from __future__ import annotations

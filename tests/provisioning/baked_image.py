@@ -29,18 +29,15 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+# the fake cloud's settings: there, where the benchmark (no pytest) imports them too
+from tests.fakes.isolated_gce import FAKE_TIMES, FAMILY, ZONES, provider_args  # noqa: F401
+
 if TYPE_CHECKING:
     from tests.provisioning.gce_fixtures import IsolatedFakeGce
     from tests.testbed.isolated import Disk, IsolatedTestBed
 
-# conf/provider/gce.yaml's zone order; the headline stocks the first out.
-ZONES = ("us-west1-b", "us-west1-a", "us-central1-a", "us-central1-b")
-FAMILY = ("debian-cloud", "debian-13")  # Python 3.13: not the orchestrator's minor
 BAKE_TIMEOUT_S = 900
 ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONUNBUFFERED": "1"}
-#: the fake's timings, fast (every test on isolated hosts uses these)
-FAKE_TIMES: dict[str, float] = {"provision_s": 0.2, "staging_s": 0.2, "insert_op_s": 0.1,
-                                "delete_op_s": 0.2, "stop_s": 0.2, "wait_cap_s": 1.0}
 
 
 @dataclass(frozen=True)
@@ -55,18 +52,6 @@ class BakedImage:
     @property
     def name(self) -> str:
         return self.url.rsplit("/", 1)[1]
-
-
-def provider_args(fake: IsolatedFakeGce, bed: IsolatedTestBed) -> list[str]:
-    """The fake cloud and its VMs' facts: the endpoint, anonymous credentials, the bed's key,
-    the base family, and the fake's GPUs being labels (test_gce_headline's docstring). Faster
-    polls. No provider.python, ssh_user or remote_root: the VMs are isolated hosts."""
-    return [f"provider.api_endpoint={fake.endpoint}", "provider.credentials=anonymous",
-            f"provider.project={fake.project}", f"provider.ssh_key={bed.client_key}",
-            f"provider.image_project={FAMILY[0]}", f"provider.image_family={FAMILY[1]}",
-            "provider.extra=cpu", "provider.gpu_check=false",
-            "provider.poll_interval_s=0.5", "provider.ready_poll_s=0.1",
-            "provider.host_key_poll_s=0.2"]
 
 
 def bake_image(fake: IsolatedFakeGce, bed: IsolatedTestBed, cwd: Path) -> str:
