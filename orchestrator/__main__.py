@@ -61,7 +61,9 @@ def _run_one(cfg: DictConfig) -> dict[str, Any] | None:
 
     killpoints.hit("point_start")
     hc = HydraConfig.get()
-    check_label_overrides(list(hc.overrides.task), dict(hc.runtime.choices))
+    # as typed: `description=${x}` is an override's text, not an interpolation of this list
+    overrides = [str(o) for o in OmegaConf.to_container(hc.overrides.task, resolve=False)]
+    check_label_overrides(overrides, dict(hc.runtime.choices))
     run_dir = Path(hc.runtime.output_dir)
     resumption = None
     if resume.active():  # python -m orchestrator --resume DIR (orchestrator/resume.py)
@@ -77,7 +79,6 @@ def _run_one(cfg: DictConfig) -> dict[str, Any] | None:
             cfg = OmegaConf.create(resume.recorded_config(run_dir))
     exp, plan = load_and_plan(cfg)
     plan.prediction = predict_band(exp, plan)  # None when no fitted model covers this setup
-    overrides = list(hc.overrides.task)
     multirun = hc.mode is not None and hc.mode.name == "MULTIRUN"
     title = exp.name
     if multirun:
@@ -175,10 +176,13 @@ def _on_sigterm(signum: int, frame: object) -> None:
 def main() -> None:
     """Console entry point; also ``python -m orchestrator``."""
     from orchestrator.config.hydra_errors import (
+        blame_interpolated_field,
         check_group_overrides,
         config_error_from_hydra,
         exact_item_error,
         explain,
+        open_mapping_overrides,
+        path_too_long,
     )
 
     register_configs()
@@ -199,7 +203,7 @@ def main() -> None:
         sys.exit(CONFIG_ERROR_EXIT_CODE)
     if argv is None:
         return  # a resume's dry run, printed
-    sys.argv = normalise_argv(argv)
+    sys.argv = open_mapping_overrides(normalise_argv(argv))  # provider.labels={team: ml}
     try:
         check_group_overrides([a for a in sys.argv[1:] if not a.startswith("-")])
     except ConfigError as err:
@@ -213,7 +217,8 @@ def main() -> None:
         print("interrupted: every process was stopped and every host released", file=sys.stderr)
         sys.exit(INTERRUPTED_EXIT_CODE)
     except Exception as ex:
-        err = _find_config_error(ex, config_error_from_hydra)
+        overrides = [a for a in sys.argv[1:] if not a.startswith("-")]
+        err = _find_config_error(ex, config_error_from_hydra) or path_too_long(ex, overrides)
         if err is None:
             if user_full_error:
                 raise
@@ -221,8 +226,8 @@ def main() -> None:
 
             traceback.print_exc()
             sys.exit(1)
-        overrides = [a for a in sys.argv[1:] if not a.startswith("-")]
-        err = user_repo.explain_missing(explain(exact_item_error(err, overrides)))
+        err = blame_interpolated_field(exact_item_error(err, overrides), overrides)
+        err = user_repo.explain_missing(explain(err))
         print(err.line(), file=sys.stderr)
         sys.exit(CONFIG_ERROR_EXIT_CODE)
     from orchestrator.sweep import failed_runs

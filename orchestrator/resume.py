@@ -285,14 +285,15 @@ def _events(run_dir: Path) -> list[dict[str, Any]]:
 def _lines(path: Path) -> list[str]:
     try:
         return path.read_text().splitlines()
-    except OSError:
+    except (OSError, UnicodeDecodeError):
         return []
 
 
 def _read_yaml(path: Path) -> Any:
+    """The file's YAML; None when it is missing, unreadable, not UTF-8 or not YAML."""
     try:
-        return yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError):
+        return yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
         return None
 
 
@@ -355,7 +356,8 @@ def inspect(target: Target, retry: bool) -> None:
             config = _read_yaml(point.run_dir / results.CONFIG_FILE)
             if not isinstance(config, dict):
                 raise ResumeRefused(f"resume: {point.run_dir / results.CONFIG_FILE} cannot be "
-                                    "read")
+                                    "read as the YAML mapping a run records (missing, not "
+                                    "UTF-8, or damaged)")
             try:
                 validate(to_experiment(config))
             except ConfigError as err:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
@@ -56,11 +57,60 @@ def point_error_exit(ex: BaseException, point: Sequence[str]) -> None:
     sys.exit(CONFIG_ERROR_EXIT_CODE)
 
 
-def expand_sweep(overrides: Sequence[str]) -> list[list[str]]:
-    """Every combination of a command line's sweep overrides (BasicSweeper's cross product)."""
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+def expand_sweep(overrides: Sequence[str], config_loader: Any = None) -> list[list[str]]:
+    """Every combination of a command line's sweep overrides (BasicSweeper's cross product).
 
-    parsed = OverridesParser.create().parse_overrides(list(overrides))
+    ``config_loader`` lists a group's options for ``glob()`` (Hydra's while it runs; else one
+    made here, for a resume's replay and the simulated sweep). A sweep
+    that cannot be expanded, or that has no point (``glob(*)`` of a setting that is not a
+    group, ``range(3,1)``), raises :class:`ConfigError` naming its key: the sweep would
+    otherwise fail with a traceback, or launch nothing and exit 0.
+    """
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.global_hydra import GlobalHydra
+
+    from orchestrator.config.errors import ConfigError
+
+    if config_loader is None and GlobalHydra.instance().is_initialized():
+        config_loader = GlobalHydra.instance().config_loader()
+    if config_loader is None and any("glob(" in o for o in overrides):
+        from hydra import initialize_config_module
+
+        from hydra_plugins.transient_launcher import register_plugins
+        from orchestrator.config.schema import register_configs
+        from orchestrator.paths import CONF_PACKAGE
+
+        register_configs()
+        register_plugins()  # the user's groups are globbed too
+        with initialize_config_module(version_base="1.3", config_module=CONF_PACKAGE):
+            return expand_sweep(overrides, GlobalHydra.instance().config_loader())
+    parser = OverridesParser.create(config_loader=config_loader)
+    parsed = []
+    for text in overrides:
+        key = text.split("=", 1)[0].lstrip("+~")
+        value = text.split("=", 1)[1] if "=" in text else ""
+        try:
+            override = parser.parse_overrides([text])[0]
+            values = list(override.sweep_string_iterator()) \
+                if override.is_sweep_override() and override.is_discrete_sweep() else None
+        except ValueError as ex:  # range(1,3,0): Hydra's own argument check
+            raise ConfigError(key, f"'{value}' is not a sweep: {ex}",
+                              "e.g. range(1,9,2), or list the values: 1,3,5,7") from None
+        except HydraException as ex:
+            if "ConfigLoader is not set" not in str(ex):
+                raise
+            raise ConfigError(key, f"'{value}' needs the config groups' options",
+                              "list the options: a,b,c") from None
+        if override.is_sweep_override() and values is None:
+            raise ConfigError(key, f"'{value}' is a continuous interval, which only an "
+                              "optimizing sweeper samples; this one runs listed points",
+                              "list the values (1,2,4) or use range(start,stop,step)")
+        if values == []:
+            hint = ("glob() chooses among a config group's options, as in sync=glob(*); "
+                    "list this setting's values: a,b,c") if "glob(" in value \
+                else "list the values: a,b,c"
+            raise ConfigError(key, f"'{value}' gives no value: the sweep has no points", hint)
+        parsed.append(override)
     batches = BasicSweeper.split_arguments(parsed, None)
     return [list(combo) for combo in batches[0]]
 
@@ -74,14 +124,30 @@ class SweepValidator(Callback):
     """
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        from hydra import compose
+        # as typed: `name=${x}` is an override's text, not an interpolation of this list
+        task = [str(o) for o in OmegaConf.to_container(
+            OmegaConf.select(config, "hydra.overrides.task") or OmegaConf.create([]),
+            resolve=False)]
+        try:
+            self._validate(config, task)
+        except SystemExit:
+            raise
+        except Exception as ex:  # anything else would be a warning, and the sweep would run
+            stop_sweep(ex, task)
 
+    def _validate(self, config: DictConfig, task: list[str]) -> None:
+        from hydra import compose
+        from hydra.core.global_hydra import GlobalHydra
+
+        from orchestrator.config.errors import CONFIG_ERROR_EXIT_CODE, ConfigError
+        from orchestrator.config.hydra_errors import check_group_overrides
         from orchestrator.config.load import to_experiment
         from orchestrator.config.validation import validate
 
         global sweep_size, _sweep_lock
-        from orchestrator.config.errors import CONFIG_ERROR_EXIT_CODE, ConfigError
-
+        params = OmegaConf.select(config, "hydra.sweeper.params") or {}
+        task = [f"{k}={v}" for k, v in params.items()] + task
+        combos = expand_sweep(task, GlobalHydra.instance().config_loader())
         sweep_dir = Path(str(OmegaConf.select(config, "hydra.sweep.dir")))
         sweep_dir.mkdir(parents=True, exist_ok=True)
         try:
@@ -90,20 +156,36 @@ class SweepValidator(Callback):
             print(ConfigError("hydra.sweep.dir", err.problem, err.allowed).line(),
                   file=sys.stderr)
             sys.exit(CONFIG_ERROR_EXIT_CODE)
-        task = list(OmegaConf.select(config, "hydra.overrides.task") or [])
-        params = OmegaConf.select(config, "hydra.sweeper.params") or {}
-        task = [f"{k}={v}" for k, v in params.items()] + task
-        combos = expand_sweep(task)
         sweep_size = len(combos)
         # compose() builds its own search path: the command line's extra config dirs with it
         search = [str(p) for p in OmegaConf.select(config, "hydra.searchpath") or []]
         extra = [f"hydra.searchpath=[{','.join(search)}]"] if search else []
-        for combo in combos:
+        for combo in combos:  # every point, before the first runs
             try:
+                check_group_overrides(combo)  # sync=glob(*) takes the schema base_sync too
                 validate(to_experiment(compose(config_name="config",
                                                overrides=[*combo, *extra])))
             except Exception as ex:
                 point_error_exit(ex, combo)
+
+
+def stop_sweep(ex: BaseException, task: Sequence[str]) -> None:
+    """A sweep that cannot be expanded or whose folder cannot be made: one line and exit 2 for
+    a config error (the field named), 1 for anything else; never a traceback, never a run."""
+    from orchestrator.config.errors import CONFIG_ERROR_EXIT_CODE
+    from orchestrator.config.hydra_errors import (
+        blame_interpolated_field,
+        config_error_from_hydra,
+        path_too_long,
+    )
+
+    err = config_error_from_hydra(ex) or path_too_long(ex, task)
+    if err is None:
+        print(f"error: the sweep could not be validated: {type(ex).__name__}: {ex}",
+              file=sys.stderr)
+        sys.exit(1)
+    print(blame_interpolated_field(err, list(task)).line(), file=sys.stderr)
+    sys.exit(CONFIG_ERROR_EXIT_CODE)
 
 
 def override_columns(overrides: Sequence[str]) -> dict[str, str]:
@@ -215,6 +297,6 @@ def _overrides(run_dir: Path) -> list[str]:
 
     try:
         data = yaml.safe_load((run_dir / ".hydra" / "overrides.yaml").read_text())
-    except (OSError, yaml.YAMLError):
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
         return []
     return [str(o) for o in data] if isinstance(data, list) else []

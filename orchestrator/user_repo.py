@@ -105,6 +105,31 @@ def ambiguity_error(name: str, files: list[Path]) -> ConfigError:
                        + " and by ".join(str(f) for f in files), "keep one of them")
 
 
+def shown(path: Path) -> str:
+    """A file as a message names it: relative to the current folder when below it."""
+    relative = os.path.relpath(path)
+    return str(path) if relative.startswith("..") else relative
+
+
+def config_file(config_path: str) -> Path | None:
+    """The user's file (or the file pinned) that Hydra's ``experiment/NAME`` or
+    ``GROUP/NAME`` stands for; None when it is a packaged one."""
+    group, _, name = config_path.partition("/")
+    if group == "experiment":
+        found = experiment_candidates(user_root(), name)
+        return found[0] if found else None
+    root = user_root()
+    path = root / CONF / f"{config_path}.yaml" if root is not None else None
+    return path if path is not None and path.is_file() else None
+
+
+def not_text_error(path: Path, ex: UnicodeDecodeError) -> ConfigError:
+    """A config file that is not UTF-8 text (binary content, or another encoding): the file,
+    and a byte that is not."""
+    return ConfigError(shown(path), f"is not UTF-8 text (it holds the byte 0x"
+                       f"{ex.object[ex.start]:02x})", "a YAML file saved as UTF-8")
+
+
 @contextlib.contextmanager
 def pinned(files: Mapping[str, Path]) -> Iterator[None]:
     """Within the block, ``+experiment=NAME`` reads the given file for each NAME."""

@@ -44,6 +44,7 @@ def compose_experiment(name: str, overrides: Sequence[str] = ()) -> ExperimentCo
         config_error_from_hydra,
         exact_item_error,
         explain,
+        open_mapping_overrides,
     )
     from orchestrator.config.load import from_omegaconf, to_experiment
     from orchestrator.config.schema import register_configs
@@ -51,7 +52,7 @@ def compose_experiment(name: str, overrides: Sequence[str] = ()) -> ExperimentCo
     register_configs()
     register_plugins()
     check_group_overrides(overrides)
-    args = [f"+experiment={name}", *overrides]
+    args = [f"+experiment={name}", *open_mapping_overrides(overrides)]
     try:
         try:
             with initialize_config_module(version_base="1.3", config_module=CONF_PACKAGE):

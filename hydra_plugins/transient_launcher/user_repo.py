@@ -99,9 +99,12 @@ class UserRepoConfigSource(ConfigSource):
             name = self._experiment_name(self._strip(config_path)) or config_path
             raise user_repo.ambiguity_error(name, files)
         with open(files[0], encoding="utf-8") as f:
-            header = ConfigSource._get_header_dict(f.read(512))
-            f.seek(0)
-            cfg = OmegaConf.load(f)
+            try:
+                header = ConfigSource._get_header_dict(f.read(512))
+                f.seek(0)
+                cfg = OmegaConf.load(f)  # the file as the stream: YAML errors name it
+            except UnicodeDecodeError as ex:  # a binary file, or another encoding
+                raise user_repo.not_text_error(files[0], ex) from None
         return ConfigResult(config=cfg, path=f"{self.scheme()}://{self.path}",
                             provider=self.provider, header=header)
 

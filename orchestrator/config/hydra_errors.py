@@ -5,14 +5,16 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping, Sequence
+from dataclasses import is_dataclass
 from pathlib import Path
+from typing import Any, get_args, get_origin, get_type_hints
 
 import yaml
 from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
 from omegaconf.errors import OmegaConfBaseException
 
 from orchestrator.config.errors import ConfigError
-from orchestrator.config.load import error_from_message, from_omegaconf
+from orchestrator.config.load import UNRESOLVABLE, error_from_message, from_omegaconf
 
 
 def config_error_from_hydra(ex: BaseException) -> ConfigError | None:
@@ -25,6 +27,18 @@ def config_error_from_hydra(ex: BaseException) -> ConfigError | None:
         return from_omegaconf(ex)
     if isinstance(ex, MissingConfigException):
         return _missing_option(ex)
+    m = re.search(r"Invalid defaults list in '([^']+)', defaults must be a list \(got (\w+)\)",
+                  str(ex)) if isinstance(ex, ValueError) else None
+    if m:  # `defaults:` with nothing under it
+        kind = m.group(2)
+        empty = "empty (null)" if kind == "NoneType" else \
+            ("an " if kind[:1] in "aeiou" else "a ") + kind
+        from orchestrator import user_repo
+
+        found = user_repo.config_file(m.group(1))
+        return ConfigError(user_repo.shown(found) if found else f"{m.group(1)}.yaml",
+                           f"its 'defaults:' is {empty}, not a list",
+                           "list entries under it, write 'defaults: []', or remove the key")
     if isinstance(ex, OverrideParseException):
         key = (ex.override or "").split("=")[0].lstrip("+~")
         return ConfigError(key or _quoted_field(str(ex.message)), _first(str(ex.message)),
@@ -48,6 +62,12 @@ def config_error_from_hydra(ex: BaseException) -> ConfigError | None:
             return error_from_message(full_key.group(1), inner.group(1) if inner else _first(msg),
                             object_type=object_type.group(1) if object_type else None,
                             source=f"{source.group(1)}.yaml" if source else None)
+        m = re.search(r"Could not override '([^']+)'\. No match in the defaults list", msg)
+        if m:  # `experiment=NAME`: a group the defaults list does not name is added with '+'
+            group, value = m.group(1), re.search(r"use \+\S+?=(\S+)", msg)
+            return ConfigError(group, f"the '+' is missing: {group} is not in the defaults "
+                               "list, so it is added, not overridden",
+                               f"write +{group}={value.group(1) if value else 'NAME'}")
         m = re.search(r"Could not override '([^']+)'", msg)
         if m:
             key = m.group(1)
@@ -125,6 +145,44 @@ def exact_item_error(err: ConfigError, overrides: Sequence[str],
                        err.allowed)
 
 
+def blame_interpolated_field(err: ConfigError, overrides: Sequence[str],
+                             extra_search_dir: Path | None = None) -> ConfigError:
+    """An unresolvable ``${...}`` that Hydra met first inside one of its own settings
+    (``hydra.run.dir`` holds ``${name}``): name the user's field whose value fails instead,
+    found by composing again and resolving field by field. ``err`` as it is otherwise (the
+    user's own ``hydra.run.dir=${...}``)."""
+    if not err.path.startswith("hydra.") or not err.problem.startswith(UNRESOLVABLE):
+        return err
+    from omegaconf import OmegaConf
+
+    from orchestrator.config.load import unresolvable_field
+
+    try:
+        found = unresolvable_field(OmegaConf.create(_compose_loose(overrides, extra_search_dir)))
+    except Exception:  # best effort: the hydra.* field is still a field the user can check
+        return err
+    return found or err
+
+
+def path_too_long(ex: BaseException, overrides: Sequence[str]) -> ConfigError | None:
+    """A run or sweep folder whose name is too long for the file system (Hydra makes it before
+    anything of ours runs): the field it comes from, ``name`` unless the command line set the
+    folder itself. None for any other error."""
+    import errno
+
+    from orchestrator.config.validation import NAME_MAX_BYTES
+
+    if not isinstance(ex, OSError) or ex.errno != errno.ENAMETOOLONG:
+        return None
+    parts = Path(str(ex.filename or "")).parts
+    longest = max(parts, key=lambda p: len(p.encode()), default="")
+    dirs = [o.split("=", 1)[0] for o in overrides
+            if o.split("=", 1)[0] in ("hydra.run.dir", "hydra.sweep.dir", "hydra.sweep.subdir")]
+    field = dirs[0] if dirs else "name"
+    return ConfigError(field, f"'{longest[:40]}...' is {len(longest.encode())} bytes, too long "
+                       f"for a folder name (at most {NAME_MAX_BYTES})", "a shorter name")
+
+
 def _compose_loose(overrides: Sequence[str], extra_search_dir: Path | None) -> dict:
     """The composed config as plain data, without the schemas (see :func:`exact_item_error`)."""
     from hydra import compose, initialize_config_dir
@@ -196,10 +254,14 @@ def check_yaml_file(path: Path) -> None:
     """Parse ``path`` as Hydra will (duplicate keys are errors); raises ConfigError naming it."""
     from omegaconf._utils import get_yaml_loader
 
+    from orchestrator import user_repo
+
     try:
-        yaml.load(path.read_text(), Loader=get_yaml_loader())  # OmegaConf's safe loader
+        yaml.load(path.read_text(encoding="utf-8"), Loader=get_yaml_loader())  # OmegaConf's
     except yaml.MarkedYAMLError as ex:
         raise yaml_syntax_error(ex, shown_as=path) from None
+    except UnicodeDecodeError as ex:
+        raise user_repo.not_text_error(path, ex) from None
 
 
 def explain(err: ConfigError) -> ConfigError:
@@ -234,9 +296,71 @@ def check_label_overrides(overrides: Sequence[str], choices: Mapping[str, str | 
                               f"choose the option with {group}={value}, not {group}.name={value}")
 
 
+def open_mapping_overrides(overrides: Sequence[str]) -> list[str]:
+    """``provider.labels={team: ml}`` as documented: ``key=value`` of a field the schema declares
+    a mapping of plain values (``dict[str, str]``, ``dict[str, float]``), or of one key in it
+    (``provider.labels.team=ml``), becomes ``++key=value``; everything else is kept as it is.
+
+    Hydra applies ``key=value`` with the config in struct mode, which refuses every key new to
+    the mapping (an empty one has none), so only ``+key=`` worked. ``++`` lets the mapping take
+    new keys and merges as ``key=`` does; the values are still checked against the schema
+    (:func:`orchestrator.config.load.to_experiment`), and a backend without the field still
+    refuses it as an unknown key.
+    """
+    out = []
+    for override in overrides:
+        key, sep, _ = override.partition("=")
+        parts = key.split(".")
+        if sep and not key.startswith(("+", "~", "-")) and "@" not in key \
+                and (_is_plain_mapping(parts) or _is_plain_mapping(parts[:-1])):
+            override = "++" + override
+        out.append(override)
+    return out
+
+
+def _is_plain_mapping(parts: Sequence[str]) -> bool:
+    from orchestrator.config.schema import ExperimentConfig
+
+    hint = _hint_at(ExperimentConfig, list(parts))
+    args = get_args(hint)
+    return get_origin(hint) is dict and len(args) == 2 and args[1] in (str, int, float, bool)
+
+
+def _hint_at(hint: Any, parts: list[str]) -> Any:
+    """The schema's type hint at the dotted ``parts`` below ``hint``; None where there is none.
+    ``provider`` is declared as the base ProviderConfig: each backend's own schema is tried."""
+    from provisioning.base import ProviderConfig
+    from provisioning.registry import all_backends
+
+    while parts:
+        args = [a for a in get_args(hint) if a is not type(None)]
+        if get_origin(hint) is list:
+            if not parts[0].isdigit():
+                return None
+            hint, parts = args[0], parts[1:]
+        elif get_origin(hint) is dict:
+            hint, parts = args[-1], parts[1:]
+        elif isinstance(hint, type) and is_dataclass(hint):
+            if hint is ProviderConfig:
+                found = [_hint_at(b.config, parts) for b in all_backends()]
+                return next((h for h in found if h is not None), None)
+            fields_ = get_type_hints(hint)
+            if parts[0] not in fields_:
+                return None
+            hint, parts = fields_[parts[0]], parts[1:]
+        elif len(args) == 1:  # X | None
+            hint = args[0]
+        else:
+            return None
+    args = [a for a in get_args(hint) if a is not type(None)]
+    return args[0] if get_origin(hint) is not dict and len(args) == 1 \
+        and get_origin(args[0]) is dict else hint
+
+
 def check_group_overrides(overrides: Sequence[str]) -> None:
     """A config group is chosen by option name; ``cluster=[3]`` or ``job=5`` would otherwise
     crash inside Hydra with a traceback. Raises ConfigError naming the group."""
+    from hydra.core.config_store import ConfigStore
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     from orchestrator.paths import CONF_DIR
@@ -251,7 +375,15 @@ def check_group_overrides(overrides: Sequence[str]) -> None:
         if not folder.is_dir() or override.is_sweep_override() or override.is_delete():
             continue
         value = override.value()
+        options = sorted(p.stem for p in folder.glob("*.yaml") if not p.stem.startswith("base_"))
         if not isinstance(value, str) or not value:
-            options = sorted(p.stem for p in folder.glob("*.yaml") if not p.stem.startswith("base_"))
             raise ConfigError(group, f"'{override.get_value_element_as_str()}' is not an option "
                               "name", "available: " + ", ".join(options))
+        schemas = sorted(n.removesuffix(".yaml") for n in ConfigStore.instance().list(group)) \
+            if ConfigStore.instance().repo.get(group) is not None else []
+        if value in schemas and value not in options:  # sync=glob(*) includes base_sync
+            patterns = sorted({"base_*" if n.startswith("base_") else "*_schema" for n in schemas})
+            every = patterns[0] if len(patterns) == 1 else f"[{','.join(patterns)}]"
+            raise ConfigError(group, f"'{value}' is the group's schema, not an option",
+                              "available: " + ", ".join(options) + f"; every option: "
+                              f"{group}=glob(*,exclude={every})")

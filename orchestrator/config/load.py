@@ -12,11 +12,14 @@ import re
 from dataclasses import fields, is_dataclass
 from typing import Any, get_args, get_origin, get_type_hints
 
-from omegaconf import DictConfig, FloatNode, IntegerNode, OmegaConf
+from omegaconf import DictConfig, FloatNode, IntegerNode, ListConfig, OmegaConf
 from omegaconf.errors import (
     ConfigKeyError,
+    GrammarParseError,
+    InterpolationResolutionError,
     MissingMandatoryValue,
     OmegaConfBaseException,
+    UnsupportedInterpolationType,
 )
 
 from orchestrator.config.errors import ConfigError, pasteable
@@ -88,6 +91,8 @@ def from_omegaconf(ex: OmegaConfBaseException, within: str = "") -> ConfigError:
     path = pasteable(full_key(ex)) if object_type in _LIST_ITEM_PATHS \
         else anchored(full_key(ex), within)
     msg = _first_line(getattr(ex, "msg", None) or str(ex))
+    if isinstance(ex, InterpolationResolutionError | GrammarParseError):
+        return interpolation_error(ex)
     if isinstance(ex, MissingMandatoryValue):
         return ConfigError(path, "required value is missing", "set it in the YAML or on the CLI")
     return error_from_message(path, msg, key_error=isinstance(ex, ConfigKeyError),
@@ -358,7 +363,14 @@ def to_experiment(cfg: DictConfig | dict[str, Any]) -> ExperimentConfig:
     """
 
 
-    data = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else cfg
+    if isinstance(cfg, DictConfig):
+        try:
+            data = OmegaConf.to_container(cfg, resolve=True)
+        except (InterpolationResolutionError, GrammarParseError):
+            raise unresolvable_field(cfg) or ConfigError("overrides", "an interpolation "
+                                                        "cannot be resolved") from None
+    else:
+        data = cfg
     assert isinstance(data, dict)
     data = {k: v for k, v in data.items() if k != "hydra"}
     check_list_items(ExperimentConfig, data)
@@ -378,6 +390,55 @@ def to_experiment(cfg: DictConfig | dict[str, Any]) -> ExperimentConfig:
         raise from_omegaconf(ex) from None
     assert isinstance(obj, ExperimentConfig)
     return obj
+
+
+#: How an unresolvable ``${...}`` starts its problem (:func:`interpolation_error`).
+UNRESOLVABLE = "cannot resolve its ${...}"
+
+
+def unresolvable_field(cfg: DictConfig) -> ConfigError | None:
+    """The first field (outside ``hydra``) whose ``${...}`` cannot be resolved, as one
+    ConfigError naming it; None when every field resolves.
+
+    Resolving the whole config at once (``to_container``) names no field; each field is
+    resolved on its own here, so the error names the one the user wrote
+    (``description=${nonexistent}`` -> ``description``), also when Hydra first tripped over it
+    inside ``hydra.run.dir`` (``name=${...}``).
+    """
+
+    def walk(node: Any) -> ConfigError | None:
+        keys = range(len(node)) if isinstance(node, ListConfig) else \
+            [k for k in node if not (node is cfg and k == "hydra")]
+        for key in keys:
+            try:
+                value = node[key]
+            except (InterpolationResolutionError, GrammarParseError) as ex:
+                return interpolation_error(ex)
+            except OmegaConfBaseException:
+                continue  # a missing value: the schema's merge names it
+            if isinstance(value, DictConfig | ListConfig):
+                found = walk(value)
+                if found is not None:
+                    return found
+        return None
+
+    return walk(cfg)
+
+
+def interpolation_error(ex: OmegaConfBaseException) -> ConfigError:
+    """One line for a field whose ``${...}`` cannot be resolved, with what to write instead."""
+    msg = _first_line(getattr(ex, "msg", None) or str(ex))
+    msg = re.sub(r"^\w+Error raised while resolving interpolation: ", "", msg).strip("\"'")
+    if "Environment variable" in msg:
+        hint = "set the variable, or give a default: ${oc.env:NAME,default}"
+    elif "Recursive" in msg:
+        hint = "the value refers back to itself through other ${...}"
+    elif isinstance(ex, UnsupportedInterpolationType):
+        hint = "${key} names another key; resolvers: ${oc.env:NAME}, ${oc.select:key,default}"
+    else:
+        hint = "${key} names another key of the config, e.g. ${name}"
+    return ConfigError(pasteable(full_key(ex)) or "overrides",
+                       f"{UNRESOLVABLE}: {msg[:1].lower()}{msg[1:]}", hint)
 
 
 def check_provider_name(provider: dict[str, Any]) -> None:

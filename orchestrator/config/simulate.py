@@ -36,6 +36,13 @@ class Objective(StrEnum):
     deadline = "deadline"  # highest P(finish before planner.deadline_h), then cost
 
 
+class PlannerZones(StrEnum):
+    """Which zones the planner tries for a GPU."""
+
+    region = "region"  # one zone per region offering the GPU (transient only)
+    first = "first"  # the first zone offering it
+
+
 @dataclass
 class SimConfig:
     """``provider=sim``: how the simulated cloud behaves and how often to draw it. Its market
@@ -60,7 +67,7 @@ class PlannerConfig:
     gpus: list[str] = field(default_factory=list)  # catalog GPUs to try; [] = all with a model
     workers: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16])  # worker counts
     transient: list[bool] = field(default_factory=lambda: [True, False])  # pricing to try
-    zones: str = "region"  # "region": one zone per region offering the GPU; "first": one zone
+    zones: PlannerZones = PlannerZones.region  # region | first
     bsp_fractions: list[float] = field(default_factory=list)  # [] = the experiment's sync; else
     #   one Sync-Switch schedule per value (0 = ASP, 1 = BSP), job.train_steps = BSP budget
     top: int = 15  # rows printed

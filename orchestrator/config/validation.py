@@ -18,6 +18,8 @@ from trainer.spec import PHASE_HPARAMS
 
 PHASE_FRACTION_TOLERANCE = 1e-6
 LOCAL_ZONE = "local"
+#: The longest file name Linux and macOS file systems take: ``name`` names the output folder.
+NAME_MAX_BYTES = 255
 
 
 def _registries() -> tuple[dict[str, list[str]], list[str], set[str]]:
@@ -211,6 +213,22 @@ def validate_straggler_workers(cfg: ExperimentConfig) -> None:
                                   f"worker indices 0..{n - 1}")
 
 
+def validate_planner(cfg: ExperimentConfig) -> None:
+    """``python -m orchestrator.plan``'s questions must be answerable: its GPUs are the
+    catalog's, and a deadline objective has a deadline to rank by."""
+    from orchestrator.config.simulate import Objective
+
+    p, catalog = cfg.planner, cfg.pricing
+    for i, gpu in enumerate(p.gpus):
+        if gpu not in catalog.gpus:
+            raise ConfigError(f"planner.gpus.{i}", f"unknown GPU '{gpu}' in catalog "
+                              f"'{catalog.name}'", "one of: " + ", ".join(catalog.gpus))
+    if p.objective == Objective.deadline and p.deadline_h is None:
+        raise ConfigError("planner.objective", "'deadline' ranks by the chance of finishing "
+                          "before planner.deadline_h, which is not set",
+                          "set a deadline: deadline_h=HOURS; or rank by cost or time")
+
+
 def validate(cfg: ExperimentConfig) -> None:
     """Check every field's meaning; raises ConfigError on the first problem found."""
     from orchestrator.config import transient as st
@@ -219,6 +237,9 @@ def validate(cfg: ExperimentConfig) -> None:
     if not cfg.name or cfg.name != Path(cfg.name).name or cfg.name in (".", ".."):
         raise ConfigError("name", f"'{cfg.name}' cannot name the output folder",
                           "a non-empty name without '/'")
+    if len(cfg.name.encode()) > NAME_MAX_BYTES:
+        raise ConfigError("name", f"is {len(cfg.name.encode())} bytes, too long to name the "
+                          f"output folder (at most {NAME_MAX_BYTES})", "a shorter name")
     validate_provider(cfg)
     validate_cluster(cfg)
     validate_market(cfg)
@@ -230,6 +251,7 @@ def validate(cfg: ExperimentConfig) -> None:
     st.validate_revocation(cfg.revocation)
     st.validate_straggler(cfg.straggler)
     validate_straggler_workers(cfg)
+    validate_planner(cfg)
 
 
 def validate_data_dir(cfg: ExperimentConfig) -> None:

@@ -49,6 +49,7 @@ def compose(overrides: list[str]) -> Any:
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
+    from orchestrator.config.hydra_errors import open_mapping_overrides
     from orchestrator.config.load import to_experiment
     from orchestrator.config.schema import register_configs
     from orchestrator.paths import CONF_DIR
@@ -59,7 +60,8 @@ def compose(overrides: list[str]) -> Any:
     user_repo.register()  # the user's experiments and groups, as the CLI finds them
     # scoped: Hydra is left as found, so later compose_experiment calls can initialize it
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return to_experiment(hydra_compose(config_name="config", overrides=overrides))
+        return to_experiment(hydra_compose(config_name="config",
+                                           overrides=open_mapping_overrides(overrides)))
 
 
 def cases() -> list[Case]:

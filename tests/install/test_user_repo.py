@@ -93,6 +93,20 @@ def test_a_missing_experiment_says_where_it_looked(repo: Path) -> None:
     assert "mine" in line and "digits_local" in line  # what is available, theirs and ours
 
 
+@pytest.mark.parametrize(("content", "words"), [
+    (HEADER.encode() + b"name: x\n\xff\xfe\x00", "is not UTF-8 text (it holds the byte 0xff)"),
+    ((HEADER + "defaults:\nname: x\n").encode(), "its 'defaults:' is empty (null), not a list"),
+], ids=["binary", "empty-defaults"])
+def test_an_unreadable_user_experiment_is_named_by_its_file(repo: Path, content: bytes,
+                                                             words: str) -> None:
+    """A binary file, or `defaults:` with nothing under it, read through the user's
+    repository: one line naming the file as the user finds it, not a traceback."""
+    (repo / "experiments" / "broken.yaml").write_bytes(content)
+    with pytest.raises(ConfigError) as info:
+        compose_experiment("broken")
+    assert info.value.line().startswith(f"config error: experiments/broken.yaml: {words}")
+
+
 def test_a_missing_group_option_says_where_it_looked(repo: Path) -> None:
     with pytest.raises(ConfigError) as info:
         compose_experiment("mine", ["provider=labb"])

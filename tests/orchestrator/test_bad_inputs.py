@@ -399,6 +399,23 @@ BAD_OVERRIDES: list[tuple[str, list[str], str, str]] = [
      "sync.phase_hparams.0.learning_rate", "'fast' is not a valid number"),
     ("digits_local", ["sync=switch", "sync.phase_hparams=[{}, {momentum: abc}]"],
      "sync.phase_hparams.1.momentum", "'abc' is not a valid number"),
+    # an unresolvable ${...}: the field whose value it is, not the whole config
+    ("digits_local", ["description=${nonexistent}"], "description",
+     "interpolation key 'nonexistent' not found"),
+    ("digits_local", ["cluster.parameter_servers=${oc.env:TRANSIENT_TEST_UNSET}"],
+     "cluster.parameter_servers", "environment variable 'TRANSIENT_TEST_UNSET' not found"),
+    ("digits_local", ["description=${cluster.name}", "cluster.name=${description}"],
+     "description", "recursive interpolation"),
+    ("digits_local", ["name=${nonexistent}"], "name", "interpolation key 'nonexistent'"),
+    # the planner's questions, answerable or refused
+    ("digits_local", ["planner.zones=all"], "planner.zones", "invalid value 'all'"),
+    ("digits_local", ["planner.objective=deadline"], "planner.objective",
+     "planner.deadline_h, which is not set"),
+    ("digits_local", ["planner.gpus=[k80,h100]"], "planner.gpus.1", "unknown GPU 'h100'"),
+    ("digits_local", ["name=" + "n" * 300], "name", "300 bytes, too long"),
+    ("digits_local", ["sync=base_sync"], "sync", "the group's schema, not an option"),
+    # a mapping the backend does not have (provider=local): unknown, even in the documented form
+    ("digits_local", ["provider.labels={team: ml}"], "provider.labels", "unknown key 'labels'"),
 ]
 
 
@@ -415,7 +432,7 @@ def test_bad_override(experiment: str, overrides: list[str], field: str, words: 
 # --- hand-written experiment files ---------------------------------------------------------------
 
 HEADER = "# @package _global_\n"
-BAD_FILES: dict[str, tuple[str, str, str]] = {
+BAD_FILES: dict[str, tuple[str | bytes, str, str]] = {
     # id -> (file text, field or file:line:col named, words in the message)
     "tab": (HEADER + "job:\n\ttrain_steps: 5\n", "{file}:3:1", "'\\t'"),
     "tab-after-key": (HEADER + "job:\n  train_steps:\t5\n  batch_size: 8\n\tseed: 1\n",
@@ -474,6 +491,8 @@ BAD_FILES: dict[str, tuple[str, str, str]] = {
                                   "sync.phase_hparams.1.momentum", "'high' is not a valid number"),
     "section-as-number": (HEADER + "cluster:\n  recovery: 3\n", "cluster.recovery",
                           "expected a mapping"),
+    "binary": (HEADER.encode() + b"\x00\xff\xfe\x01", "{file}", "is not UTF-8 text"),
+    "empty-defaults": (HEADER + "defaults:\nname: x\n", "{file}", "'defaults:' is empty"),
 }
 
 
@@ -481,7 +500,7 @@ BAD_FILES: dict[str, tuple[str, str, str]] = {
 def test_bad_experiment_file(tmp_path: Path, case: str) -> None:
     text, field, words = BAD_FILES[case]
     path = tmp_path / f"{case.replace('-', '_')}.yaml"
-    path.write_text(text)
+    path.write_bytes(text) if isinstance(text, bytes) else path.write_text(text)
     line = validate_files([path])[path.resolve()] or ""
     assert_one_line(line, field.format(file=path.resolve()))
     assert words in line, line
@@ -526,6 +545,13 @@ CLI_CASES = [
     (["revocation.name=exponential"], "revocation.name"),
     (["sync=switch", "sync.phase_hparams=[{learning_rate: fast}]"],
      "sync.phase_hparams.0.learning_rate"),
+    # Hydra makes the run folder (and resolves ${name} in it) before anything of ours runs
+    (["name=" + "n" * 300], "name"),
+    (["name=${nonexistent}"], "name"),
+    # sweeps: refused before any point runs (glob(*) of sync takes the schema base_sync too)
+    (["-m", "cluster.workers=range(1,3,0)"], "cluster.workers"),
+    (["-m", "cluster.workers=glob(*)"], "cluster.workers"),
+    (["-m", "sync=glob(*)"], "sync"),
 ]
 
 
@@ -535,6 +561,74 @@ def test_cli_exits_2_with_one_line(overrides: list[str], field: str) -> None:
     assert proc.returncode == 2, proc.stderr
     assert proc.stdout == "", proc.stdout
     assert_one_line(proc.stderr.strip(), field)
+
+
+def test_cli_experiment_without_its_plus_says_the_plus_is_missing() -> None:
+    """`experiment=NAME`: the file has its header; what is missing is the '+'."""
+    proc = _cli("-m", "orchestrator", "experiment=digits_local", "dry_run=true")
+    assert proc.returncode == 2, proc.stderr
+    assert_one_line(proc.stderr.strip(), "experiment")
+    assert "the '+' is missing" in proc.stderr and "+experiment=digits_local" in proc.stderr
+    assert "@package" not in proc.stderr
+
+
+SWEEPS_WITHOUT_POINTS = [
+    ("cluster.workers=range(1,3,0)", "range() arg 3 must not be zero"),
+    ("cluster.workers=range(3,1)", "the sweep has no points"),
+    ("cluster.workers=interval(1,64)", "continuous interval"),
+    ("cluster.workers=glob(*)", "the sweep has no points"),
+]
+
+
+@pytest.mark.parametrize(("override", "words"), SWEEPS_WITHOUT_POINTS,
+                         ids=[o for o, _ in SWEEPS_WITHOUT_POINTS])
+def test_a_sweep_that_gives_no_points_names_its_key(override: str, words: str) -> None:
+    from hydra import initialize_config_module
+    from hydra.core.global_hydra import GlobalHydra
+
+    from orchestrator.config.schema import register_configs
+    from orchestrator.paths import CONF_PACKAGE
+    from orchestrator.sweep import expand_sweep
+
+    register_configs()
+    with initialize_config_module(version_base="1.3", config_module=CONF_PACKAGE):
+        loader = GlobalHydra.instance().config_loader()
+        assert len(expand_sweep(["sync=glob(*,exclude=base_*)"], loader)) == 4  # a group's
+        with pytest.raises(ConfigError) as info:
+            expand_sweep(["+experiment=digits_local", override], loader)
+    assert_one_line(info.value.line(), "cluster.workers")
+    assert words in info.value.line(), info.value.line()
+
+
+def test_a_mapping_field_takes_the_documented_override(ssh_key: Path) -> None:
+    """`provider.labels={team: ml}` and `provider.placement={ps-0: lab2}` as
+    docs/configuration.md writes them (Hydra's struct mode refused every new key of an empty
+    mapping, so only `+key=` worked); the values are still the schema's type."""
+    cfg = compose_experiment("cifar10_res32", ["provider.labels={team: ml, tier: 3}"])
+    assert cfg.provider.labels == {"team": "ml", "tier": "3"}
+    cfg = compose_experiment("cifar10_res32", ["provider.labels.team=ml"])
+    assert cfg.provider.labels == {"team": "ml"}
+    with pytest.raises(ConfigError) as info:
+        compose_experiment("cifar10_res32", ["provider.labels={team: [ml]}"])
+    assert_one_line(info.value.line(), "provider.labels.team")
+    cfg = compose_experiment("ssh_digits", [*documented_inventory(ssh_key),
+                                            "provider.placement={ps-0: lab2}"])
+    assert cfg.provider.placement == {"ps-0": "lab2"}
+    assert placed_on(cfg)["ps-0"] == "lab2"
+
+
+def test_cli_resume_of_a_config_that_is_not_utf8_is_refused_in_one_line(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    (run / ".hydra").mkdir(parents=True)
+    (run / "config.yaml").write_bytes(b"name: x\n\xff\xfe\x00")
+    (run / ".hydra" / "hydra.yaml").write_text("hydra:\n  overrides:\n    hydra: []\n"
+                                               "    task: [+experiment=digits_local]\n")
+    (run / ".hydra" / "overrides.yaml").write_text("- +experiment=digits_local\n")
+    proc = _cli("-m", "orchestrator", "--resume", str(run), "dry_run=true", cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        f"resume: {run / 'config.yaml'} cannot be read as the YAML mapping a run records "
+        "(missing, not UTF-8, or damaged)"], proc.stderr
 
 
 def test_a_group_label_naming_another_option_is_refused_and_any_other_label_kept() -> None:

@@ -291,6 +291,14 @@ def test_nvidia_product_names_map_to_catalog_gpus() -> None:
     ("deadline_h=0", "config error: deadline_h: must be > 0 (got 0)"),
     ("budget_usd=abc", "config error: budget_usd: 'abc' is not a valid number (a number)"),
     ("planner.deadline_h=-1", "config error: planner.deadline_h: must be > 0 (got -1)"),
+    # questions that cannot be answered: refused, not searched with a meaningless setting
+    ("objective=deadline", "config error: objective: 'deadline' ranks by the chance of "
+     "finishing before planner.deadline_h, which is not set (set a deadline: deadline_h=HOURS; "
+     "or rank by cost or time)"),
+    ("planner.zones=all", "config error: planner.zones: invalid value 'all' (one of: region, "
+     "first)"),
+    ("planner.gpus=[h100]", "config error: planner.gpus.0: unknown GPU 'h100' in catalog 'gce' "
+     "(one of: k80, p100, v100, t4, a100, l4)"),
 ])
 def test_a_bad_limit_is_named_as_the_user_typed_it(arg: str, line: str,
                                                    capsys: pytest.CaptureFixture[str]) -> None:
