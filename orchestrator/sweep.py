@@ -76,12 +76,12 @@ def expand_sweep(overrides: Sequence[str], config_loader: Any = None) -> list[li
     if config_loader is None and any("glob(" in o for o in overrides):
         from hydra import initialize_config_module
 
-        from hydra_plugins.transient_launcher import register_plugins
+        from hydra_plugins.transient_launcher import user_repo
         from orchestrator.config.schema import register_configs
         from orchestrator.paths import CONF_PACKAGE
 
         register_configs()
-        register_plugins()  # the user's groups are globbed too
+        user_repo.register()  # the user's groups are globbed too (not the launcher: a circle)
         with initialize_config_module(version_base="1.3", config_module=CONF_PACKAGE):
             return expand_sweep(overrides, GlobalHydra.instance().config_loader())
     parser = OverridesParser.create(config_loader=config_loader)
