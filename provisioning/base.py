@@ -18,6 +18,8 @@ Shape (after SkyPilot's provision API and submitit's executors):
     provider.revoke(host, notice_s)                    optional (`can_revoke`): local, ssh, sim
     provider.clean_up(entries) -> [str]                stop what a crashed run's journal lists
     provider.checkpoint_store(run_id, folder)          where checkpoints are kept durable
+    provider.dataset_store() -> DatasetStore | None    optional: where hosts download a dataset
+                                                       staged once per run (gce: the bucket)
     Provider.preview(hosts, config) -> PlanPreview | None   the dry run's table of what it creates
     Provider.check_credentials(config)                 at run start: (field, problem) | None
     Provider.fetch_dataset(url, cache_root) -> Path    a `job.data_dir` URL (`dataset_schemes`)
@@ -64,10 +66,12 @@ from provisioning.launch import (
     PREEMPTION_NOTICE_FILE,
     STOP_GRACE_S,
     CheckpointStore,
+    DatasetStore,
     HostRunner,
     LocalFolderStore,
     RemoteProcess,
     ResourceJournal,
+    StagedDataset,
 )
 from provisioning.records import (
     BadFieldError,
@@ -90,16 +94,18 @@ from provisioning.records import (
 __all__ = [
     "DATA_DIR_FIELD", "PREEMPTION_NOTICE_ENV", "PREEMPTION_NOTICE_FILE", "STOP_GRACE_S",
     "BadFieldError", "BadRequestError", "CapacityError", "CheckpointStore", "CleanUpResult",
-    "Cluster", "ClusterRequest", "ContactLostError", "Host", "HostId", "HostLostError", "HostRunner", "HostSpec",
+    "Cluster", "ClusterRequest", "ContactLostError", "DatasetStore", "Host", "HostId", "HostLostError", "HostRunner", "HostSpec",
     "HostState", "LocalFolderStore", "PlanPreview", "Provider", "ProviderConfig",
-    "ProvisionError", "RemoteProcess", "ResourceJournal", "Role", "url_scheme",
+    "ProvisionError", "RemoteProcess", "ResourceJournal", "Role", "StagedDataset", "url_scheme",
 ]
 
 #: The config field a dataset location comes from (`Provider.fetch_dataset` errors name it).
 DATA_DIR_FIELD = "job.data_dir"
 #: `provider.data_source`: how remote machines that read the dataset get it (docs/datasets.md).
-#: auto: a registry dataset is fetched by the host from its source URL, pushed from here only
-#: when the host cannot reach the source; origin: never pushed; push: always pushed.
+#: auto: a registry dataset is fetched by the host from its source URL; otherwise (a folder of
+#: the user's, a source the host cannot reach) downloaded by the host from the provider's
+#: `dataset_store` (staged there once per run), pushed from here only without one;
+#: origin: a registry dataset never comes from here; push: always pushed.
 DATA_SOURCES = ("auto", "origin", "push")
 
 
@@ -281,6 +287,14 @@ class Provider(abc.ABC):
         `<run_dir>/checkpoints`. A backend with its own storage returns a store that mirrors
         there (gce: a bucket when `provider.storage` is set). Default: the folder alone."""
         return LocalFolderStore(folder)
+
+    def dataset_store(self) -> DatasetStore | None:
+        """Where the deployer stages a dataset once per run for the hosts to download
+        themselves (`data.DataStager`: a folder of the user's, or a registry dataset whose
+        source the hosts cannot reach), instead of pushing it to each host over the
+        orchestrator's link. Default: None (no such storage: hosts get a push).
+        gce: the bucket of `provider.storage` when it is set."""
+        return None
 
     def clean_up(self, entries: Sequence[Any], grace_s: float = STOP_GRACE_S
                  ) -> list[CleanUpResult]:

@@ -10,8 +10,9 @@ import contextlib
 import os
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar, Protocol
+from typing import Any, ClassVar, Protocol
 
 from provisioning.records import Host, HostId, ProvisionError
 from trainer import layout
@@ -250,3 +251,37 @@ class LocalFolderStore(CheckpointStore):
         with contextlib.suppress(ProvisionError, OSError):  # lost, or out of contact
             return chief.fetch(Path(layout.CHECKPOINT_DIR), self.folder)
         return False
+
+
+@dataclass(frozen=True)
+class StagedDataset:
+    """Where a dataset lies in a `DatasetStore` for the hosts to download, and what putting it
+    there sent from the orchestrator's machine (0 when the store already held every file)."""
+
+    url: str
+    uploaded_files: int = 0
+    uploaded_bytes: int = 0
+
+
+class DatasetStore(abc.ABC):
+    """Storage near the hosts that they download a dataset from themselves (gce: the bucket of
+    `provider.storage`; `Provider.dataset_store`), so a folder on the orchestrator's machine
+    crosses the user's uplink at most once per run instead of once per host. The host side is
+    `python -m trainer data` with `host_args`, which answers with one ``@data`` line."""
+
+    @abc.abstractmethod
+    def stage(self, local_dir: Path, files: Mapping[str, Sequence[Any]]) -> StagedDataset:
+        """Upload what of `files` (`local_dir`'s ``{relative path: [size, sha256]}``) the
+        store lacks, under a location named by their content, so a second run or a restart
+        uploads nothing. Raises ProvisionError (one line) when it cannot."""
+
+    def reads(self, url: str) -> bool:
+        """Whether hosts download a `job.data_dir` URL themselves (gce: any ``gs://``), so its
+        copy on the orchestrator's machine need not be pushed. Default: False."""
+        return False
+
+    @abc.abstractmethod
+    def host_args(self, url: str, manifest: str, dest: str, link: str) -> list[str]:
+        """The arguments of `python -m trainer data` that make a host fill its folder `dest`
+        from `url`, each file verified against the JSON `manifest` (a host path, same shape as
+        `stage`'s `files`), then point `link` at `dest`."""

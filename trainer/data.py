@@ -5,8 +5,10 @@ shows the cache. The orchestrator calls :func:`fetch` before anything is provisi
 problem's files are missing and ``job.data_dir`` is unset (``orchestrator/data.py``). On a
 remote host the deployer runs ``python -m trainer data fetch NAME --url U --md5 M --size S
 --link data/NAME --report`` (the host downloads the archive itself, with the orchestrator's
-checksum, into its own cache) or ``digests DIR`` (what the host holds, so a push sends only
-the rest); both answer with one ``@data {json}`` line.
+checksum, into its own cache), ``fetch-gcs gs://... --manifest FILE --dest DIR`` (a VM
+downloads a folder the orchestrator staged in Cloud Storage, each file checked against the
+manifest's SHA-256; `trainer/gcs.py`) or ``digests DIR`` (what the host holds, so a push sends
+only the rest); each answers with one ``@data {json}`` line.
 
 Why not ``keras.utils.get_file`` (installed with TensorFlow) or tensorflow-datasets: get_file
 writes the download under its final name (a killed process leaves a truncated archive there),
@@ -293,17 +295,23 @@ def _download(archive: Archive, part: Path, ds: Dataset, root: Path, console: An
 
 
 class _NoProgress(Exception):
-    """An attempt that received nothing (refused, HTTP error, DNS): retrying will not help."""
+    """An attempt that received nothing (refused, HTTP error, DNS): retrying will not help
+    (a registry source); `code` is the HTTP status when there was one."""
+
+    def __init__(self, message: str, code: int | None = None) -> None:
+        super().__init__(message)
+        self.code = code
 
 
-def _download_once(url: str, part: Path, have: int, report: Any) -> bool:
+def _download_once(url: str, part: Path, have: int, report: Any,
+                   extra_headers: dict[str, str] | None = None) -> bool:
     """One request from byte ``have``; True when complete, False when it dropped after
     receiving some bytes. Raises _NoProgress when nothing arrived."""
     import http.client
     import urllib.error
     import urllib.request
 
-    headers = {"User-Agent": APP_DIR}
+    headers = {"User-Agent": APP_DIR, **(extra_headers or {})}
     if have:
         headers["Range"] = f"bytes={have}-"
     received = 0
@@ -325,8 +333,8 @@ def _download_once(url: str, part: Path, have: int, report: Any) -> bool:
     except urllib.error.HTTPError as err:
         if err.code == 416 and have:  # asked past the end: the part file is stale
             part.unlink()
-            return _download_once(url, part, 0, report)
-        raise _NoProgress(f"HTTP {err.code} {err.reason}") from None
+            return _download_once(url, part, 0, report, extra_headers)
+        raise _NoProgress(f"HTTP {err.code} {err.reason}", err.code) from None
     except (urllib.error.URLError, OSError, http.client.HTTPException) as err:
         if received:
             return False
@@ -480,9 +488,96 @@ def _host_fetch(args: argparse.Namespace, root: Path) -> int:
     return 0
 
 
+def fetch_objects(url: str, manifest: dict[str, list[Any]], dest: Path,
+                  endpoint: str | None = None) -> tuple[int, int]:
+    """Make ``dest`` hold every file of `manifest` (``{relative path: [size, sha256]}``, the
+    orchestrator's `digests`) from the objects ``<url>/<relative path>`` (``gs://``), each
+    verified against its entry; files already there with that size and digest are kept.
+    Returns (files downloaded, their bytes). Each file goes to ``.<name>.part`` first and is
+    renamed into place once verified; a dropped connection is resumed, a rate limit or server
+    error retried. Raises SourceUnreachable when the bucket cannot be read from here (no
+    route, no token, 401/403/404: the orchestrator may bring the files another way) and
+    FetchError when what arrived does not verify (deleted; nothing unverified is used)."""
+    from trainer import gcs
+
+    bucket, prefix = gcs.split_url(url)
+    root = gcs.storage_root(endpoint)
+    bad = [rel for rel in manifest if rel.startswith("/") or ".." in Path(rel).parts]
+    if bad:
+        raise FetchError(f"manifest names {bad[0]!r}, which would land outside {dest}")
+    dest.mkdir(parents=True, exist_ok=True)
+    fetched = fetched_bytes = 0
+    with _locked(dest.parent / f".{dest.name}.lock"):  # runs sharing the host's cache
+        for rel, (size, digest) in sorted(manifest.items()):
+            path = dest / rel
+            if path.is_file() and path.stat().st_size == size and sha256_of(path) == digest:
+                continue
+            name = f"{prefix}/{rel}" if prefix else rel
+            where = f"gs://{bucket}/{name}"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            part = path.with_name(f".{path.name}.part")
+            part.unlink(missing_ok=True)  # resumed within this call only: same object
+            _fetch_object(gcs.media_url(root, bucket, name), part, where, root)
+            got_size, got = part.stat().st_size, sha256_of(part)
+            if (got_size, got) != (size, digest):
+                part.unlink()
+                raise FetchError(f"{where} has {got_size} bytes with SHA-256 {got}, expected "
+                                 f"{size} bytes with {digest} (changed or corrupted since the "
+                                 f"orchestrator listed it; deleted it)")
+            os.replace(part, path)
+            fetched, fetched_bytes = fetched + 1, fetched_bytes + size
+    return fetched, fetched_bytes
+
+
+def _fetch_object(media: str, part: Path, where: str, root: str) -> None:
+    """Download one object into `part`, resuming a dropped connection and retrying a rate
+    limit or server error (MAX_ATTEMPTS, pausing longer each time)."""
+    from trainer import gcs
+
+    for attempt in range(1, MAX_ATTEMPTS + 1):
+        headers = {}
+        if gcs.wants_token(root):
+            try:
+                headers["Authorization"] = f"Bearer {gcs.access_token()}"
+            except gcs.NoToken as err:
+                raise SourceUnreachable(f"cannot read {where}: {err}") from None
+        have = part.stat().st_size if part.exists() else 0
+        try:
+            if _download_once(media, part, have, lambda *_: None, headers):
+                return
+        except _NoProgress as err:
+            if err.code not in gcs.TRANSIENT_HTTP or attempt == MAX_ATTEMPTS:
+                raise SourceUnreachable(f"cannot read {where}: {err}") from None
+        if attempt == MAX_ATTEMPTS:
+            raise FetchError(f"could not download {where}: the connection dropped "
+                             f"{MAX_ATTEMPTS} times")
+        time.sleep(min(RETRY_PAUSE_S * attempt, 10.0))
+
+
+def _host_fetch_gcs(args: argparse.Namespace) -> int:
+    """``fetch-gcs gs://... --manifest FILE --dest DIR [--link L]``: what the orchestrator runs
+    on a VM that downloads a staged dataset itself; answers with one ``@data`` line."""
+    import json
+
+    dest = Path(args.dest).absolute()  # the link names it from elsewhere
+    try:
+        manifest = json.loads(Path(args.manifest).read_text())
+        fetched, sent = fetch_objects(args.url, manifest, dest, args.endpoint)
+        if args.link:
+            link_folder(dest, Path(args.link))
+    except SourceUnreachable as err:
+        _report(status="unreachable", line=str(err))
+        return UNREACHABLE_EXIT_CODE
+    except (FetchError, OSError, ValueError) as err:
+        _report(status="failed", line=str(err))
+        return FETCH_ERROR_EXIT_CODE
+    _report(status="ok", folder=str(dest), cached=not fetched, files=fetched, bytes=sent)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
-    """``python -m trainer.data {fetch NAME... | list | digests DIR | link TARGET LINK}``; exit
-    2 with one line on failure."""
+    """``python -m trainer.data {fetch NAME... | fetch-gcs URL | list | digests DIR | link
+    TARGET LINK}``; exit 2 with one line on failure."""
     from rich.console import Console
     from rich.table import Table
 
@@ -507,6 +602,16 @@ def main(argv: list[str] | None = None) -> int:
     dig = sub.add_parser("digests", help="size and SHA-256 of every file under DIR, as JSON")
     dig.add_argument("dir")
     dig.add_argument("--link", help="first make this path a symlink to DIR")
+    gcs = sub.add_parser("fetch-gcs", help="download the files of a manifest from gs://... "
+                         "into DIR, each verified (one '@data {json}' line; exit 3 when the "
+                         "bucket cannot be read from here)")
+    gcs.add_argument("url", help="gs://BUCKET/PREFIX holding the manifest's relative paths")
+    gcs.add_argument("--manifest", required=True,
+                     help="JSON file: {relative path: [size, sha256]}")
+    gcs.add_argument("--dest", required=True, help="the folder to fill")
+    gcs.add_argument("--link", help="then make this path a symlink to DIR")
+    gcs.add_argument("--endpoint", help="Cloud Storage JSON API root (default: "
+                     "$TRANSIENT_STORAGE_URL or https://storage.googleapis.com)")
     lnk = sub.add_parser("link", help="make LINK a symlink to the folder TARGET")
     lnk.add_argument("target")
     lnk.add_argument("link")
@@ -521,6 +626,8 @@ def main(argv: list[str] | None = None) -> int:
             link_folder(folder, Path(args.link))
         _report(files=digests(folder))
         return 0
+    if args.command == "fetch-gcs":
+        return _host_fetch_gcs(args)
     root = cache_root(args.cache_dir)
     if getattr(args, "report", False):
         return _host_fetch(args, root)

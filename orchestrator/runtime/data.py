@@ -12,7 +12,10 @@ Remote machines that read the files get them through the deployer (:class:`DataS
 machine, on every deployment): a dataset from the registry is downloaded by the host itself
 from its source URL and verified against the registry's checksum, into the host's dataset
 cache (kept across runs and restarts, so a restart transfers nothing); a folder of the user's,
-or a host that cannot reach the source, gets a push of only the files it lacks.
+or a host that cannot reach the source, is downloaded by the host from the provider's dataset
+store (`Provider.dataset_store`, gce: `provider.storage`), uploaded there once per run, or a
+`gs://` data_dir from where it is; without a store the host gets a push of only the files it
+lacks.
 """
 
 from __future__ import annotations
@@ -30,11 +33,13 @@ from orchestrator.config.schema import ExperimentConfig
 from provisioning.base import (
     DATA_SOURCES,
     Cluster,
+    DatasetStore,
     Host,
     HostLostError,
     HostRunner,
     ProvisionError,
     Role,
+    StagedDataset,
     url_scheme,
 )
 from provisioning.registry import dataset_reader
@@ -42,6 +47,7 @@ from trainer import layout
 
 STAGED_DATA_DIR = "data"  # on a remote host, relative to its work dir
 ORIGIN_FILE = ".origin.json"  # in a cache folder: the registry archive it came from
+MANIFEST_FILE = ".data-manifest.json"  # on a host, in its work dir: what a store download checks
 # The roles that read the files: they load the arrays and ship them into each worker's dataset
 # function (trainer/problems.py), so parameter servers and workers need no copy.
 READING_ROLES = (Role.CHIEF, Role.EVALUATOR)
@@ -142,6 +148,8 @@ def _fetch(cfg: ExperimentConfig, download: bool = True) -> Path:
     if download and url_scheme(url) and not data.holds_files(cfg.job.problem, folder):
         raise DataError(f"{url} does not hold the {cfg.job.problem} files (downloaded into "
                         f"{folder}; see python -m trainer.data list)")
+    if download and url_scheme(url):  # VMs may download it from there themselves (DataStager)
+        _write_origin(url_origin_file(folder), {"url": url})
     return folder
 
 
@@ -159,13 +167,24 @@ def staged_path(local_dir: Path) -> str:
 def mark_origin(folder: Path, ds, fmt: str | None = None) -> None:  # ds: trainer.data.Dataset
     """Note in a cache folder which registry archive it was unpacked from (ORIGIN_FILE): a
     host can then fetch the same archive itself instead of receiving the files from here."""
-    import json
-
     from trainer import data
 
     fmt = fmt or data.find_cifar_files(ds.problem, str(folder))[2]
-    with contextlib.suppress(OSError):  # a read-only cache: the hosts get a push instead
-        (folder / ORIGIN_FILE).write_text(json.dumps({"dataset": ds.name, "format": fmt}))
+    _write_origin(folder / ORIGIN_FILE, {"dataset": ds.name, "format": fmt})
+
+
+def url_origin_file(folder: Path) -> Path:
+    """Where the URL a downloaded ``job.data_dir`` came from is noted: beside its folder, not
+    in it (the folder mirrors the bucket's objects exactly)."""
+    return folder.parent / f".{folder.name}{ORIGIN_FILE}"
+
+
+def _write_origin(path: Path, mark: dict[str, str]) -> None:
+    import json
+
+    with contextlib.suppress(OSError, ValueError):  # a read-only cache: the hosts get a push
+        if not path.is_file() or json.loads(path.read_text()) != mark:
+            path.write_text(json.dumps(mark))
 
 
 def origin_of(local_dir: Path):  # -> trainer.data.Dataset | None
@@ -184,16 +203,30 @@ def origin_of(local_dir: Path):  # -> trainer.data.Dataset | None
         return None
 
 
+def url_origin_of(local_dir: Path) -> str | None:
+    """The URL (``gs://...``) that ``local_dir`` is a downloaded copy of (a ``job.data_dir``
+    URL, `url_origin_file`), else None."""
+    import json
+
+    try:
+        return str(json.loads(url_origin_file(local_dir).read_text())["url"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 @dataclass
 class Staged:
     """How one machine got the dataset: ``fetched`` (the host downloaded it from the source),
-    ``cached`` (the host had it), ``pushed`` (sent from here; `pushed_bytes` of file data,
-    0 when every file was already there), ``shared`` (another machine at the same address
-    and folder did it)."""
+    ``bucket`` (the host downloaded it from the provider's dataset store), ``cached`` (the
+    host had it), ``pushed`` (sent from here; `pushed_bytes` of file data, 0 when every file
+    was already there), ``shared`` (another machine at the same address and folder did it).
+    `uploaded_bytes`: what this machine's staging uploaded to the store (None: it uploaded
+    nothing; the one upload of a run is counted on the first machine that needed it)."""
 
     how: str
     pushed_bytes: int = 0
     note: str = ""
+    uploaded_bytes: int | None = None
 
 
 class DataStager:
@@ -202,24 +235,33 @@ class DataStager:
     With a host dataset cache (`HostRunner.dataset_cache`, kept across runs) and a dataset
     from the registry (ORIGIN_FILE), the host fetches the archive itself from its source URL
     with the registry's checksum: nothing crosses the user's uplink, and a host that already
-    holds it downloads nothing. `source` ``auto`` (the default) pushes instead when the
-    source is unreachable from the host (what the host's own try says); ``origin`` never
-    pushes; ``push`` always pushes. A push (a folder of the user's, a host without a way out,
-    a backend without a cache) sends only the files whose size and SHA-256 differ on the host
-    (one listing command first). The work dir's ``data/<name>`` links to the cached folder.
-    Machines at the same address staging into the same folder are served once."""
+    holds it downloads nothing. Otherwise (a folder of the user's, a source the host cannot
+    reach), with a dataset `store` (`Provider.dataset_store`), the folder is uploaded there
+    once per stager (only what the store lacks; a ``gs://`` data_dir is read where it is) and
+    each host downloads it itself, every file checked against the SHA-256 computed here.
+    `source` ``auto`` (the default) tries the source, then the store, then pushes;
+    ``origin`` never pushes a registry dataset, nor anything when a store exists; ``push``
+    always pushes. A push (no store, a host without a way out, a backend without a cache)
+    sends only the files whose size and SHA-256 differ on the host (one listing command
+    first). The work dir's ``data/<name>`` links to the cached folder. Machines at the same
+    address staging into the same folder are served once."""
 
-    def __init__(self, local_dir: Path, run_dir: Path, source: str = "auto") -> None:
+    def __init__(self, local_dir: Path, run_dir: Path, source: str = "auto",
+                 store: DatasetStore | None = None) -> None:
         if source not in DATA_SOURCES:
             raise ValueError(f"data source {source!r}: one of {', '.join(DATA_SOURCES)}")
         self.local_dir = local_dir
         self.run_dir = run_dir
         self.source = source
         self.origin = origin_of(local_dir)
+        self.store = store
+        self._stored: StagedDataset | str | None = None  # the store's copy, or why there is none
+        self._upload_counted = False
         self._locks: dict[tuple[str, str], threading.Lock] = {}
         self._done: set[tuple[str, str]] = set()  # (address, folder) holding the files
         self._linked: set[tuple[str, str]] = set()  # (address, work dir) whose link is made
         self._guard = threading.Lock()
+        self._stage_lock = threading.Lock()  # held through the store upload
         self._local: dict[str, list[Any]] | None = None  # digests of local_dir, once
 
     def _local_digests(self) -> dict[str, list[Any]]:
@@ -279,9 +321,66 @@ class DataStager:
             if report.get("status") != "unreachable" or self.source == "origin":
                 raise DataError(f"host {host.spec.name} could not fetch {self.origin.name}: "
                                 f"{line}")
-            note = f"source unreachable from the host ({line}); pushed from here"
+            note = f"source unreachable from the host ({line})"
+        if cached and self.store is not None and self.source != "push":
+            staged = self._from_store(host, runner, target, link, note)
+            if isinstance(staged, Staged):
+                return staged
+            note = staged
         return Staged("pushed", self._push(host, runner, target, link if cached else None),
-                      note)
+                      f"{note}; pushed from here" if note else "")
+
+    def _stored_copy(self) -> tuple[StagedDataset | str, int | None]:
+        """The store's copy (a ``gs://`` data_dir as it is, else uploaded on the first call:
+        only what the store lacks) or why there is none; the bytes uploaded, for the first
+        caller only. Called under `_stage_lock`."""
+        assert self.store is not None
+        if self._stored is None:
+            url = url_origin_of(self.local_dir)
+            if url is not None and self.store.reads(url):
+                self._stored = StagedDataset(url)
+            else:
+                try:
+                    self._stored = self.store.stage(self.local_dir, self._manifest())
+                except ProvisionError as err:
+                    self._stored = f"staging in the dataset store failed ({err})"
+        if isinstance(self._stored, str) or self._upload_counted:
+            return self._stored, None
+        self._upload_counted = True
+        return self._stored, self._stored.uploaded_bytes
+
+    def _manifest(self) -> dict[str, list[Any]]:
+        """What a host's store download checks: the local digests, less our marker file."""
+        return {rel: v for rel, v in self._local_digests().items() if rel != ORIGIN_FILE}
+
+    def _from_store(self, host: Host, runner: HostRunner, target: str, link: str,
+                    note: str) -> Staged | str:
+        """The host downloads the store's copy itself: Staged, or why it did not (the caller
+        pushes then; DataError for a download that does not verify, and with ``origin``)."""
+        import json
+
+        assert self.store is not None
+        with self._stage_lock:  # one upload per stager, whichever host needs it first
+            stored, uploaded = self._stored_copy()
+        if isinstance(stored, str):
+            return self._no_store(host, f"{note}; {stored}" if note else stored)
+        runner.write_text(Path(MANIFEST_FILE), json.dumps(self._manifest()))
+        code, report = self._host_data(host, runner, self.store.host_args(
+            stored.url, MANIFEST_FILE, target, link))
+        if code == 0:
+            return Staged("cached" if report.get("cached") else "bucket", note=note,
+                          uploaded_bytes=uploaded)
+        line = str(report.get("line") or f"exit code {code}, see {self._log(host)}")
+        if report.get("status") != "unreachable":
+            raise DataError(f"host {host.spec.name} could not download {stored.url}: {line}")
+        why = f"{stored.url} unreachable from the host ({line})"
+        return self._no_store(host, f"{note}; {why}" if note else why)
+
+    def _no_store(self, host: Host, why: str) -> str:
+        if self.source == "origin":
+            raise DataError(f"host {host.spec.name}: {why}; provider.data_source=origin "
+                            f"pushes nothing")
+        return why
 
     def _push(self, host: Host, runner: HostRunner, target: str, link: str | None) -> int:
         """Copy the files the host lacks (size and SHA-256 compared); the file bytes sent."""

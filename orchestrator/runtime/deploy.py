@@ -255,8 +255,8 @@ class Deployment:
         # how (DataStager): as given, else the provider's `data_source` (every backend keeps
         # its ProviderConfig as `config`; a stand-in without one gets the default)
         source = data_source or getattr(getattr(provider, "config", None), "data_source", "auto")
-        self._stager = None if data_dir is None else data.DataStager(data_dir, Path(run_dir),
-                                                                     source)
+        self._stager = None if data_dir is None else data.DataStager(
+            data_dir, Path(run_dir), source, provider.dataset_store())
         self.cluster = cluster
         self.run_dir = Path(run_dir)
         self.spec_text = spec_text
@@ -384,6 +384,9 @@ class Deployment:
             "bytes_sent_total": after,  # since the machine was first connected (acquire too)
             "data": None if staged is None else staged.how,
             "data_pushed_bytes": None if staged is None else staged.pushed_bytes,
+            # the run's one upload to the provider's dataset store, on the machine that needed it
+            **({"data_uploaded_bytes": staged.uploaded_bytes}
+               if staged is not None and staged.uploaded_bytes is not None else {}),
             **({"data_note": staged.note} if staged is not None and staged.note else {})}))
         threading.Thread(target=self._renew_lease, args=(host.machine, runner),
                          name=f"lease-{host.spec.name}", daemon=True).start()

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from provisioning.base import PREEMPTION_NOTICE_FILE, BadRequestError
 from provisioning.gce.config import TOOL_LABEL, GceConfig
+from trainer.gcs import METADATA_URL  # the VM-side dataset download asks it too
 
 #: Catalog GPU name -> GCE accelerator type attached to N1 machine types.
 ATTACHED_GPUS = {"t4": "nvidia-tesla-t4", "v100": "nvidia-tesla-v100",
@@ -25,7 +26,6 @@ BUILT_IN_GPUS = {"a2": "a100", "g2": "l4", "a3": "h100", "g4": "rtx-pro-6000", "
 #: preemptionNoticeDuration the metadata flip is the only warning, and it comes WITH the soft-off:
 #: systemd is already stopping sshd and the session, so the notice is best-effort.
 SPOT_SHUTDOWN_WINDOW_S = 30
-METADATA_URL = "http://metadata.google.internal/computeMetadata/v1"
 _LABEL_BAD = re.compile(r"[^a-z0-9_-]")
 
 
@@ -136,6 +136,8 @@ LEASE_KEY = "transient-lease-expires"
 LEASE_S_KEY = "transient-lease-s"
 COMPUTE_URL = "https://compute.googleapis.com/compute/v1"
 COMPUTE_SCOPE = "https://www.googleapis.com/auth/compute"
+#: Read objects only: what a VM needs to download a dataset staged in `provider.storage`.
+STORAGE_READ_SCOPE = "https://www.googleapis.com/auth/devstorage.read_only"
 
 
 def lease_value(expires: float) -> str:
@@ -297,12 +299,15 @@ def instance_body(cfg: GceConfig, project: str, vm: VmRequest, run_id: str,
         "networkInterfaces": [nic],
         "metadata": {"items": metadata},
     }
+    # Least privilege for the default account: the VM's token lets its lease watcher delete
+    # the VM itself, and with `storage` set read objects (a dataset staged there, `python -m
+    # trainer data fetch-gcs`); nothing else on a VM calls a Google API. Neither: no account.
+    default_scopes = [*([COMPUTE_SCOPE] if lease_expires is not None else []),
+                      *([STORAGE_READ_SCOPE] if cfg.storage else [])]
     if cfg.service_account:
         body["serviceAccounts"] = [{"email": cfg.service_account, "scopes": list(cfg.scopes)}]
-    elif lease_expires is not None:
-        # Least privilege: the VM's token only lets its lease watcher delete the VM itself
-        # (nothing on a VM calls another Google API); no lease, no account at all.
-        body["serviceAccounts"] = [{"email": "default", "scopes": [COMPUTE_SCOPE]}]
+    elif default_scopes:
+        body["serviceAccounts"] = [{"email": "default", "scopes": default_scopes}]
     if accs:
         body["guestAccelerators"] = accs
     if scheduling:

@@ -79,7 +79,7 @@ class GceConfig(ProviderConfig):
     external_ip: bool = True  # an ephemeral public IP (the orchestrator SSHes to it)
     inside_vpc: bool = False  # the orchestrator runs in the VMs' VPC (reaches internal IPs)
     service_account: str | None = None  # VMs' e-mail; None = the default one, compute scope only,
-    #: for the lease watcher (no lease: no account)
+    #: for the lease watcher (no lease: no account), and storage read with `storage` (datasets)
     scopes: list[str] = field(default_factory=lambda: list(DEFAULT_SCOPES))  # ours; the VMs' too
     #: with service_account
     credentials: str = CREDENTIALS_ADC  # adc | anonymous | path to a service-account key file

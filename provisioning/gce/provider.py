@@ -35,7 +35,8 @@ check, lease, delete), `vm.py` the data model (`Vm`, the state map).
 
 - runners: the SSH backend's, over one connection per VM opened on first use (`gce/ssh.py`).
 - clean_up (after a crash, from the journal) and `python -m orchestrator.gc` (`orphans.py`) delete
-  leftovers; `checkpoint_store` mirrors checkpoints to `provider.storage` (`storage.py`).
+  leftovers; `checkpoint_store` mirrors checkpoints to `provider.storage` (`storage.py`), and
+  `dataset_store` stages a dataset there once for the VMs to download themselves.
 - class-level hooks of the contract, read without building a provider: `preview` (the dry
   run's VMs per zone, `preview.py`), `check_credentials` (`api.resolve_credentials`, at run
   start) and `fetch_dataset` for `job.data_dir=gs://...` (`storage.cached_copy`).
@@ -62,6 +63,7 @@ from provisioning.base import (
     Cluster,
     ClusterRequest,
     ContactLostError,
+    DatasetStore,
     Host,
     HostId,
     HostLostError,
@@ -511,6 +513,15 @@ class GceProvider(GceInstances, Provider):
 
         return GcsCheckpointStore(folder, self.config.storage, run_id,
                                   store=GcsStore(cfg=self.config))  # provider.credentials
+
+    def dataset_store(self) -> DatasetStore | None:
+        """With `provider.storage = gs://...`: the bucket, which the VMs download a dataset
+        from themselves (`storage.GcsDatasetStore`); otherwise none (a push per VM)."""
+        if not self.config.storage:
+            return None
+        from provisioning.gce.storage import GcsDatasetStore
+
+        return GcsDatasetStore(self.config.storage, self.config)
 
     def clean_up(self, entries: Sequence[Any], grace_s: float = STOP_GRACE_S
                  ) -> list[CleanUpResult]:

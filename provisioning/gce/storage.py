@@ -5,7 +5,9 @@ TensorFlow's own `gs://` file system cannot be pointed at an emulator and is unt
 to `gs://BUCKET/PREFIX/<run_id>/checkpoints`; a restart on new VMs downloads it first. Results
 (the run directory: logs, events, TensorBoard files) go to `.../<run_id>/results` at the end, and
 a `data_dir` of `gs://...` is downloaded once into the orchestrator's data cache (`cached_copy`),
-from where the deployer copies it to the hosts that read it.
+where validation reads it. The VMs download a dataset from a bucket themselves
+(`GcsDatasetStore`): a `gs://` data_dir from where it is, a folder of the orchestrator's machine
+from `gs://BUCKET/PREFIX/datasets/<name>-<digest>`, uploaded there once.
 
 Transfers run in parallel threads through `transfer_manager`, whose results list holds each
 object's exception (it raises nothing by default, and skips some objects with only a warning):
@@ -27,7 +29,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from provisioning.base import CheckpointStore, HostRunner, LocalFolderStore
+from provisioning.base import (
+    CheckpointStore,
+    DatasetStore,
+    HostRunner,
+    LocalFolderStore,
+    ProvisionError,
+    StagedDataset,
+)
 from provisioning.gce.config import CREDENTIALS_ADC
 
 #: Chunk of a resumable upload (a multiple of 256 KiB); files above 8 MiB are uploaded
@@ -37,7 +46,7 @@ MAX_WORKERS = 8
 #: TensorFlow's checkpoint state file: uploaded last, so a reader never sees it point at data
 #: that is not there yet.
 CHECKPOINT_STATE = "checkpoint"
-CHECKPOINTS, RESULTS = "checkpoints", "results"
+CHECKPOINTS, RESULTS, DATASETS = "checkpoints", "results", "datasets"
 
 
 class StorageError(Exception):
@@ -270,6 +279,52 @@ def cached_copy(url: str, cache_root: Path, store: GcsStore | None = None) -> Pa
              if not (folder / name).is_file() or (folder / name).stat().st_size != size]
     store.download(parsed, folder, stale)
     return folder
+
+
+def dataset_url(base: str, name: str, files: dict[str, Any]) -> GcsUrl:
+    """`gs://BUCKET/PREFIX/datasets/<name>-<digest>`: named by the files' relative paths,
+    sizes and SHA-256 (`trainer.data.digests`), so equal content lands in one place and a
+    changed file in another (nothing is overwritten under a VM reading it)."""
+    import hashlib
+    import json
+
+    digest = hashlib.sha256(json.dumps(sorted(files.items())).encode()).hexdigest()[:16]
+    return GcsUrl.parse(base).child(DATASETS, f"{name}-{digest}")
+
+
+class GcsDatasetStore(DatasetStore):
+    """`Provider.dataset_store` of `provider.storage = gs://BUCKET/PREFIX`: a folder is uploaded
+    once to `dataset_url` (only objects missing there or of another size: an object exists
+    only once its upload completed), and each VM downloads it with `python -m trainer data
+    fetch-gcs` (standard library, the VM's service-account token; `trainer/gcs.py`). The
+    client is made on the first upload, acting as `provider.credentials`."""
+
+    def __init__(self, base_url: str, cfg: Any = None, store: GcsStore | None = None) -> None:
+        self.base_url, self.cfg, self._store = base_url, cfg, store
+
+    def _gcs(self) -> GcsStore:
+        if self._store is None:
+            self._store = GcsStore(cfg=self.cfg)
+        return self._store
+
+    def stage(self, local_dir: Path, files: Any) -> StagedDataset:
+        url = dataset_url(self.base_url, Path(local_dir).name, dict(files))
+        try:
+            there = self._gcs().list(url)
+            missing = sorted(rel for rel, (size, _) in files.items() if there.get(rel) != size)
+            self._gcs().upload(Path(local_dir), url, missing)
+        except StorageError as error:
+            raise ProvisionError(str(error)) from None
+        return StagedDataset(str(url), len(missing), sum(files[rel][0] for rel in missing))
+
+    def reads(self, url: str) -> bool:
+        return is_gcs(url)
+
+    def host_args(self, url: str, manifest: str, dest: str, link: str) -> list[str]:
+        # the orchestrator's client talks to an emulator (tests): so do the VMs
+        emulator = os.environ.get("STORAGE_EMULATOR_HOST")
+        return ["fetch-gcs", url, "--manifest", manifest, "--dest", dest, "--link", link,
+                *(["--endpoint", emulator] if emulator else [])]
 
 
 class CheckpointMirror:

@@ -99,8 +99,9 @@ def gce_bed(tmp_path: Path, request: Any) -> Iterator[Bed]:
     """The real `compute_v1` client against the fake Compute API (tests/fakes/gce_server.py),
     every VM one of the session's namespace sshd hosts (three VMs for the suite's cluster and a
     spare address); a VM deleted or preempted takes its host's processes with it. Checkpoints
-    mirror to a bucket of gcp-storage-emulator (`provider.storage`), so the suite's store check
-    runs the gce store. Skips loudly without root, `ip` or sshd."""
+    mirror to a bucket of gcp-storage-emulator (`provider.storage`), so the suite's store checks
+    run the gce stores; it listens on the bed's gateway, where the VMs reach it (their dataset
+    downloads). Skips loudly without root, `ip` or sshd."""
     from provisioning.gce.provider import GceProvider
     from tests.provisioning.gce_fixtures import (
         BUCKET,
@@ -114,7 +115,7 @@ def gce_bed(tmp_path: Path, request: Any) -> Iterator[Bed]:
     from tests.testbed.fixtures import host_python
 
     testbed = request.getfixturevalue("ssh_testbed")
-    with storage_emulator(), fake_on_bed(
+    with storage_emulator(address=testbed.gateway), fake_on_bed(
             testbed, 4, project=PROJECT, zones=tuple(ZONES), provision_s=0.05, staging_s=0.05,
             insert_op_s=0.05, delete_op_s=0.05, stop_s=0.05, wait_cap_s=0.2,
             on_gone=processes_die_with_vm(testbed)) as fake:

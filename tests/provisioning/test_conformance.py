@@ -21,6 +21,7 @@ from provisioning.base import (
     BadFieldError,
     Cluster,
     ClusterRequest,
+    DatasetStore,
     HostLostError,
     HostRunner,
     HostSpec,
@@ -307,6 +308,38 @@ def test_checkpoint_store_keeps_what_the_chief_wrote_for_a_chief_elsewhere(bed: 
                         "'ckpt-1.index').read_text())", store.location(elsewhere))
     assert reader.readline() == "step 1\n" and reader.wait(WAIT_S) == 0
     store.finish(bed.workdir)
+
+
+def test_dataset_store_serves_a_folder_staged_once(bed: Bed, cluster: Cluster,
+                                                   tmp_path: Path) -> None:
+    """The optional `dataset_store` verb: None (the deployer pushes), or a store that takes a
+    folder once (staging it again uploads nothing) and from which a host fills a folder of its
+    own with `python -m trainer data` and the store's `host_args`, each file as staged."""
+    from trainer import data
+
+    store = bed.provider.dataset_store()
+    assert store is None or isinstance(store, DatasetStore)
+    if store is None:
+        return  # the default: nothing to stage in
+    local = tmp_path / "mine"
+    (local / "sub").mkdir(parents=True)
+    (local / "sub" / "a.bin").write_bytes(bytes(range(256)) * 40)
+    (local / "b.txt").write_text("b\n")
+    files = data.digests(local)
+    first = store.stage(local, files)
+    assert (first.uploaded_files, first.uploaded_bytes) == (2, 256 * 40 + 2)
+    assert store.stage(local, files) == type(first)(first.url, 0, 0)
+    chief = bed.provider.runner(host(cluster, "chief-0"))
+    chief.write_text(Path("manifest.json"), json.dumps(files))
+    command = [*chief.trainer_command(), "data"]
+    fill = chief.start([*command, *store.host_args(first.url, "manifest.json", "ds/mine",
+                                                   "data/mine")], chief.trainer_env())
+    said = list(fill.stdout_lines())
+    assert fill.wait(60) == 0, said
+    listing = chief.start([*command, "digests", "data/mine"], chief.trainer_env())
+    report = [ln for ln in listing.stdout_lines() if ln.startswith(data.REPORT_PREFIX)]
+    assert listing.wait(WAIT_S) == 0 and json.loads(report[0][len(data.REPORT_PREFIX):]) == {
+        "files": files}
 
 
 # --- clean-up from the journal ----------------------------------------------------------------

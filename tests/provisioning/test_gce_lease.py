@@ -205,7 +205,7 @@ def test_a_sigkilled_orchestrators_vms_end_within_the_lease_without_gc(
             proc.wait()
 
 
-def test_vms_get_a_service_account_only_for_their_lease_or_when_configured() -> None:
+def test_vms_get_an_account_for_their_lease_or_storage_or_when_configured() -> None:
     vm = VmRequest(name="tp-r-worker-0-1", zone=ZONE, machine_type="n1-standard-4", gpu=None,
                    transient=True, labels={}, host_ids=["r-worker-0-1"])
     assert "serviceAccounts" not in instance_body(GceConfig(), "p", vm, "r", "ssh-ed25519 A")
@@ -215,6 +215,14 @@ def test_vms_get_a_service_account_only_for_their_lease_or_when_configured() -> 
     mine = GceConfig(service_account="vm@p.iam.gserviceaccount.com")
     assert instance_body(mine, "p", vm, "r", "ssh-ed25519 A")["serviceAccounts"] == [
         {"email": "vm@p.iam.gserviceaccount.com", "scopes": list(mine.scopes)}]
+    # with a bucket the VMs download a staged dataset from it: read-only storage, no more
+    stored = GceConfig(storage="gs://b/p")
+    read = "https://www.googleapis.com/auth/devstorage.read_only"
+    assert instance_body(stored, "p", vm, "r", "ssh-ed25519 A")["serviceAccounts"] == [
+        {"email": "default", "scopes": [read]}]
+    assert instance_body(stored, "p", vm, "r", "ssh-ed25519 A", lease_expires=9.0)[
+        "serviceAccounts"] == [{"email": "default", "scopes": [
+            "https://www.googleapis.com/auth/compute", read]}]
 
 
 def test_internal_ips_only_is_refused_unless_the_orchestrator_is_inside_the_vpc() -> None:
