@@ -32,7 +32,7 @@ EPILOG = """examples:
   python -m analysis cost reference
   python -m analysis syncswitch reference --dataset cifar100_res50
   python -m analysis speed-model --train A.csv B.csv --test C.csv --json
-Run 'python -m analysis COMMAND --help' for a command's options."""
+Run 'python -m analysis COMMAND --help' for a command's options; --version for the tool's."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -57,6 +57,11 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         parser.print_help()
         return 0 if argv else 2
+    if argv[0] == "--version":
+        from orchestrator.version import version_line
+
+        print(version_line("analysis"))
+        return 0
     command, rest = argv[0], argv[1:]
     if command not in COMMANDS:
         parser.error(f"unknown command {command!r} (choose from {', '.join(COMMANDS)})")

@@ -128,6 +128,8 @@ def player(exp: Any) -> Callable[..., dict[str, Any]]:
 
 
 def _report(summary: dict[str, Any], run_dir: Path, cost: str) -> None:
+    from rich.markup import escape  # an error may quote `pip install 'x[cpu]'`
+
     from orchestrator.display import make_console
 
     acc = summary["final_accuracy"]
@@ -137,7 +139,7 @@ def _report(summary: dict[str, Any], run_dir: Path, cost: str) -> None:
         f"[bold]{summary['status']}[/bold] {summary['run_id']}: {summary['global_steps']} steps"
         f" in {summary['wall_time_s']:.1f} s ({sps or 0:.1f} steps/s), accuracy {acc_text}, "
         f"{cost}; results in {run_dir}" + _leftovers_note(run_dir)
-        + (f"\n[red]error:[/red] {summary['error']}" if summary["error"] else ""),
+        + (f"\n[red]error:[/red] {escape(summary['error'])}" if summary["error"] else ""),
         highlight=False,
     )
 
@@ -175,6 +177,11 @@ def _on_sigterm(signum: int, frame: object) -> None:
 
 def main() -> None:
     """Console entry point; also ``python -m orchestrator``."""
+    if "--version" in sys.argv[1:]:  # ours, before Hydra's (which prints Hydra's version)
+        from orchestrator.version import version_line
+
+        print(version_line("orchestrator"))
+        return
     from orchestrator.config.hydra_errors import (
         blame_interpolated_field,
         check_group_overrides,
@@ -220,6 +227,17 @@ def main() -> None:
         overrides = [a for a in sys.argv[1:] if not a.startswith("-")]
         err = _find_config_error(ex, config_error_from_hydra) or path_too_long(ex, overrides)
         if err is None:
+            from trainer.events import disk_full_fields, is_disk_full
+
+            if is_disk_full(ex) and not user_full_error:  # e.g. the run folder's disk
+                from orchestrator.runtime.supervisor import disk_full_line
+
+                folders = [os.getcwd()] + [a.split("=", 1)[1] for a in overrides
+                                           if a.startswith(("hydra.run.dir=", "hydra.sweep.dir="))]
+                full = disk_full_fields(ex, folders)
+                print(disk_full_line("the orchestrator", full.get("path"),
+                                     full.get("free_bytes")), file=sys.stderr)
+                sys.exit(1)
             if user_full_error:
                 raise
             import traceback

@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from orchestrator.paths import CONF_DIR
+from orchestrator.version import add_version_argument, prog_name
 
 EXPERIMENT = """\
 # @package _global_
@@ -116,7 +117,7 @@ def init(target: Path, providers: Sequence[str]) -> tuple[list[Path], list[Path]
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m orchestrator.init",
+        prog=prog_name("orchestrator.init"),
         description="Write a minimal repository of your own experiments (an example "
         "experiment, a provider file to fill in, .gitignore, a CI job); existing files are "
         "kept as they are.")
@@ -124,6 +125,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="the repository's root (default: the current folder)")
     parser.add_argument("--provider", choices=("ssh", "gce", "both"), default="both",
                         help="which provider file to write (default: both)")
+    add_version_argument(parser, "orchestrator.init")
     args = parser.parse_args(argv)
     providers = ("ssh", "gce") if args.provider == "both" else (args.provider,)
     target: Path = args.dir

@@ -21,6 +21,7 @@ import yaml
 
 from orchestrator import sweep
 from orchestrator.results import CONFIG_FILE
+from orchestrator.version import add_version_argument, prog_name
 from provisioning.journal import JOURNAL_FILE, clean_up
 
 
@@ -49,12 +50,13 @@ def provider_configs(run_dir: Path) -> dict[str, Any]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m orchestrator.release",
+        prog=prog_name("orchestrator.release"),
         description="Stop the processes (and list the VMs) that runs' journals still record "
         "as running, e.g. after the orchestrator itself crashed.")
     parser.add_argument("paths", nargs="*", type=Path, default=[Path("outputs"), Path("multirun")],
                         help="run or sweep directories, or journal files "
                         "(default: outputs/ and multirun/)")
+    add_version_argument(parser, "orchestrator.release")
     args = parser.parse_args(argv)
     journals = find_journals(args.paths)
     acted = 0

@@ -25,6 +25,7 @@ from orchestrator.config.errors import ConfigError
 from orchestrator.config.schema import ExperimentConfig
 from orchestrator.config.validation import validate
 from orchestrator.paths import CONF_PACKAGE
+from orchestrator.version import add_version_argument, prog_name
 
 #: Exit codes (module docstring).
 EXIT_VALID, EXIT_INVALID, EXIT_NOTHING = 0, 1, 2
@@ -122,7 +123,7 @@ def _repository_experiments() -> tuple[list[Path], str | None]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m orchestrator.validate",
+        prog=prog_name("orchestrator.validate"),
         description="Compose and validate experiment YAMLs with the defaults (the repository's "
         "own config groups first), as a dry run would. Exit codes: 0 all valid, 1 some invalid "
         "(each listed with its error), 2 nothing validated (no experiment found, no such file).",
@@ -130,6 +131,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("paths", nargs="*", type=Path,
                         help="experiment files (default: every experiments/*.yaml of the "
                         "repository this runs in)")
+    add_version_argument(parser, "orchestrator.validate")
     args = parser.parse_args(argv)
     paths = list(args.paths)
     if not paths:

@@ -87,9 +87,11 @@ def main(argv: list[str] | None = None) -> int:
         os.nice(EVALUATOR_NICE)
     watch_preemption_notice()  # every role: `preemption_notice` event when the file appears
     watch_lease()  # every role: ends once the orchestrator stops renewing its lease
+    folders = [os.getcwd()]  # where this role writes, for a full disk's report
     try:
         from trainer.spec import TrainerSpec
         spec = TrainerSpec.from_json(args.spec)
+        folders += [spec.layout.root, spec.layout.checkpoints]  # gs:// ones: not statvfs'd
         if args.role in ("ps", "worker"):
             from trainer.server import run_server
             run_server(spec, args.role, args.index)
@@ -104,7 +106,8 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except BaseException as exc:  # report every failure as an event, then exit non-zero
         traceback.print_exc()
-        events.emit("failure", error=f"{type(exc).__name__}: {exc}")
+        events.emit("failure", error=f"{type(exc).__name__}: {exc}",
+                    **events.disk_full_fields(exc, folders))
         return 1
     return 0
 

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import sys
 import threading
 import time
+from collections.abc import Iterable
 from typing import Any
 
 from trainer.layout import EVENT_PREFIX
@@ -64,3 +67,48 @@ def _jsonable(value: Any) -> Any:
     if hasattr(value, "item"):
         return value.item()
     return str(value)
+
+
+#: ``error_kind`` of a ``failure`` event whose cause is a full disk: the run ends at once, since
+#: a restart on the same disk fails the same way (orchestrator/runtime/supervisor.py).
+DISK_FULL = "disk_full"
+_ENOSPC_TEXT = "No space left on device"  # TensorFlow's file errors carry only the text
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    """Whether `exc` (or what caused it) is ENOSPC: an OSError errno 28, or a TensorFlow file
+    error saying so."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, OSError) and seen.errno == errno.ENOSPC:
+            return True
+        if _ENOSPC_TEXT in str(seen):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def disk_full_fields(exc: BaseException, folders: Iterable[str]) -> dict[str, Any]:
+    """The ``failure`` event's extra fields for a full disk (``{}`` for any other error):
+    ``error_kind`` and ``path``, the folder that is full: the failed file's own when the error
+    names it, else the one of `folders` (where this role writes) with the least free space,
+    since Python's ENOSPC from a write or close names no file."""
+    if not is_disk_full(exc):
+        return {}
+    named = getattr(exc, "filename", None)
+    candidates = [os.path.dirname(os.path.abspath(named))] if named else []
+    free: list[tuple[int, str]] = []
+    for folder in [*candidates, *folders]:
+        try:
+            stat = os.statvfs(folder)
+        except OSError:
+            continue
+        free.append((stat.f_bavail * stat.f_frsize, os.path.abspath(folder)))
+    fields: dict[str, Any] = {"error_kind": DISK_FULL}
+    if candidates:
+        fields["path"] = candidates[0]
+    elif free:
+        fields["path"] = min(free)[1]
+    if free:
+        fields["free_bytes"] = next((b for b, f in free if f == fields.get("path")), min(free)[0])
+    return fields

@@ -126,8 +126,11 @@ def register_configs() -> None:
     """
     import os
 
+    from orchestrator.version import register_resolvers
+
     if not OmegaConf.has_resolver("pid"):
         OmegaConf.register_new_resolver("pid", os.getpid)
+    register_resolvers()  # ${prog:}, ${docs:} in the help (conf/config.yaml)
     cs = ConfigStore.instance()
     cs.store(name="base_config", node=ExperimentConfig)
     cs.store(group="cluster", name="base_cluster", node=ClusterConfig)

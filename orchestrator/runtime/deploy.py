@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import queue
 import socket
 import threading
@@ -420,9 +421,11 @@ class Deployment:
         name = f"{task.role.value} {task.index}"
         while not task.ready.is_set():
             if task.exited.is_set() or task.process.poll() is not None:
+                if task.reader is not None:  # the log complete: its last line is the cause
+                    task.reader.join(READER_JOIN_TIMEOUT_S)
                 raise DeployError(
-                    f"{name} exited with code {task.process.poll()} before it was ready; "
-                    f"see {task.log_path}"
+                    f"{name} exited with code {task.process.poll()} before it was ready"
+                    f"{_cause_in_log(task.log_path)}; see {task.log_path}"
                 )
             if _port_accepts(task.host.address, task.host.port):
                 task.ready.set()
@@ -486,11 +489,14 @@ class Deployment:
             self.provider.runner(host).stop_all(self.stop_grace_s)
 
     def _read_output(self, task: RoleTask) -> None:
-        with open(task.log_path, "a", buffering=1) as log:
+        # unbuffered: on a full disk a log line is lost, never the events after it (the role's
+        # `failure` naming the disk) nor its exit
+        with open(task.log_path, "ab", buffering=0) as log:
             for line in task.process.stdout_lines():
                 event = parse_event_line(line)
                 if event is None:
-                    log.write(line + "\n")
+                    with contextlib.suppress(OSError):
+                        log.write(f"{line}\n".encode("utf-8", "replace"))
                     continue
                 self._events.put(event)  # queued first: whoever sees it ready finds it
                 if event.kind == EVENT_READY:
@@ -508,6 +514,29 @@ class Deployment:
             index=task.index,
             fields={"exit_code": exit_code, "expected": expected, "host_id": task.host.id},
         )
+
+
+#: How to get TensorFlow where a role lacks it (pyproject.toml [project.optional-dependencies])
+TF_EXTRAS = "pip install 'transient-orchestrator[cpu]', or [gpu] on a CUDA machine"
+
+
+def _cause_in_log(log_path: Path) -> str:
+    """": " and the last line of a role's log (a traceback's last line is its exception), with
+    what to do when it is TensorFlow missing; "" when the log is empty or unreadable."""
+    try:
+        with open(log_path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 4096))
+            tail = f.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+    lines = [line.strip() for line in tail.splitlines() if line.strip()]
+    if not lines:
+        return ""
+    last = lines[-1][:300]
+    if "No module named 'tensorflow'" in last:
+        last += f" (TensorFlow is not installed for that role's Python: {TF_EXTRAS})"
+    return f": {last}"
 
 
 def _port_accepts(address: str, port: int) -> bool:

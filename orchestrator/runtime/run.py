@@ -7,6 +7,7 @@ host, and ``summary.json`` is written atomically with the status.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 import traceback
@@ -15,21 +16,23 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator import killpoints, results
+from orchestrator.config.errors import ConfigError
 from orchestrator.config.schema import ExperimentConfig
 from orchestrator.plan import RunPlan
 from orchestrator.preflight import run_preflight
 from orchestrator.record import RunState, make_run_id, summarize
 from orchestrator.resume import Preempted
 from orchestrator.runtime.control import ControlChannel
-from orchestrator.runtime.deploy import role_lease_s
+from orchestrator.runtime.deploy import TF_EXTRAS, role_lease_s
 from orchestrator.runtime.fleet import Fleet, gpu_tasks
 from orchestrator.runtime.progress import RunProgress
-from orchestrator.runtime.supervisor import Supervisor
+from orchestrator.runtime.supervisor import Supervisor, disk_full_line
 from orchestrator.transient.revocation import RevocationSchedule
 from orchestrator.transient.stragglers import InjectionSchedule
 from provisioning.base import Cluster, ClusterRequest, ContactLostError
 from provisioning.journal import JOURNAL_FILE, Journal
 from provisioning.registry import get_provider, provider_class
+from trainer.events import disk_full_fields, is_disk_full
 from trainer.layout import CHECKPOINT_DIR, CLUSTER_JOBS, CONTROL_FILE
 from trainer.spec import PhaseSpec, StragglerSpec, TrainerSpec
 
@@ -43,7 +46,37 @@ def before_provisioning(cfg: ExperimentConfig) -> None:
 
     if not provider_class(cfg.provider.name).simulated:
         validate_run_start(cfg)
+        check_tensorflow_here(cfg)
         data.prepare(cfg)
+
+
+def check_tensorflow_here(cfg: ExperimentConfig) -> None:
+    """TensorFlow where this machine trains: in the roles' interpreter of a `hosts_here`
+    backend (this one, or ``provider.python``), and in this one for a remote run's preflight
+    step. The bare install has none; without this the run would end "ps 0 exited with code 1
+    before it was ready", the cause only in a role's log."""
+    import importlib.util
+    import subprocess
+
+    if provider_class(cfg.provider.name).hosts_here:
+        python = getattr(cfg.provider, "python", None) or sys.executable
+        if python == sys.executable:
+            found = importlib.util.find_spec("tensorflow") is not None
+        else:  # another interpreter: ask it (a missing one is the provider's error to give)
+            probe = "import importlib.util as u, sys; sys.exit(u.find_spec('tensorflow') is None)"
+            try:
+                found = subprocess.run([python, "-c", probe], capture_output=True,
+                                       timeout=60).returncode != 1
+            except (OSError, subprocess.TimeoutExpired):
+                found = True
+        if not found:
+            field = "provider.python" if python != sys.executable else "provider"
+            raise ConfigError(field, f"provider={cfg.provider.name} runs the roles with "
+                              f"{python}, which has no TensorFlow", TF_EXTRAS)
+    elif cfg.preflight and importlib.util.find_spec("tensorflow") is None:
+        raise ConfigError("preflight", "the preflight step trains on this machine, whose "
+                          f"Python ({sys.executable}) has no TensorFlow",
+                          f"{TF_EXTRAS}; or preflight=false")
 
 
 def build_trainer_spec(cfg: ExperimentConfig, plan: RunPlan, cluster: Cluster, run_id: str,
@@ -165,12 +198,17 @@ def execute_run(cfg: ExperimentConfig, plan: RunPlan, run_dir: Path,
     except Exception as ex:
         status = results.STATUS_FAILED
         error = f"{type(ex).__name__}: {ex}"
-        rec.write_error(traceback.format_exc())
+        if is_disk_full(ex):  # our own write: one line naming the folder, no restart spent
+            full = disk_full_fields(ex, [str(run_dir)])
+            error = disk_full_line("the orchestrator", full.get("path"), full.get("free_bytes"))
+        with contextlib.suppress(OSError):  # the disk may be the full one
+            rec.write_error(traceback.format_exc())
     finally:
         if error:
-            rec.event("failure", error=error)
-            if not (run_dir / results.ERROR_FILE).exists():
-                rec.write_error(error + "\n")
+            with contextlib.suppress(OSError):  # full disk: the release below must still run
+                rec.event("failure", error=error)
+                if not (run_dir / results.ERROR_FILE).exists():
+                    rec.write_error(error + "\n")
         killpoints.hit("teardown")
         _release(fleet, rec)
         summary = make_summary(plan, run_id, status, started, supervisor, error)

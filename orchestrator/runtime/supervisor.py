@@ -61,6 +61,7 @@ from orchestrator.transient.recovery import (
 from orchestrator.transient.revocation import RevocationSchedule
 from orchestrator.transient.stragglers import InjectionSchedule, StragglerDetector, get_sync_policy
 from provisioning.base import Cluster, Host, HostId, HostState, ProvisionError, Role
+from trainer.events import DISK_FULL
 from trainer.layout import EXIT_PS_UNAVAILABLE
 
 TICK_S = 0.2  # longest wait for a trainer event before the periodic checks run
@@ -75,6 +76,16 @@ PS_LOSS_EXIT_CODE = EXIT_PS_UNAVAILABLE  # the chief's exit code when it lost a 
 NOTICE_MARGIN_S = 1.0
 # A run preempted by its sweep's queue waits this long for the checkpoint it asks for
 STOP_CHECKPOINT_TIMEOUT_S = 60.0
+
+
+def disk_full_line(who: str, folder: str | None, free_bytes: int | None = None) -> str:
+    """The run's error when a disk filled up: who could not write, where, and why no restart
+    was tried (another attempt writes to the same disk)."""
+    where = f" in {folder}" if folder else ""
+    free = f" ({free_bytes / 1e6:.1f} MB free)" if isinstance(free_bytes, int) else ""
+    return (f"disk full: {who} could not write{where}{free}: No space left on device; "
+            f"stopped without a restart (it would write to the same disk): free space there "
+            f"and run again")
 
 
 @dataclass
@@ -302,6 +313,10 @@ class Supervisor:
                 fields.get("host_id") not in self.noticed_ids:
             # a notice we did not send (a cloud's own preemption): checkpoint now
             self.control.request_checkpoint()
+        elif kind == "failure" and fields.get("error_kind") == DISK_FULL and state.error is None:
+            # before its process exit reaches recovery: a restart would fill the same disk
+            state.error = disk_full_line(f"{event.role} {event.index}", fields.get("path"),
+                                         fields.get("free_bytes"))
         elif kind == "failure" and event.role == "evaluator" and state.error is None \
                 and self.awaiting_restart is None:
             # chief, PS and worker failures are handled by recovery when their process exits

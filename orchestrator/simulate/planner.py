@@ -425,6 +425,11 @@ def main(argv: list[str] | None = None) -> None:
     if any(a in ("-h", "--help") for a in args):
         print(__doc__)
         return
+    if "--version" in args:
+        from orchestrator.version import version_line
+
+        print(version_line("orchestrator.plan"))
+        return
     try:
         plan_experiment(parse_args(args))
     except Exception as ex:  # ConfigError or Hydra/OmegaConf errors: one line naming the field

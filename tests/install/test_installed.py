@@ -169,8 +169,12 @@ def test_the_wheel_carries_every_file_the_packages_read(installed: Installed) ->
                 expected.add(target + rel[len(prefix):])
     assert "orchestrator/conf/experiment/digits_local.yaml" in expected
     with zipfile.ZipFile(installed.wheel) as z:
-        missing = expected - set(z.namelist())
+        names = set(z.namelist())
+    missing = expected - names
     assert not missing, f"not in the wheel: {sorted(missing)[:20]}"
+    # the pages help points at (orchestrator/version.py docs_path), not the images
+    docs = {f"orchestrator/docs/{p.name}" for p in (REPO / "docs").glob("*.md")}
+    assert "orchestrator/docs/configuration.md" in docs and docs <= names, sorted(docs - names)
 
 
 def test_a_user_repository_with_the_installed_tool(installed: Installed, user_repo: Path) -> None:
@@ -181,7 +185,15 @@ def test_a_user_repository_with_the_installed_tool(installed: Installed, user_re
     _check(proc, "import")
     assert proc.stdout.startswith(str(installed.venv)), proc.stdout
 
-    _check(run("transient-orchestrator", "--help", cwd=user_repo), "--help")
+    proc = run("transient-orchestrator", "--help", cwd=user_repo)
+    _check(proc, "--help")
+    docs = Path(proc.stdout.split("shipped with the tool in ", 1)[1].split(":", 1)[0])
+    assert docs.is_relative_to(installed.venv) and (docs / "configuration.md").is_file(), docs
+    assert "  transient-validate [FILES]" in proc.stdout
+    for script in ("transient-orchestrator", "transient-validate", "transient-init"):
+        proc = run(script, "--version", cwd=user_repo)
+        _check(proc, "--version")
+        assert proc.stdout.startswith(f"{script} "), proc.stdout
     proc = run("transient-orchestrator", "+experiment=digits_local", "dry_run=true",
                "progress=false", cwd=user_repo)
     _check(proc, "dry run of a packaged experiment")

@@ -35,6 +35,10 @@ parser.add_argument("--role"); parser.add_argument("--index", type=int); parser.
 args = parser.parse_args()
 spec = json.load(open(args.spec))
 behavior = spec["behavior"].get(f"{args.role}-{args.index}", spec["behavior"].get(args.role))
+if behavior == "no_tf":  # the bare install: a traceback on stderr, nothing else
+    print("Traceback (most recent call last):\\n  File ...\\n"
+          "ModuleNotFoundError: No module named 'tensorflow'", file=sys.stderr)
+    sys.exit(1)
 def event(kind, **fields):
     line = {"kind": kind, "time": time.time(), "role": args.role, "index": args.index, **fields}
     print("@event " + json.dumps(line), flush=True)
@@ -167,6 +171,20 @@ def test_crash_before_ready_raises_naming_role_and_log(deploy, tmp_path):
     with pytest.raises(DeployError, match=r"worker 1 exited with code 3 .*worker-1\.log"):
         deployment.start()
     deployment.teardown()  # the clients already started are stopped too
+    assert_no_process_left(deployment)
+
+
+def test_a_role_that_cannot_start_names_the_cause_from_its_log(deploy, tmp_path):
+    """A remote role's cause is only in its log (issue 35): the error carries its last line,
+    and says how to get TensorFlow when that is what is missing."""
+    deployment = deploy({"ps": "no_tf"})
+    with pytest.raises(DeployError) as info:
+        deployment.start()
+    assert str(info.value) == (
+        "ps 0 exited with code 1 before it was ready: ModuleNotFoundError: No module named "
+        "'tensorflow' (TensorFlow is not installed for that role's Python: pip install "
+        f"'transient-orchestrator[cpu]', or [gpu] on a CUDA machine); see {tmp_path}/logs/ps-0.log")
+    deployment.teardown()
     assert_no_process_left(deployment)
 
 
