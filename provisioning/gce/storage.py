@@ -47,6 +47,8 @@ MAX_WORKERS = 8
 #: that is not there yet.
 CHECKPOINT_STATE = "checkpoint"
 CHECKPOINTS, RESULTS, DATASETS = "checkpoints", "results", "datasets"
+#: On a new chief's host, in its work dir: what its checkpoint download checks.
+CHECKPOINT_MANIFEST = ".checkpoint-manifest.json"
 
 
 class StorageError(Exception):
@@ -321,10 +323,15 @@ class GcsDatasetStore(DatasetStore):
         return is_gcs(url)
 
     def host_args(self, url: str, manifest: str, dest: str, link: str) -> list[str]:
-        # the orchestrator's client talks to an emulator (tests): so do the VMs
-        emulator = os.environ.get("STORAGE_EMULATOR_HOST")
         return ["fetch-gcs", url, "--manifest", manifest, "--dest", dest, "--link", link,
-                *(["--endpoint", emulator] if emulator else [])]
+                *_endpoint_args()]
+
+
+def _endpoint_args() -> list[str]:
+    """`fetch-gcs`'s ``--endpoint`` when the orchestrator's client talks to an emulator
+    (tests): the VMs then read the same one."""
+    emulator = os.environ.get("STORAGE_EMULATOR_HOST")
+    return ["--endpoint", emulator] if emulator else []
 
 
 class CheckpointMirror:
@@ -377,7 +384,13 @@ class GcsCheckpointStore(CheckpointStore):
     into `<run_dir>/checkpoints`, copied onto a new chief before it starts) whose folder is
     mirrored to `gs://BUCKET/PREFIX/<run_id>/checkpoints` after every sync, so checkpoints
     survive the orchestrator's machine too; `before_start` restores from the bucket when the
-    local folder is empty, and `finish` uploads the run directory to `.../<run_id>/results`."""
+    local folder is empty, and `finish` uploads the run directory to `.../<run_id>/results`.
+
+    A new chief's VM downloads the checkpoints from the bucket itself (`python -m trainer data
+    fetch-gcs`, each file checked against the SHA-256 of the copy here, files it holds kept),
+    so a PS or chief machine re-created after a loss costs the user's uplink a manifest, not
+    the checkpoints (megabytes each); where that download fails (the VM may not read the
+    bucket) the copy here is pushed as without a bucket."""
 
     def __init__(self, folder: Path, base_url: str, run_id: str,
                  store: GcsStore | None = None) -> None:
@@ -393,7 +406,39 @@ class GcsCheckpointStore(CheckpointStore):
     def before_start(self, chief: HostRunner) -> None:
         if not any(self.local.folder.iterdir()):
             self.mirror.restore()
-        self.local.before_start(chief)
+        if chief.shares_orchestrator_fs or not any(self.local.folder.iterdir()) \
+                or not self._chief_downloads(chief):
+            self.local.before_start(chief)
+
+    def _chief_downloads(self, chief: HostRunner) -> bool:
+        """Have `chief`'s host download the mirrored checkpoints into its checkpoint folder;
+        False (the caller pushes) when it could not."""
+        import json
+        import logging
+
+        from trainer import data, layout
+
+        self.mirror.sync()  # the bucket holds what is here (normally nothing left to send)
+        manifest = {rel: v for rel, v in data.digests(self.local.folder).items()
+                    if not rel.endswith(".tmp")}
+        log_path = (self.local.folder.parent / layout.LOGS_DIR
+                    / f"checkpoints-{chief.host.spec.name}.log")
+        try:
+            chief.write_text(Path(CHECKPOINT_MANIFEST), json.dumps(manifest))
+            process = chief.start(
+                [*chief.trainer_command(), "data", "fetch-gcs", str(self.mirror.url),
+                 "--manifest", CHECKPOINT_MANIFEST, "--dest", layout.CHECKPOINT_DIR,
+                 *_endpoint_args()], chief.trainer_env(), None, log_path)
+            report = [line for line in process.stdout_lines()
+                      if line.startswith(data.REPORT_PREFIX)]
+            code = process.wait()
+        except (ProvisionError, OSError) as error:
+            code, report = -1, [str(error)]
+        if code != 0:
+            logging.getLogger(__name__).warning(
+                "%s could not download the checkpoints from %s (%s); pushing them from here",
+                chief.host.spec.name, self.mirror.url, (report or [f"exit code {code}"])[-1])
+        return code == 0
 
     def sync(self, chief: HostRunner) -> bool:
         fetched = self.local.sync(chief)

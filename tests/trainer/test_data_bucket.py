@@ -131,3 +131,52 @@ def test_vms_get_an_unreachable_source_through_the_bucket_uploaded_once(
     assert all(e.fields["data_pushed_bytes"] == 0 for e in direct)
     assert all(e.fields["bytes_sent"] < 100_000 for e in direct), [e.fields for e in direct]
     assert sum(len(b) for b in files.values()) > 100_000  # so none of it crossed over SSH
+
+
+@pytest.mark.parametrize("reachable", [True, False])
+def test_a_new_chief_vm_downloads_the_checkpoints_from_the_bucket_itself(
+        ssh_testbed: SshTestBed, tmp_path: Path, reachable: bool) -> None:
+    """A chief starting on a VM that lacks the checkpoints (a PS/chief machine re-created after
+    a loss): with `provider.storage` its VM downloads them from the bucket mirror itself, so
+    the user's link carries a manifest, not the checkpoints; a VM that cannot read the bucket
+    (the emulator on this machine's loopback only) gets them pushed as without a bucket."""
+    import os
+
+    bed = ssh_testbed
+    folder = tmp_path / "run" / "checkpoints"
+    folder.mkdir(parents=True)
+    blobs = {"ckpt-3.data-00000-of-00001": os.urandom(600_000), "ckpt-3.index": os.urandom(900),
+             "checkpoint": b'model_checkpoint_path: "ckpt-3"\n'}
+    for name, blob in blobs.items():
+        (folder / name).write_bytes(blob)
+    with storage_emulator(address=bed.gateway if reachable else "127.0.0.1"), \
+            fake_on_bed(bed, 1, **FAST) as fake:
+        cfg = gce_config(fake, tmp_path, ssh_user="root", ssh_key=str(bed.client_key),
+                         python=host_python(), remote_root=str(tmp_path / "vms"),
+                         storage=f"gs://{BUCKET}/exp")
+        provider = GceProvider(cfg, journal=Journal(tmp_path / "journal.jsonl"))
+        cluster = provider.acquire(ClusterRequest("ckpt", [
+            HostSpec("chief-0", Role.CHIEF, "n1-standard-4", None, ZONES[0], False)],
+            tmp_path / "run"))
+        try:
+            store = provider.checkpoint_store("ckpt", folder)
+            store.sync(provider.runner(cluster.hosts[0]))  # nothing on the VM yet: mirrored
+            chief = provider.runner(cluster.hosts[0])
+            chief.setup()  # the trainer's wheel (what a deployment sends first): not counted
+            before = chief.bytes_sent()
+            store.before_start(chief)
+            sent = chief.bytes_sent() - before
+            there = Path(store.location(chief))
+            held = {p.name: p.read_bytes() for p in there.iterdir() if p.is_file()}
+            again_before = chief.bytes_sent()
+            store.before_start(chief)  # a restart on the same VM
+            again = chief.bytes_sent() - again_before
+        finally:
+            provider.release(cluster)
+    assert fake.live_instances() == []
+    assert held == blobs
+    if reachable:
+        assert sent < 100_000, sent  # the manifest and the command, not 600 KB of checkpoint
+        assert again < 100_000, again
+    else:
+        assert sent > 600_000, sent  # pushed: the VM could not read the bucket
