@@ -9,7 +9,9 @@ dataset is the registry's `cifar10` whose source is a small archive in the real 
 over HTTP on the bed's bridge (`$TRANSIENT_DATA_MIRROR`, as bench/transfer.py): each VM that
 reads it fetches it itself. Mid-run a worker's Spot VM is preempted (replaced by a new VM), and
 later the PS's VM (chief and evaluator colocated: re-created, every role restarts from the last
-checkpoint, the surviving workers' VMs get a restart deployment).
+checkpoint, the surviving workers' VMs get a restart deployment). `provider.storage` names a
+bucket in gcp-storage-emulator on the bed's bridge (the VMs' Cloud Storage): checkpoints are
+mirrored there, and the PS's re-created VM downloads them from it itself.
 
 Read back: the `host_setup` events (orchestrator/runtime/deploy.py) with the bytes written to
 each machine's SSH sockets (`bytes_sent_total`: since the machine was first connected, host-key
@@ -34,6 +36,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +50,7 @@ TRAIN_STEPS = 300
 PREEMPT_WORKER_AT = 60  # the first `step` event at or past it: a worker's VM is preempted
 PREEMPT_PS_AT = 160  # then, once the replacement trains, the PS's VM
 RUN_TIMEOUT_S = 900
+BUCKET = "bench"  # provider.storage's bucket, in an emulator on the bed's bridge
 ROUNDS = 3  # 1–2 minutes each on the 2-core machine
 RUN = ["+experiment=cifar10_res32", f"cluster.workers={WORKERS}",
        f"job.train_steps={TRAIN_STEPS}", "job.batch_size=2", "job.checkpoint_frequency=50",
@@ -76,6 +80,23 @@ def _read_events(run_dir: Path) -> list[dict]:
     with contextlib.suppress(OSError, ValueError):
         return _events(run_dir)
     return []
+
+
+@contextlib.contextmanager
+def _bucket(address: str) -> Iterator[str]:
+    """gcp-storage-emulator in memory on `address` (the bed's bridge: the VMs' Cloud Storage)
+    holding BUCKET; yields its URL (the run's STORAGE_EMULATOR_HOST)."""
+    import logging
+
+    from gcp_storage_emulator.server import create_server
+
+    logging.getLogger("gcp_storage_emulator").setLevel(logging.WARNING)
+    server = create_server(address, 0, in_memory=True, default_bucket=BUCKET)
+    server.start()
+    try:
+        yield f"http://{address}:{server._api._httpd.server_address[1]}"
+    finally:
+        server.stop()
 
 
 def _step_at(n: int, after: float = 0.0):  # -> Callable[[list[dict]], bool]
@@ -122,14 +143,16 @@ def _round(bed: Any, srv: Any, archive: Any, runtime: Any, scratch: Path) -> dic
     run_dir = scratch / "run"
     fetched_before = len(srv.behaviour.requests)
     # 3 VMs, the worker's replacement, the PS's re-creation, one spare address
-    with IsolatedFakeGce(bed, vms=WORKERS + 4, zones=ZONES, **FAKE_TIMES) as fake:
+    with IsolatedFakeGce(bed, vms=WORKERS + 4, zones=ZONES, **FAKE_TIMES) as fake, \
+            _bucket(bed.gateway) as storage_url:
         image = fake.add_image(runtime.name, runtime.disk)
         env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONUNBUFFERED": "1",
                "PYTHONPATH": str(ROOT), data.MIRROR_ENV: srv.base_url,
-               "GOOGLE_CLOUD_PROJECT": fake.project}
+               "GOOGLE_CLOUD_PROJECT": fake.project, "STORAGE_EMULATOR_HOST": storage_url}
         env.pop("HYDRA_FULL_ERROR", None)
         argv = [sys.executable, "-c", _WITH_TEST_ARCHIVE, archive.md5, str(len(archive.data)),
                 *RUN, *provider_args(fake, bed), f"provider.image={image}",
+                f"provider.storage=gs://{BUCKET}/runs",
                 f"data_cache={scratch / 'cache'}", f"hydra.run.dir={run_dir}"]
         started = time.monotonic()
         proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE,
