@@ -76,12 +76,45 @@ def _zones(cfg: ExperimentConfig, gpu: str) -> list[str]:
     return list(by_region.values())
 
 
+def machine_type_for(cfg: ExperimentConfig, gpu: str) -> str | None:
+    """The worker machine type a ``gpu`` host is rented as: the configured one when Compute
+    Engine accepts ``gpu`` on it, else the cheapest catalog type that does (L4 → G2, A100 → A2;
+    the check is provisioning/gce/body.py ``accelerators``, the dry run's own). None: no
+    catalog machine type carries it, so the GPU cannot be rented from this catalog."""
+    from provisioning.base import BadRequestError
+    from provisioning.gce.body import accelerators
+
+    def accepts(machine_type: str) -> bool:
+        try:
+            accelerators(machine_type, gpu)
+        except BadRequestError:
+            return False
+        return True
+
+    configured = cfg.cluster.worker_groups[0].machine_type
+    if accepts(configured):
+        return configured
+    offers = cfg.pricing.machine_types
+    fits = sorted((m for m in offers if accepts(m)),
+                  key=lambda m: (offers[m].preemptible_usd_per_h, m))
+    return fits[0] if fits else None
+
+
+def rentable(cfg: ExperimentConfig, gpu: str) -> bool:
+    """Whether the planner may answer ``gpu``: not retired by the priced cloud (K80 on today's
+    GCE catalogue; the papers' 2019 catalogue keeps it) and carried by a catalog machine type."""
+    from provisioning.catalog import retirement
+
+    return retirement(cfg.pricing.name, gpu) is None and machine_type_for(cfg, gpu) is not None
+
+
 def candidates(cfg: ExperimentConfig, models: SimModels) -> list[Candidate]:
-    """The search space: catalog GPUs with a speed model (or ``planner.gpus``) × workers ×
-    transient × zones (transient only: on-demand VMs are not revoked, one zone suffices) ×
-    schedules."""
+    """The search space: rentable catalog GPUs with a speed model (or ``planner.gpus``) ×
+    workers × transient × zones (transient only: on-demand VMs are not revoked, one zone
+    suffices) × schedules."""
     known = models.params["step_time_s"].get(cfg.job.hparam_set, {})
-    gpus = list(cfg.planner.gpus) or [g for g in cfg.pricing.gpus if g in known]
+    gpus = [g for g in (list(cfg.planner.gpus) or [g for g in cfg.pricing.gpus if g in known])
+            if g in cfg.pricing.gpus and rentable(cfg, g)]
     fractions: list[float | None] = list(cfg.planner.bsp_fractions) or [None]
     out = []
     for gpu in gpus:
@@ -104,6 +137,7 @@ def configure(cfg: ExperimentConfig, c: Candidate) -> ExperimentConfig:
     out.cluster.workers = c.workers
     group = out.cluster.worker_groups[0]
     group.gpu, group.zone, group.transient, group.count = c.gpu, c.zone, c.transient, c.workers
+    group.machine_type = machine_type_for(cfg, c.gpu) or group.machine_type
     out.cluster.worker_groups = [group]
     out.cluster.ps_zone = c.zone
     if c.bsp_fraction is not None:
