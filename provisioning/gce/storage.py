@@ -64,10 +64,10 @@ class GcsUrl:
 
     @classmethod
     def parse(cls, url: str) -> GcsUrl:
-        if not url.startswith("gs://") or not url[5:].split("/", 1)[0]:
-            raise ValueError(f"not a gs:// URL: {url!r} (expected gs://BUCKET[/PREFIX])")
-        bucket, _, prefix = url[5:].partition("/")
-        return cls(bucket, prefix.strip("/"))
+        """ValueError for anything but ``gs://BUCKET[/PREFIX]`` (the VMs' reader's rule)."""
+        from trainer.gcs import split_url
+
+        return cls(*split_url(url))
 
     def child(self, *parts: str) -> GcsUrl:
         return GcsUrl(self.bucket, "/".join(p.strip("/") for p in (self.prefix, *parts) if p))
