@@ -6,6 +6,10 @@ Usage, from the root of the repository that holds the experiments::
     python -m orchestrator.validate                 # every experiments/*.yaml of this repository
     python -m orchestrator.validate my_exp.yaml     # given files (composed as +experiment=...)
 
+Files only the machine that runs an experiment holds (SSH keys, known_hosts) are not required
+(a CI runner has none): each valid file lists what was not checked; ``--check-machine-files``
+requires them, as a run does.
+
 Exit codes: 0 every experiment is valid; 1 at least one is not (each bad file is listed with
 its one-line error); 2 nothing was validated: no experiment found (the message says where it
 looked), a named file does not exist, or bad arguments. A check that finds nothing fails, so a
@@ -74,36 +78,52 @@ def compose_experiment(name: str, overrides: Sequence[str] = ()) -> ExperimentCo
     return cfg
 
 
-def validate_files(paths: Sequence[Path]) -> dict[Path, str | None]:
+def validate_files(paths: Sequence[Path], machine_files: bool = True,
+                   unchecked: dict[Path, list[str]] | None = None) -> dict[Path, str | None]:
     """Validate each experiment file as a dry run would (compose, validate, plan).
 
     A file in the repository's experiment folders is composed by its name, as the command line
     would find it; any other file is pinned to its name for the check. Returns file -> error
-    line (None when valid); every file is checked, whatever the others do.
+    line (None when valid); every file is checked, whatever the others do. `machine_files`
+    False: files only the machine that runs the experiment holds (SSH keys, known_hosts; a CI
+    runner has none) are not required, and `unchecked` gets, per file, the fields skipped.
     """
-    from orchestrator.config.hydra_errors import check_yaml_file
-    from orchestrator.plan import make_plan
+    import contextlib
+
+    from provisioning.base import without_machine_files
 
     root = user_repo.find_root()
     repo_dirs = {d.resolve() for d in user_repo.experiment_dirs(root)} if root else set()
     results: dict[Path, str | None] = {}
     for path in paths:
         path = path.resolve()
-        try:
-            check_yaml_file(path)
-            if path.parent in repo_dirs:
-                cfg = compose_experiment(path.stem)
-            else:
-                with user_repo.pinned({path.stem: path}):
-                    cfg = compose_experiment(path.stem)
-            make_plan(cfg)
-            results[path] = None
-        except ConfigError as err:
-            results[path] = err.line()
-        except Exception as ex:  # report it as this file's failure, check the rest
-            text = str(ex).strip().splitlines()
-            results[path] = f"error: {type(ex).__name__}: {text[0] if text else ''}"
+        with contextlib.ExitStack() as stack:
+            skipped = None if machine_files else stack.enter_context(without_machine_files())
+            results[path] = _validate_file(path, repo_dirs)
+        if skipped and unchecked is not None:
+            unchecked[path] = sorted(set(skipped))
     return results
+
+
+def _validate_file(path: Path, repo_dirs: set[Path]) -> str | None:
+    """One file of `validate_files`: its error line, None when valid."""
+    from orchestrator.config.hydra_errors import check_yaml_file
+    from orchestrator.plan import make_plan
+
+    try:
+        check_yaml_file(path)
+        if path.parent in repo_dirs:
+            cfg = compose_experiment(path.stem)
+        else:
+            with user_repo.pinned({path.stem: path}):
+                cfg = compose_experiment(path.stem)
+        make_plan(cfg)
+        return None
+    except ConfigError as err:
+        return err.line()
+    except Exception as ex:  # report it as this file's failure, check the rest
+        text = str(ex).strip().splitlines()
+        return f"error: {type(ex).__name__}: {text[0] if text else ''}"
 
 
 def _repository_experiments() -> tuple[list[Path], str | None]:
@@ -131,6 +151,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("paths", nargs="*", type=Path,
                         help="experiment files (default: every experiments/*.yaml of the "
                         "repository this runs in)")
+    parser.add_argument("--check-machine-files", action="store_true",
+                        help="also require the files only the machine that runs an experiment "
+                        "holds (SSH keys, known_hosts): on that machine, not in CI")
     add_version_argument(parser, "orchestrator.validate")
     args = parser.parse_args(argv)
     paths = list(args.paths)
@@ -143,10 +166,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if missing:
         print(f"no such file: {', '.join(map(str, missing))}", file=sys.stderr)
         return EXIT_NOTHING
-    results = validate_files(paths)
+    unchecked: dict[Path, list[str]] = {}
+    results = validate_files(paths, machine_files=args.check_machine_files, unchecked=unchecked)
     bad = {p: e for p, e in results.items() if e}
     for path, err in results.items():
         print(f"{'FAIL' if err else 'ok  '} {path.name}" + (f": {err}" if err else ""))
+        if unchecked.get(path):
+            print(f"     not checked here: {', '.join(unchecked[path])} (files of the machine "
+                  "that runs it; --check-machine-files there)")
     print(f"{len(results) - len(bad)} valid, {len(bad)} invalid")
     return EXIT_INVALID if bad else EXIT_VALID
 

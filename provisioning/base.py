@@ -54,8 +54,10 @@ watcher of the metadata server's `preempted` key.
 from __future__ import annotations
 
 import abc
+import contextlib
+import contextvars
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -96,7 +98,8 @@ __all__ = [
     "BadFieldError", "BadRequestError", "CapacityError", "CheckpointStore", "CleanUpResult",
     "Cluster", "ClusterRequest", "ContactLostError", "DatasetStore", "Host", "HostId", "HostLostError", "HostRunner", "HostSpec",
     "HostState", "LocalFolderStore", "PlanPreview", "Provider", "ProviderConfig",
-    "ProvisionError", "RemoteProcess", "ResourceJournal", "Role", "StagedDataset", "url_scheme",
+    "ProvisionError", "RemoteProcess", "ResourceJournal", "Role", "StagedDataset",
+    "machine_file_unchecked", "url_scheme", "without_machine_files",
 ]
 
 #: The config field a dataset location comes from (`Provider.fetch_dataset` errors name it).
@@ -107,6 +110,35 @@ DATA_DIR_FIELD = "job.data_dir"
 #: `dataset_store` (staged there once per run), pushed from here only without one;
 #: origin: a registry dataset never comes from here; push: always pushed.
 DATA_SOURCES = ("auto", "origin", "push")
+
+
+#: Set by `transient-validate` (`orchestrator.validate`, a user's CI): files that only the
+#: machine running the experiment holds (an SSH key, its known_hosts) are not required; the
+#: fields whose check was skipped are collected here (`machine_file_unchecked`).
+_UNCHECKED_FILES: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar(
+    "unchecked_machine_files", default=None)
+
+
+@contextlib.contextmanager
+def without_machine_files() -> Iterator[list[str]]:
+    """Validate without the files of the machine that will run the experiment (a CI runner
+    holds no SSH key); yields the list of the fields whose file was not checked."""
+    skipped: list[str] = []
+    token = _UNCHECKED_FILES.set(skipped)
+    try:
+        yield skipped
+    finally:
+        _UNCHECKED_FILES.reset(token)
+
+
+def machine_file_unchecked(field: str) -> bool:
+    """True (and `field` noted) when `field`'s file is not to be checked here
+    (`without_machine_files`); a config's `check` then skips it."""
+    skipped = _UNCHECKED_FILES.get()
+    if skipped is None:
+        return False
+    skipped.append(field)
+    return True
 
 
 # --- configuration ----------------------------------------------------------------------------

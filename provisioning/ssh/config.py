@@ -15,7 +15,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from provisioning.base import STOP_GRACE_S, HostSpec, ProviderConfig
+from provisioning.base import STOP_GRACE_S, HostSpec, ProviderConfig, machine_file_unchecked
 from provisioning.catalog import PricingConfig
 
 #: Where hosts install the trainer's dependencies from, by default: the public package index.
@@ -102,7 +102,9 @@ class SshProviderConfig(ProviderConfig):
             if not 0 < host.port < 65536:
                 problems.append((f"{where}.port", f"{host.port} is not a TCP port"))
             key = host.key_file()
-            if not key.is_file():
+            if machine_file_unchecked(f"{where}.key_path"):
+                pass
+            elif not key.is_file():
                 problems.append((f"{where}.key_path", f"no such key file {str(key)!r}"))
             elif not os.access(key, os.R_OK):
                 problems.append((f"{where}.key_path", f"key file {str(key)!r} is not readable"))
@@ -110,7 +112,9 @@ class SshProviderConfig(ProviderConfig):
             if target not in names:
                 problems.append((f"provider.placement.{role}",
                                  f"{target!r} is not an inventory host ({', '.join(sorted(names))})"))
-        if not self.trust_on_first_use and not Path(os.path.expanduser(self.known_hosts)).is_file():
+        if not self.trust_on_first_use \
+                and not Path(os.path.expanduser(self.known_hosts)).is_file() \
+                and not machine_file_unchecked("provider.known_hosts"):
             problems.append(("provider.known_hosts",
                              f"no such file {self.known_hosts!r}: host keys are checked against it "
                              "(or set provider.trust_on_first_use=true to pin them on first use)"))

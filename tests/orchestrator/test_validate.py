@@ -124,3 +124,27 @@ def test_bad_experiment_files_name_the_field(tmp_path, body: str) -> None:
     field, words = BAD_FILES[body]
     line = validate_files([path])[path.resolve()] or ""
     assert line.startswith(f"config error: {field}: ") and words in line, line
+
+
+def test_a_ci_runner_validates_an_ssh_experiment_without_its_key_files(tmp_path) -> None:
+    """`transient-validate` in a user's CI: the SSH key and known_hosts live only on the
+    machine that runs the experiment, so they are not required there and the check says which
+    it skipped; `--check-machine-files` (that machine) and a real run still require them."""
+    from orchestrator.validate import main
+
+    exp = tmp_path / "lab.yaml"
+    exp.write_text(
+        "# @package _global_\ndefaults:\n  - override /cluster: local_cpu\n"
+        "  - override /job: digits_cnn\n  - override /provider: ssh\n"
+        "provider:\n  known_hosts: /nonexistent/known_hosts\n  hosts:\n"
+        + "".join(f"    - {{name: m{i}, address: 10.9.0.{i + 1}, key_path: /nonexistent/key{i}, "
+                  "python: python3}\n" for i in range(4)))
+    unchecked: dict = {}
+    results = validate_files([exp], machine_files=False, unchecked=unchecked)
+    assert results[exp.resolve()] is None, results
+    assert unchecked[exp.resolve()] == [*(f"provider.hosts.{i}.key_path" for i in range(4)),
+                                        "provider.known_hosts"]
+    strict = validate_files([exp])[exp.resolve()] or ""
+    assert strict.startswith("config error: provider.hosts.0.key_path: no such key file"), strict
+    assert main([str(exp)]) == 0
+    assert main(["--check-machine-files", str(exp)]) == 1
