@@ -38,7 +38,7 @@ from provisioning.base import (
     HostState,
 )
 from provisioning.host_runtime import HostRuntime
-from provisioning.journal import Journal, list_unreleased
+from provisioning.journal import Journal, list_unreleased, read_process_start_ticks
 from provisioning.registry import get_provider
 from provisioning.ssh.config import SshHostConfig, SshProviderConfig
 from provisioning.ssh.connection import HostKeyError, SshUnreachableError
@@ -257,16 +257,6 @@ def test_a_dropped_connection_costs_nothing(ssh_testbed: SshTestBed, tmp_path) -
     assert list_unreleased(journal.path) == []
 
 
-def _proc_ticks(pid: int) -> int | None:
-    """The start ticks of local process `pid` (the bed shares this pid table), None if gone."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat[stat.rindex(")") + 2:].split()
-    return None if fields[0] == "Z" else int(fields[19])
-
-
 def _children(pid: int) -> list[int]:
     """Local processes whose parent is `pid`."""
     kids = []
@@ -295,16 +285,17 @@ def test_a_dropped_connections_host_session_is_ended_by_the_next(ssh_testbed: Ss
     try:
         first = machine.connection
         session = first.session_process()
-        assert session is not None and _proc_ticks(session[0]) == session[1]
+        assert session is not None and read_process_start_ticks(session[0]) == session[1]
         assert Path(f"/proc/{session[0]}/comm").read_text().startswith("sshd")
         # an SFTP server under it, unless sshd serves SFTP itself (this bed: internal-sftp)
         sftp_servers = _children(session[0])
         assert second.session_process() not in (None, session)
         second.run(end_session_command(session[0], session[1] + 1))
-        assert _proc_ticks(session[0]) == session[1]  # another start time: not signalled
+        assert read_process_start_ticks(session[0]) == session[1]  # another start time: not signalled
         second.run(end_session_command(*session))
         deadline = time.monotonic() + LOSS_BOUND_S
-        while _proc_ticks(session[0]) == session[1] or any(map(_proc_ticks, sftp_servers)):
+        while read_process_start_ticks(session[0]) == session[1] \
+                or any(map(read_process_start_ticks, sftp_servers)):
             assert time.monotonic() < deadline, "the old session was not ended"
             time.sleep(0.1)
         assert second.run("echo ok").stdout == "ok\n"
