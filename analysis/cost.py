@@ -79,17 +79,42 @@ def icac19_k80_table() -> pd.DataFrame:
 
 def add_comparisons(table: pd.DataFrame) -> pd.DataFrame:
     """Speed-up and savings of every row vs 1 on-demand worker and vs the on-demand cluster of
-    the same size (NaN where that baseline was not measured)."""
+    the same size. NaN where that baseline was not measured, or is not one configuration (two
+    on-demand configurations of one size, e.g. a sweep over learning rates: which would be the
+    baseline?); :func:`comparison_notes` says why in the user's words."""
     out = table.copy()
-    on_demand = out[~out["transient"]].set_index("workers")
-    base = on_demand.loc[on_demand.index.min()]
-    out["speedup_vs_1_on_demand"] = base["time_s"] / out["time_s"]
-    out["savings_vs_1_on_demand_pct"] = 100 * (1 - out["cost_usd"] / base["cost_usd"])
-    same = on_demand.reindex(out["workers"])
+    on_demand = out[~out["transient"]]
+    sizes = on_demand["workers"]
+    unique = on_demand[~sizes.duplicated(keep=False)].set_index("workers")
+    base = (unique.loc[unique.index.min()] if len(unique) and len(sizes)
+            and unique.index.min() == sizes.min() else None)
+    if base is None:
+        out["speedup_vs_1_on_demand"] = np.nan
+        out["savings_vs_1_on_demand_pct"] = np.nan
+    else:
+        out["speedup_vs_1_on_demand"] = base["time_s"] / out["time_s"]
+        out["savings_vs_1_on_demand_pct"] = 100 * (1 - out["cost_usd"] / base["cost_usd"])
+    same = unique.reindex(out["workers"])
     out["speedup_vs_n_on_demand"] = same["time_s"].to_numpy() / out["time_s"].to_numpy()
     out["savings_vs_n_on_demand_pct"] = 100 * (1 - out["cost_usd"].to_numpy() / same["cost_usd"].to_numpy())
     out["pareto"] = pareto_mask(out["time_s"], out["cost_usd"])
     return out
+
+
+def comparison_notes(table: pd.DataFrame) -> list[str]:
+    """Why the speed-up and savings columns are empty, when they are (one line each)."""
+    on_demand = table[~table["transient"]]
+    if on_demand.empty:
+        return ["no on-demand configuration in these runs (every cluster had transient workers), "
+                "so speed-ups and savings have no baseline; sweep the workers' market, e.g. "
+                "-m cluster.worker_groups.0.transient=true,false"]
+    sizes = on_demand["workers"]
+    shared = sorted({int(w) for w in sizes[sizes.duplicated(keep=False)]})
+    if shared:
+        return [f"several on-demand configurations have {', '.join(map(str, shared))} worker(s) "
+                "(they differ in something other than size or market), so no one of them is the "
+                "baseline; their speed-ups and savings are left empty"]
+    return []
 
 
 def pareto_mask(time_s: pd.Series, cost_usd: pd.Series) -> np.ndarray:
@@ -134,13 +159,30 @@ def icac19_headline(workers: int = 8) -> Headline:
     )
 
 
+#: Columns that repeat a configuration rather than name one: runs differing only here are
+#: repeats, averaged into one row.
+REPEAT_KEYS = ("seed",)
+
+
+def workers_transient(run_dir: str | Path) -> bool | None:
+    """Whether a run's workers were transient, read from its ``plan.json`` (the hosts' markets:
+    any transient worker makes the cluster revocable); None when the run has no plan."""
+    path = Path(run_dir) / "plan.json"
+    if not path.exists():
+        return None
+    workers = [h for h in json.loads(path.read_text()).get("hosts", [])
+               if h.get("role") in ("worker", "chief")]
+    return any(bool(h.get("transient")) for h in workers) if workers else None
+
+
 def own_runs_table(runs: pd.DataFrame) -> pd.DataFrame:
     """Our ``runs.csv`` → the same table: one row per configuration (mean over repeats).
 
-    A configuration is the set of varying override columns (e.g. ``cluster.workers``), else
-    ``workers``. ``transient`` comes from a column of that name when present (baseline = the
-    fewest on-demand workers), otherwise every row counts as on-demand and the baseline is the
-    configuration with the fewest workers. Failed runs are left out.
+    A configuration is the set of varying override columns (e.g. ``cluster.workers``; seeds
+    are repeats, not configurations), else ``workers``. ``transient`` is what the run's plan
+    rented (its workers' markets in ``plan.json``), else a ``transient`` override column. The
+    comparisons need an on-demand configuration of one size (:func:`comparison_notes`). Failed
+    runs are left out.
     """
     from analysis.runs import override_columns
 
@@ -149,9 +191,15 @@ def own_runs_table(runs: pd.DataFrame) -> pd.DataFrame:
         df = df[df["status"].fillna("completed").eq("completed")]
     if df.empty:
         raise ValueError("no completed runs to compare")
-    keys = override_columns(df) or ["workers"]
     transient_col = next((c for c in df.columns if c.split(".")[-1] == "transient"), None)
-    df["transient"] = df[transient_col].astype(str).str.lower().eq("true") if transient_col else False
+    planned = ([workers_transient(d) if isinstance(d, str) else None for d in df["run_dir"]]
+               if "run_dir" in df else [None] * len(df))
+    named = (df[transient_col].astype(str).str.lower().eq("true") if transient_col
+             else pd.Series(False, index=df.index))
+    df["transient"] = pd.Series([bool(n) if p is None else bool(p)
+                                 for p, n in zip(planned, named, strict=True)],
+                                index=df.index, dtype=bool)
+    keys = [k for k in override_columns(df) if k.split(".")[-1] not in REPEAT_KEYS] or ["workers"]
     grouped = df.groupby([*keys, "transient"], dropna=False, sort=True)
     # keyed by workers (a single run, or repeats of one size): it is a group key already
     by_workers = {} if "workers" in keys else {"workers": ("workers", "first")}
@@ -167,8 +215,6 @@ def own_runs_table(runs: pd.DataFrame) -> pd.DataFrame:
     names = [k for k in keys if k != transient_col] or ["workers"]
     table["config"] = table[names].apply(
         lambda r: ", ".join(f"{k.split('.')[-1]}={v}" for k, v in r.items()), axis=1)
-    if not (~table["transient"]).any():
-        table.loc[table["workers"].idxmin(), "transient"] = False
     return add_comparisons(table)
 
 
@@ -197,9 +243,12 @@ def main(argv: list[str] | None = None) -> int:
         payload = {"table": json.loads(table.to_json(orient="records"))}
         if headline:
             payload["headline"] = asdict(headline)
+        payload["notes"] = comparison_notes(table)
         print(json.dumps(payload, indent=1))
         return 0
     print(table.round(4).to_string(index=False))
+    for note in comparison_notes(table):
+        print(f"note: {note}")
     if headline:
         h = headline
         print(f"\n{h.workers} transient K80: {h.transient_time_s:,.1f} s vs {h.on_demand_1_time_s:,.1f} s "

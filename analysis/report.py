@@ -146,7 +146,8 @@ def _cost_section(out: Path, source: str | Path) -> Section:
     plots.plot_cost_pareto(table, out / "cost_pareto.png", title,
                            "training time" if reference else "wall time per run")
     intro = ("Time, cost and accuracy of each cluster configuration, and which configurations are "
-             "Pareto-optimal (nothing else is both faster and cheaper)." + priced)
+             "Pareto-optimal (nothing else is both faster and cheaper)." + priced
+             + "".join(f" Note: {html.escape(n)}." for n in cost.comparison_notes(table)))
     if reference:
         h = cost.icac19_headline()
         intro += (f" <b>Headline:</b> 8 transient K80 workers take {h.transient_time_s:,.1f} s vs "

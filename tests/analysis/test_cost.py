@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from analysis import cost
+from tests.analysis.conftest import write_run
 
 
 @pytest.fixture(scope="module")
@@ -60,3 +63,37 @@ def test_own_runs(sweep_dir: Path) -> None:
 def test_cli_json(capsys) -> None:
     assert cost.main(["reference", "--json"]) == 0
     assert '"speedup"' in capsys.readouterr().out
+
+
+def _sweep(root: Path, rows: list[dict], transient: bool) -> Path:
+    """A sweep whose markets are only in each run's plan.json (no override column names them)."""
+    for i, row in enumerate(rows):
+        run = write_run(root / str(i), str(i), row["workers"], "asp", None, row["wall_time_s"],
+                        row["cost_usd"], row["final_accuracy"])
+        hosts = [{"role": "ps", "transient": False},
+                 {"role": "worker", "transient": transient}]
+        (run / "plan.json").write_text(json.dumps({"hosts": hosts}))
+        row.update(run_dir=str(run), status="completed", run_id=f"run{i}")
+    pd.DataFrame(rows).to_csv(root / "runs.csv", index=False)
+    return root
+
+
+def test_a_seed_sweep_at_one_size_is_one_configuration_read_as_transient_from_its_plans(
+        tmp_path: Path, capsys) -> None:
+    rows = [{"job.seed": s, "workers": 4, "wall_time_s": 100.0 + s, "cost_usd": 0.1,
+             "final_accuracy": 0.9} for s in (1, 2, 3)]
+    table = cost.cost_table(_sweep(tmp_path / "seeds", rows, transient=True))
+    assert len(table) == 1 and table.iloc[0]["runs"] == 3 and table.iloc[0]["transient"]
+    assert table["speedup_vs_1_on_demand"].isna().all()
+    assert cost.main([str(tmp_path / "seeds")]) == 0
+    assert "no on-demand configuration" in capsys.readouterr().out
+
+
+def test_learning_rates_at_one_size_have_no_single_baseline(tmp_path: Path, capsys) -> None:
+    rows = [{"job.hparams.learning_rate": lr, "workers": 2, "wall_time_s": 100.0,
+             "cost_usd": 0.1, "final_accuracy": acc} for lr, acc in ((0.1, 0.9), (0.01, 0.8))]
+    table = cost.cost_table(_sweep(tmp_path / "lr", rows, transient=False))
+    assert len(table) == 2 and not table["transient"].any()
+    assert table["savings_vs_n_on_demand_pct"].isna().all()
+    assert cost.main([str(tmp_path / "lr")]) == 0
+    assert "several on-demand configurations have 2 worker(s)" in capsys.readouterr().out
