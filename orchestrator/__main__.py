@@ -52,7 +52,7 @@ def _run_one(cfg: DictConfig) -> dict[str, Any] | None:
     from hydra.core.hydra_config import HydraConfig
 
     from orchestrator import killpoints, results, resume, sweep
-    from orchestrator.config.hydra_errors import check_label_overrides
+    from orchestrator.config.hydra_errors import check_group_change, check_label_overrides
     from orchestrator.display import cost_text, make_console, render_plan, say_provider_note
     from orchestrator.plan import load_and_plan
     from orchestrator.runtime import data
@@ -64,6 +64,7 @@ def _run_one(cfg: DictConfig) -> dict[str, Any] | None:
     # as typed: `description=${x}` is an override's text, not an interpolation of this list
     overrides = [str(o) for o in OmegaConf.to_container(hc.overrides.task, resolve=False)]
     check_label_overrides(overrides, dict(hc.runtime.choices))
+    check_group_change(overrides, cfg.sync)
     run_dir = Path(hc.runtime.output_dir)
     resumption = None
     if resume.active():  # python -m orchestrator --resume DIR (orchestrator/resume.py)

@@ -140,7 +140,7 @@ class SweepValidator(Callback):
         from hydra.core.global_hydra import GlobalHydra
 
         from orchestrator.config.errors import CONFIG_ERROR_EXIT_CODE, ConfigError
-        from orchestrator.config.hydra_errors import check_group_overrides
+        from orchestrator.config.hydra_errors import check_group_change, check_group_overrides
         from orchestrator.config.load import to_experiment
         from orchestrator.config.validation import validate
 
@@ -163,8 +163,9 @@ class SweepValidator(Callback):
         for combo in combos:  # every point, before the first runs
             try:
                 check_group_overrides(combo)  # sync=glob(*) takes the schema base_sync too
-                validate(to_experiment(compose(config_name="config",
-                                               overrides=[*combo, *extra])))
+                composed = compose(config_name="config", overrides=[*combo, *extra])
+                check_group_change(combo, composed.sync)
+                validate(to_experiment(composed))
             except Exception as ex:
                 point_error_exit(ex, combo)
 

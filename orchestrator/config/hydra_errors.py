@@ -296,6 +296,66 @@ def check_label_overrides(overrides: Sequence[str], choices: Mapping[str, str | 
                               f"choose the option with {group}={value}, not {group}.name={value}")
 
 
+#: The keys of the ``sync`` group that say what trains: kept from an experiment across a change
+#: of the group, they would train one schedule under another option's label.
+SYNC_SCHEDULE_KEYS = ("protocol", "phases", "switch_order", "fractions", "phase_hparams")
+
+
+def check_group_change(overrides: Sequence[str], sync: Any) -> None:
+    """``-m sync=bsp,asp`` on an experiment that sets a switch schedule: Hydra merges the
+    experiment's own ``sync:`` keys over the chosen option, so both points would train the
+    experiment's schedule while ``runs.csv`` labels them bsp and asp. `sync` is the composed
+    ``sync`` node; a schedule key that differs from the chosen option's file and that the
+    command line does not set itself came from the experiment: refused, naming those keys.
+    """
+    from omegaconf import OmegaConf
+
+    from orchestrator.config.schema import SyncConfig
+    from orchestrator.paths import CONF_DIR
+
+    chosen = next((o.partition("=")[2].strip("'\"") for o in overrides
+                   if o.partition("=")[0] in ("sync", "override sync")), None)
+    experiment = next((o.partition("=")[2] for o in overrides
+                       if o.partition("=")[0].lstrip("+") == "experiment"), None)
+    path = CONF_DIR / "sync" / f"{chosen}.yaml"
+    if chosen is None or experiment is None or not path.is_file() \
+            or _experiment_choice(experiment, "sync") == chosen:
+        return  # the experiment's own option: its keys refine it
+    own = yaml.safe_load(path.read_text()) or {}
+    own.pop("defaults", None)
+    option = OmegaConf.merge(OmegaConf.structured(SyncConfig), own)
+    typed = {o.partition("=")[0].lstrip("+").removeprefix("sync.").partition(".")[0]
+             for o in overrides if o.lstrip("+").startswith("sync.")}
+    kept = [f"sync.{k}" for k in SYNC_SCHEDULE_KEYS
+            if k not in typed and OmegaConf.to_container(OmegaConf.create({"v": sync[k]}))
+            != OmegaConf.to_container(OmegaConf.create({"v": option[k]}))]
+    if kept:
+        raise ConfigError("sync", f"sync={chosen} would keep {', '.join(kept)} of experiment "
+                          f"{experiment}, which would train that schedule under the label "
+                          f"{chosen}",
+                          f"sweep the schedule itself, e.g. sync.fractions=..., or set "
+                          f"{', '.join(kept)} on the command line too")
+
+
+def _experiment_choice(experiment: str, group: str) -> str | None:
+    """The option of `group` an experiment's own defaults list picks (``override /sync:
+    switch``), from the user's file or the packaged one; None when it picks none."""
+    from orchestrator import user_repo
+    from orchestrator.paths import EXPERIMENTS_DIR
+
+    path = user_repo.config_file(f"experiment/{experiment}") or EXPERIMENTS_DIR / f"{experiment}.yaml"
+    try:
+        defaults = (yaml.safe_load(path.read_text()) or {}).get("defaults") or []
+    except (OSError, UnicodeDecodeError, yaml.YAMLError, AttributeError):
+        return None
+    for entry in defaults:
+        if isinstance(entry, dict):
+            for key, value in entry.items():
+                if str(key).removeprefix("override").strip().lstrip("/") == group:
+                    return str(value)
+    return None
+
+
 def open_mapping_overrides(overrides: Sequence[str]) -> list[str]:
     """``provider.labels={team: ml}`` as documented: ``key=value`` of a field the schema declares
     a mapping of plain values (``dict[str, str]``, ``dict[str, float]``), or of one key in it

@@ -852,3 +852,38 @@ def test_cli_refuses_an_ssh_inventory_too_small_for_the_plan(ssh_key: Path) -> N
     assert proc.stderr.strip() == (
         "config error: provider.hosts: 2 machines are not spare (2 spare), the plan places 3 "
         "(ps-0, worker-0, worker-1): list more machines, or set spare: false on some")
+
+
+def test_a_sync_group_sweep_over_an_experiment_with_a_schedule_is_refused_before_any_point(
+        tmp_path: Path) -> None:
+    """`-m sync=bsp,asp` on a switch experiment would train BSP→ASP twice, labelled bsp and asp:
+    refused in one line naming the schedule keys that would survive, before anything runs."""
+    proc = _cli("-m", "orchestrator", "+experiment=syncswitch_cifar10_res32", "-m",
+                "sync=bsp,asp", "provider=sim", f"hydra.sweep.dir={tmp_path / 'sweep'}")
+    assert proc.returncode == 2, proc.stderr
+    line = proc.stderr.strip().splitlines()[-1]
+    assert_one_line(line, "sync")
+    assert "sync.switch_order, sync.fractions" in line and "label bsp" in line
+    assert not list((tmp_path / "sweep").glob("*/summary.json"))
+
+
+def test_a_sync_group_change_is_free_where_the_experiment_sets_no_schedule_or_the_user_does(
+) -> None:
+    from hydra import compose, initialize_config_module
+
+    from orchestrator.config.hydra_errors import check_group_change
+    from orchestrator.config.schema import register_configs
+    from orchestrator.paths import CONF_PACKAGE
+
+    register_configs()
+    free = [["+experiment=digits_local", "sync=bsp"],
+            ["+experiment=syncswitch_cifar10_res32", "sync=asp", "sync.switch_order=",
+             "sync.fractions=[]", "sync.phase_hparams=[]"],
+            ["+experiment=syncswitch_cifar10_res32", "sync=switch"]]
+    with initialize_config_module(version_base="1.3", config_module=CONF_PACKAGE):
+        for overrides in free:
+            check_group_change(overrides, compose(config_name="config", overrides=overrides).sync)
+        refused = ["+experiment=syncswitch_cifar10_res32", "sync=asp", "sync.fractions=[1.0]"]
+        with pytest.raises(ConfigError) as info:
+            check_group_change(refused, compose(config_name="config", overrides=refused).sync)
+    assert "sync.switch_order, sync.phase_hparams" in info.value.line()
