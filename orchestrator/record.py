@@ -32,6 +32,7 @@ from orchestrator.transient.recovery import (
     EVENT_REVOCATION,
     Action,
 )
+from provisioning import catalog
 
 #: Measured summary fields compared with the prediction band's median (``prediction_error``).
 PREDICTION_COMPARED = ("wall_time_s", "train_time_s")
@@ -351,6 +352,6 @@ def killed_summary(run_dir: Path) -> RunSummary:
         and state.last_at is not None else 0.0
     return summarize(
         state, plan, run_id=spec.get("run_id") or run_dir.name, status=results.STATUS_KILLED,
-        wall_s=wall, cost_usd=float(plan.get("hourly_usd") or 0.0) * wall / 3600.0,
+        wall_s=wall, cost_usd=catalog.cost_usd([float(plan.get("hourly_usd") or 0.0)], wall),
         error="the orchestrator was killed before the run ended (no summary was written); "
               "times and steps are the last ones recorded")

@@ -57,6 +57,7 @@ from typing import Any
 import yaml
 
 from orchestrator import killpoints, results, sweep
+from provisioning import catalog
 
 #: Set (to "1", or "retry-failed") by the entry point for this process and its sweep points.
 ENV = "TRANSIENT_RESUMING"
@@ -489,7 +490,7 @@ class Resumption:
         """This attempt's summary → the run's: every attempt's time and cost, lost steps."""
         summary["run_id"] = self.run_id
         summary["wall_time_s"] = round(summary["wall_time_s"] + self.earlier_s, 3)
-        summary["cost_usd"] = round(hourly_usd * summary["wall_time_s"] / 3600.0, 6)
+        summary["cost_usd"] = round(catalog.cost_usd([hourly_usd], summary["wall_time_s"]), 6)
         for key, value in self.earlier.items():
             summary[key] = int(summary.get(key) or 0) + value
         # a chief that found the newest checkpoint damaged (killed mid-write) restored an
@@ -573,7 +574,7 @@ def describe(target: Target) -> list[str]:
         remaining = max(0, p.total_steps - p.from_step) if p.total_steps else None
         cost = None
         if p.action != KEEP and p.est_train_time_s and p.total_steps and remaining is not None:
-            cost = p.hourly_usd * p.est_train_time_s * remaining / p.total_steps / 3600.0
+            cost = catalog.cost_usd([p.hourly_usd], p.est_train_time_s * remaining / p.total_steps)
             total += cost
         what = {KEEP: f"kept ({p.status})",
                 RESUME: f"resumed from step {p.from_step} ({p.status} at step {p.last_step}, "

@@ -15,6 +15,7 @@ from orchestrator.config.transient import OnRevocation, RevocationModel
 from orchestrator.plan.hosts import HostPlan, host_specs, plan_hosts
 from orchestrator.simulate.models import NoModelError, SimModels
 from orchestrator.transient.revocation import RevocationSchedule
+from provisioning import catalog
 from provisioning.base import HostSpec
 
 
@@ -165,7 +166,7 @@ def make_plan(cfg: ExperimentConfig) -> RunPlan:
         hourly_usd=round(hourly, 6),
         est_steps_per_sec=speed_all,
         est_train_time_s=est_time,
-        est_cost_usd=None if est_time is None else hourly * est_time / 3600.0,
+        est_cost_usd=None if est_time is None else catalog.cost_usd([hourly], est_time),
         revocation_model=str(cfg.revocation.model),
         planned_revocations=planned,
         risks=risks,

@@ -29,6 +29,7 @@ from orchestrator.runtime.progress import RunProgress
 from orchestrator.runtime.supervisor import Supervisor, disk_full_line
 from orchestrator.transient.revocation import RevocationSchedule
 from orchestrator.transient.stragglers import InjectionSchedule
+from provisioning import catalog
 from provisioning.base import Cluster, ClusterRequest, ContactLostError
 from provisioning.journal import JOURNAL_FILE, Journal
 from provisioning.registry import get_provider, provider_class
@@ -252,5 +253,5 @@ def make_summary(plan: RunPlan, run_id: str, status: str,
     wall = ended - started
     state = supervisor.run_state if supervisor is not None else RunState()
     return summarize(state, plan.to_dict(), run_id=run_id, status=status, wall_s=wall,
-                     cost_usd=plan.hourly_usd * wall / 3600.0, error=error,
+                     cost_usd=catalog.cost_usd([plan.hourly_usd], wall), error=error,
                      ended_at=ended).to_dict()

@@ -31,6 +31,7 @@ from typing import Any
 
 from orchestrator.simulate.engine import Simulation
 from orchestrator.simulate.models import SimModels
+from provisioning import catalog
 
 
 @dataclass(frozen=True)
@@ -109,7 +110,7 @@ def cases() -> list[Case]:
             out.append(Case("Sync-Switch", f"{workers} workers, {r.protocol}",
                             (*base, f"cluster.workers={workers}",
                              f"cluster.parameter_servers={workers}", *sync),
-                            float(r.time_s), float(r.time_s) / 3600 * workers * k80, workers,
+                            float(r.time_s), catalog.cost_usd([k80] * workers, float(r.time_s)), workers,
                             frozenset(fitted)))
     return out
 

@@ -44,6 +44,7 @@ from typing import Any, ClassVar, Protocol
 from orchestrator.config.errors import ConfigError
 from orchestrator.config.transient import RevocationConfig, RevocationModel, TraceSampling
 from orchestrator.paths import REFERENCE_DATA_DIR
+from provisioning import catalog
 from trainer import layout
 from trainer.registry import Registry
 
@@ -55,7 +56,6 @@ TRACE_CAP_H = 24.0
 DEFAULT_TRACE_GPU = "K80"
 #: Key of the pooled (all regions) entry in a fitted-model file.
 POOLED_REGION = "all"
-SECONDS_PER_HOUR = 3600.0
 ROLES = layout.ROLES
 _ZONE_RE = re.compile(r"^([a-z]+-[a-z]+\d+)-[a-z]$")
 
@@ -237,7 +237,7 @@ class LifetimeModel(RevocationModelBase):
         lifetime_h = self.sample_lifetime_h(host, self.rng(host.name, generation))
         if lifetime_h is None:
             return None
-        kill_s = start_s + lifetime_h * SECONDS_PER_HOUR / self.cfg.time_scale
+        kill_s = start_s + lifetime_h * catalog.SECONDS_PER_HOUR / self.cfg.time_scale
         at_s = max(start_s, kill_s - self.cfg.notice_s)  # the notice comes before the kill
         if horizon_s is not None and at_s > horizon_s:
             return None
