@@ -98,12 +98,14 @@ class RunState:
     lost_steps: int = 0
     resume_step: int | None = None  # a restart under way resumes here (its recovery_start)
     error: str | None = None  # the last failure event's
+    previous_at: float | None = None  # the latest time before the event being applied
 
     def apply(self, event: Mapping[str, Any]) -> None:
         """Fold one event record (as written to events.jsonl) into the state."""
         kind = event.get(results.EVENT_KIND)
         role = event.get(results.EVENT_ROLE)
         at = _number(event.get(results.EVENT_TIME))
+        self.previous_at = self.last_at
         if at is not None:
             self.first_at = at if self.first_at is None else min(self.first_at, at)
             self.last_at = at if self.last_at is None else max(self.last_at, at)
@@ -130,6 +132,8 @@ class RunState:
         # orchestrator/resume.py: the next chief should restore this step; an older one (the
         # newest checkpoint damaged) loses the steps between, as after a restart
         self.resume_step = int(event.get("from_step") or 0)
+        # the dead attempt's phase ended where its chief was last seen, not when this one starts
+        self._close(self.global_step, self.previous_at)
 
     def _step(self, event: Mapping[str, Any], at: float | None) -> None:
         self.last_loss = _number(event.get("loss"))
@@ -185,6 +189,17 @@ class RunState:
         self.error = None if error is None else str(error)
 
     # --- phases ----------------------------------------------------------------------------
+    def all_phases(self) -> list[dict[str, Any]]:
+        """Every phase so far, an open one closed where the chief was last seen, consecutive
+        phases of one protocol (one phase cut by a resume) joined: :func:`join_phases`."""
+        phases = list(self.phases)
+        if self.open_phase is not None:
+            opened = self.open_phase
+            wall = (self.last_at or 0.0) - (opened["t"] or self.last_at or 0.0)
+            phases.append({"protocol": opened["protocol"], "start_step": opened["start_step"],
+                           "end_step": self.global_step, "wall_s": round(wall, 3)})
+        return join_phases(phases)
+
     def _open(self, protocol: str, step: int, at: float | None) -> None:
         self._close(step, at)
         self.open_phase = {"protocol": protocol, "start_step": step, "t": at}
@@ -199,6 +214,21 @@ class RunState:
         self.phases.append({"protocol": opened["protocol"], "start_step": opened["start_step"],
                             "end_step": step, "wall_s": round(wall_s, 3)})
         self.open_phase = None
+
+
+def join_phases(phases: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Phases of every attempt as the run's: one protocol's consecutive phases (a phase a
+    resume cut in two) are one, from the first's start to the last's end, their wall times
+    added. The one rule by which a resumed run's phases add up over its attempts."""
+    out: list[dict[str, Any]] = []
+    for phase in phases:
+        if out and out[-1]["protocol"] == phase["protocol"]:
+            last = out[-1]
+            last["end_step"] = max(int(last["end_step"]), int(phase["end_step"]))
+            last["wall_s"] = round(float(last["wall_s"]) + float(phase["wall_s"]), 3)
+        else:
+            out.append(dict(phase))
+    return out
 
 
 _HANDLERS = {
@@ -326,7 +356,7 @@ def summarize(state: RunState, plan: Mapping[str, Any], *, run_id: str, status: 
         recoveries=state.recoveries,
         restarts=state.restarts,
         lost_steps=state.lost_steps,
-        phases=[dict(p) for p in state.phases],
+        phases=state.all_phases(),
         switch_overhead_s=round(state.switch_overhead_s, 3),
         stragglers=state.stragglers_detected,
         stragglers_injected=state.stragglers_injected,

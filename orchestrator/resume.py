@@ -471,6 +471,7 @@ class Resumption:
     # each earlier resume lost): the summary is the run's, not only this attempt's
     earlier: dict[str, int] = field(default_factory=dict)
     run_dir: Path | None = None  # where this attempt's events go (its restore step is read)
+    earlier_phases: list[dict[str, Any]] = field(default_factory=list)  # the attempts' before
 
     @property
     def cluster_id(self) -> str:
@@ -493,6 +494,9 @@ class Resumption:
         summary["cost_usd"] = round(catalog.cost_usd([hourly_usd], summary["wall_time_s"]), 6)
         for key, value in self.earlier.items():
             summary[key] = int(summary.get(key) or 0) + value
+        from orchestrator.record import join_phases
+
+        summary["phases"] = join_phases([*self.earlier_phases, *(summary.get("phases") or [])])
         # a chief that found the newest checkpoint damaged (killed mid-write) restored an
         # older one: the steps between the two are lost as well
         restored = restored_step(self.run_dir) if self.run_dir is not None else None
@@ -537,7 +541,7 @@ def prepare_point(run_dir: Path) -> Resumption | None:
     # step events come every report_every_s: a checkpoint may be newer than the last of them
     resumption = Resumption(run_id, resumes + 2, status, from_step,
                             max(from_step, last_recorded_step(run_dir)), earlier_s, earlier,
-                            run_dir)
+                            run_dir, state.all_phases())
     for stale in (results.SUMMARY_FILE, results.SUMMARY_FILE + ".tmp", results.ERROR_FILE):
         (run_dir / stale).unlink(missing_ok=True)
     killpoints.hit("resume")

@@ -702,3 +702,37 @@ def test_a_point_resumed_with_nothing_left_to_train_keeps_its_rate(tmp_path: Pat
                "global_steps": 100, "train_time_s": 0.4}
     resumption.fold_into(summary, hourly_usd=0.0)
     assert summary["steps_per_sec"] == 40.0 and summary["lost_steps"] == 0
+
+
+def test_a_bsp_to_asp_run_killed_in_asp_and_resumed_keeps_both_phases(tmp_path: Path,
+                                                                      fake_run) -> None:
+    """The killed attempt's phases (BSP, then the ASP it was killed in) are the run's too: the
+    resumed summary is not "pure ASP"; the ASP cut by the resume is one phase, its wall times
+    added, and a killed run's summary closes its open phase where the chief was last seen."""
+    run_dir = tmp_path / "run"
+    fake_run(run_dir, None, step=10)
+    rec = results.RunRecorder(run_dir)
+    rec.event("phase_start", role="chief", step=0, protocol="bsp")
+    rec.event("protocol_switch", role="chief", step=100, to="asp", switch_s=1.0)
+    rec.event("step", role="chief", step=150, loss=0.4, steps_per_sec=40.0)
+    rec.close()
+    killed = record.killed_summary(run_dir)
+    assert [(p["protocol"], p["start_step"], p["end_step"]) for p in killed.phases] == [
+        ("bsp", 0, 100), ("asp", 100, 150)]
+    resumption = resume.prepare_point(run_dir)
+    assert resumption is not None
+    rec = results.RunRecorder(run_dir)  # attempt 2: restores 120 and trains ASP to the end
+    rec.event(resume.RESUMED_EVENT, **resumption.record())
+    rec.event("train_start", role="chief", step=120)
+    rec.event("phase_start", role="chief", step=120, protocol="asp")
+    rec.event("train_end", role="chief", step=300, train_time_s=10.0)
+    rec.close()
+    summary = {"run_id": "x", "wall_time_s": 10.0, "cost_usd": 0.0, "lost_steps": 0,
+               "global_steps": 300, "train_time_s": 10.0,
+               "phases": [{"protocol": "asp", "start_step": 120, "end_step": 300,
+                           "wall_s": 9.0}]}
+    resumption.fold_into(summary, hourly_usd=0.0)
+    assert [(p["protocol"], p["start_step"], p["end_step"]) for p in summary["phases"]] == [
+        ("bsp", 0, 100), ("asp", 100, 300)]
+    earlier_asp = next(p for p in killed.phases if p["protocol"] == "asp")["wall_s"]
+    assert summary["phases"][1]["wall_s"] == round(earlier_asp + 9.0, 3)
