@@ -194,7 +194,7 @@ def main() -> None:
     )
 
     register_configs()
-    from hydra_plugins.transient_launcher import register_plugins
+    from hydra_plugins.transient_launcher.register import register_plugins
     from orchestrator import user_repo
 
     register_plugins()  # the user's repository before the packaged config

@@ -23,7 +23,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from hydra_plugins.transient_launcher import register_plugins
+from hydra_plugins.transient_launcher.register import register_plugins
 from orchestrator import user_repo
 from orchestrator.config.errors import ConfigError
 from orchestrator.config.schema import ExperimentConfig

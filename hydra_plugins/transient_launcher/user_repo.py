@@ -1,7 +1,7 @@
 """The user's repository on Hydra's config search path, before the packaged config.
 
 Two Hydra plugins (found by Hydra's scan of ``hydra_plugins``, and registered explicitly by
-:func:`hydra_plugins.transient_launcher.register_plugins` for installs the scan cannot see):
+:func:`hydra_plugins.transient_launcher.register.register_plugins` for installs the scan cannot see):
 
 - :class:`UserRepoSearchPathPlugin` puts ``userrepo://<root>`` in front of the packaged config
   (``pkg://orchestrator.conf``) when the command runs inside a user repository
@@ -146,7 +146,7 @@ class UserRepoConfigSource(ConfigSource):
 def register(*extra: type) -> None:
     """Register this module's two plugins (and ``extra`` plugin classes) with Hydra, each
     unless Hydra's scan found it already (see
-    :func:`hydra_plugins.transient_launcher.register_plugins`)."""
+    :func:`hydra_plugins.transient_launcher.register.register_plugins`)."""
     from hydra.core.plugins import Plugins
 
     plugins = Plugins.instance()  # scans first, so what it finds is not registered twice
