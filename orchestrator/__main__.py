@@ -165,10 +165,24 @@ def _leftovers_note(run_dir: Path) -> str:
 _MOVABLE_FLAGS = ("-m", "--multirun", "-r", "--run", "--resolve")
 
 
+#: Presets appended after everything else, the experiment included, wherever they were typed:
+#: ``+debug=default`` shortens the experiment's run, so it must be merged after it.
+_LAST_PRESETS = ("+debug=",)
+
+
 def normalise_argv(argv: list[str]) -> list[str]:
-    """Move value-less Hydra flags in front of the overrides, keeping everything else in order."""
+    """Move value-less Hydra flags in front of the overrides and the presets that must win
+    (``+debug=...``) to their end, keeping everything else in order."""
     flags = [a for a in argv[1:] if a in _MOVABLE_FLAGS]
     rest = [a for a in argv[1:] if a not in _MOVABLE_FLAGS]
+    experiment = max((i for i, a in enumerate(rest) if a.startswith("+experiment=")),
+                     default=None)
+    last = [a for a in rest[:experiment or 0] if a.startswith(_LAST_PRESETS)]
+    if last:  # typed before the experiment: moved right after it
+        rest = [a for a in rest if a not in last]
+        at = rest.index(max((a for a in rest if a.startswith("+experiment=")),
+                            key=rest.index)) + 1
+        rest[at:at] = last
     return [argv[0], *flags, *rest]
 
 

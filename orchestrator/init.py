@@ -54,6 +54,8 @@ GITIGNORE = """\
 # results of transient-orchestrator runs (one folder per run; sweeps under multirun/)
 outputs/
 multirun/
+# this machine's settings (data_cache, provider.project, ...): conf/local/default.yaml
+conf/local/
 """
 
 WORKFLOW = """\
@@ -136,9 +138,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"kept  {path} (exists; not changed)")
     if any(p.name == ".gitignore" for p in kept):
         lines = (target / ".gitignore").read_text().split()
-        missing = [e for e in ("outputs/", "multirun/") if e not in lines]
+        missing = [e for e in ("outputs/", "multirun/", "conf/local/") if e not in lines]
         if missing:
-            print(f"note: add {' and '.join(missing)} to .gitignore (run results)")
+            print(f"note: add {', '.join(missing)} to .gitignore (run results, this "
+                  "machine's settings)")
     where = "" if target.resolve() == Path.cwd().resolve() else f"cd {target} && "
     print(f"next: {where}transient-validate && "
           "transient-orchestrator +experiment=my_experiment dry_run=true")

@@ -202,7 +202,7 @@ def test_init_writes_a_valid_repository_and_overwrites_nothing(tmp_path: Path, m
     assert init.main([str(target)]) == 0
     out = capsys.readouterr().out
     assert "wrote" not in out and out.count("kept") == 5
-    assert "add outputs/ and multirun/ to .gitignore" in out
+    assert "add outputs/, multirun/, conf/local/ to .gitignore" in out
     assert (target / ".gitignore").read_text() == "mine\n"
     monkeypatch.chdir(target)
     assert validate_cli.main([]) == 0
