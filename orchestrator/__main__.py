@@ -54,7 +54,7 @@ def _run_one(cfg: DictConfig) -> dict[str, Any] | None:
     from orchestrator import killpoints, results, resume, sweep
     from orchestrator.config.hydra_errors import check_group_change, check_label_overrides
     from orchestrator.display import cost_text, make_console, render_plan, say_provider_note
-    from orchestrator.plan import load_and_plan
+    from orchestrator.plan.load import load_and_plan
     from orchestrator.runtime import data
     from orchestrator.runtime.run import before_provisioning, execute_run
     from orchestrator.simulate.band import predict_band

@@ -127,7 +127,7 @@ def prepare(config: Any, loader: Any, job_overrides: Sequence[Sequence[str]],
 
     from orchestrator.config.errors import ConfigError
     from orchestrator.config.simulate import QueuePolicy
-    from orchestrator.plan import load_and_plan
+    from orchestrator.plan.load import load_and_plan
     from orchestrator.runtime.run import before_provisioning
     from orchestrator.simulate.models import NoModelError, SimModels
     from orchestrator.simulate.queue import predict_time_s

@@ -205,7 +205,7 @@ def _plan_unstarted(point: PointPlan, search: list[str]) -> dict[str, Any]:
     from orchestrator.config.errors import ConfigError
     from orchestrator.config.hydra_errors import config_error_from_hydra, explain
     from orchestrator.paths import CONF_PACKAGE
-    from orchestrator.plan import load_and_plan
+    from orchestrator.plan.load import load_and_plan
 
     try:
         with initialize_config_module(CONF_PACKAGE, version_base="1.3"):

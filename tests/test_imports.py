@@ -4,9 +4,9 @@ The graph is read from the source with ``ast``, not by importing: every ``import
 ``from ... import`` counts, at module level and inside functions alike (a function-level import
 still ties the two modules together; it only hides the tie from a reader of the file's head).
 An edge goes from a module to each module of ours it names: ``from a.b import c`` is an edge to
-``a.b.c`` when ``c`` is a module, else to ``a.b``. Package ``__init__`` files that an import
-passes through are not counted (ours hold no code beyond a docstring, except where a package is
-a module in its own right, such as ``orchestrator.plan``, which is then named directly).
+``a.b.c`` when ``c`` is a module, else to ``a.b``. A package ``__init__`` that an import passes
+through is counted too when it holds code (importing ``a.b.c`` runs ``a/b/__init__.py``): an
+edge to ``a.b``, unless the importer is inside ``a.b`` itself (its package ran already).
 
 The rules (docs/architecture.md, "Packages and their rules"):
 - no circle;
@@ -29,6 +29,14 @@ def _module_name(path: Path) -> str:
     if parts[-1] == "__init__":
         parts.pop()
     return ".".join(parts)
+
+
+def _holds_code(path: Path) -> bool:
+    """A package ``__init__`` with more than a docstring and ``from __future__`` imports."""
+    body = ast.parse(path.read_text(), str(path)).body
+    return any(not (isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant))
+               and not (isinstance(n, ast.ImportFrom) and n.module == "__future__")
+               for n in body)
 
 
 def _modules() -> dict[str, Path]:
@@ -70,6 +78,13 @@ def import_graph() -> dict[str, set[str]]:
                     target = target.rpartition(".")[0]
                 if target and target != name:
                     graph[name].add(target)
+                # the packages the import passes through run their __init__ first
+                package = target.rpartition(".")[0]
+                while package:
+                    if (package in modules and modules[package].name == "__init__.py"
+                            and _holds_code(modules[package]) and not _in(name, package)):
+                        graph[name].add(package)
+                    package = package.rpartition(".")[0]
     return graph
 
 
@@ -128,6 +143,14 @@ def test_the_graph_sees_our_packages() -> None:
     assert "orchestrator.transient.recovery" in graph["orchestrator.simulate.engine"]
     # a function-level import counts: the planner's command reaches the planner
     assert "orchestrator.simulate.planner" in graph["orchestrator.plan.__main__"]
+
+
+def test_the_graph_sees_package_inits_that_hold_code() -> None:
+    """Importing ``provisioning.gce.storage`` runs ``provisioning/gce/__init__.py`` (it holds
+    code): the import is an edge to it as well; a module of the package itself has none."""
+    graph = import_graph()
+    assert "provisioning.gce" in graph["orchestrator.resume"]
+    assert "orchestrator.plan" not in graph["orchestrator.plan.hosts"]
 
 
 def test_no_import_circle() -> None:

@@ -173,20 +173,3 @@ def make_plan(cfg: ExperimentConfig) -> RunPlan:
         speed_error=speed_error,
     )
 
-
-def load_and_plan(cfg: Any) -> tuple[ExperimentConfig, RunPlan]:
-    """A composed task config (Hydra's, without its ``hydra`` node) as validated dataclasses
-    and its plan; ConfigError for anything wrong with it."""
-    from omegaconf.errors import OmegaConfBaseException
-
-    from orchestrator.config.load import from_omegaconf, to_experiment
-    from orchestrator.config.validation import validate
-
-    try:
-        experiment = to_experiment(cfg)
-    except OmegaConfBaseException as ex:
-        raise from_omegaconf(ex) from ex
-    validate(experiment)
-    plan = make_plan(experiment)
-    experiment.provider = experiment.provider.for_plan(plan.est_train_time_s)  # gce: VMs' life
-    return experiment, plan
