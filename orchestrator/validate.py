@@ -126,6 +126,23 @@ def _validate_file(path: Path, repo_dirs: set[Path]) -> str | None:
         return f"error: {type(ex).__name__}: {text[0] if text else ''}"
 
 
+def _described(path: Path) -> str:
+    """`` — description [tags]`` as the experiment file says them (the listing's one use of
+    the two keys that are there for people), or nothing."""
+    import yaml
+
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return ""
+    if not isinstance(data, dict):
+        return ""
+    text = str(data.get("description") or "").strip()
+    tags = data.get("tags") if isinstance(data.get("tags"), list) else []
+    shown = " ".join(p for p in (text, f"[{', '.join(map(str, tags))}]" if tags else "") if p)
+    return f"  — {shown}" if shown else ""
+
+
 def _repository_experiments() -> tuple[list[Path], str | None]:
     """The experiments of the repository this runs in, or none and where it looked."""
     root = user_repo.find_root()
@@ -170,7 +187,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     results = validate_files(paths, machine_files=args.check_machine_files, unchecked=unchecked)
     bad = {p: e for p, e in results.items() if e}
     for path, err in results.items():
-        print(f"{'FAIL' if err else 'ok  '} {path.name}" + (f": {err}" if err else ""))
+        print(f"{'FAIL' if err else 'ok  '} {path.name}"
+              + (f": {err}" if err else _described(path)))
         if unchecked.get(path):
             print(f"     not checked here: {', '.join(unchecked[path])} (files of the machine "
                   "that runs it; --check-machine-files there)")

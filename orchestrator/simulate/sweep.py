@@ -202,18 +202,21 @@ def main(argv: list[str] | None = None) -> int:
 def report_queue(runs: list[QueuedRun], queue: QueueConfig, hparam_set: str, out: Path
                  ) -> list[Schedule]:
     """Schedule the simulated sweep under the quota with every policy; print and write
-    ``queue.json`` (the configured policy first, then the comparison)."""
+    ``queue.json``: the configured policy, and (``queue.compare``, the default) every other
+    policy on the same sweep."""
     from orchestrator.simulate.models import SimModels
 
     models = SimModels.load()
     overhead = (models.checkpoint_s(hparam_set)  # a preempted run checkpoints, then restarts
                 + models.params["startup"]["tf_start"]["warm"]["mean_s"])
     schedules = compare(runs, queue.quota_gpus or 0, queue.las_threshold_gpu_h, overhead)
+    if not queue.compare:
+        schedules = [s for s in schedules if s.policy == str(queue.policy)]
     demand = sum(r.gpus for r in runs)
     print("\n".join(markdown(schedules, queue.quota_gpus or 0, demand)))
     chosen = next(s for s in schedules if s.policy == str(queue.policy))
-    print(f"queue.policy={queue.policy}: average completion {chosen.average_s / 3600:.2f} h; "
-          f"best: {schedules[0].policy}")
+    print(f"queue.policy={queue.policy}: average completion {chosen.average_s / 3600:.2f} h"
+          + (f"; best: {schedules[0].policy}" if queue.compare else ""))
     (out / "queue.json").write_text(json.dumps({
         "quota_gpus": queue.quota_gpus, "demand_gpus": demand, "policy": str(queue.policy),
         "restart_overhead_s": round(overhead, 3),

@@ -148,3 +148,13 @@ def test_a_ci_runner_validates_an_ssh_experiment_without_its_key_files(tmp_path)
     assert strict.startswith("config error: provider.hosts.0.key_path: no such key file"), strict
     assert main([str(exp)]) == 0
     assert main(["--check-machine-files", str(exp)]) == 1
+
+
+def test_the_listing_shows_each_experiments_description_and_tags(capsys) -> None:
+    """`description` and `tags` are for people: the validate listing is where they are read."""
+    from orchestrator.paths import EXPERIMENTS_DIR
+    from orchestrator.validate import main
+
+    assert main([str(EXPERIMENTS_DIR / "digits_local.yaml")]) == 0
+    out = capsys.readouterr().out
+    assert "ok   digits_local.yaml  — Small CNN on 8x8 digits" in out and "[local, digits, asp]" in out

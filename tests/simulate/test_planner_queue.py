@@ -76,6 +76,22 @@ def test_batched_sweep_writes_the_results_schema_and_queue(tmp_path: Path) -> No
     assert len(table) == 4 and set(table["provider"]) == {"sim"}
 
 
+def test_queue_compare_false_reports_the_configured_policy_alone(tmp_path: Path,
+                                                                   capsys) -> None:
+    from orchestrator.config.simulate import QueueConfig, QueuePolicy
+    from orchestrator.simulate.sweep import report_queue
+
+    runs = run_sweep(["+experiment=cifar10_res32", "provider=sim"],
+                     ["cluster.workers=2,8"], tmp_path)
+    every = report_queue(runs, QueueConfig(quota_gpus=8), "resnet_cifar_32", tmp_path)
+    assert len(every) > 1 and "best:" in capsys.readouterr().out
+    alone = report_queue(runs, QueueConfig(policy=QueuePolicy.las, quota_gpus=8, compare=False),
+                         "resnet_cifar_32", tmp_path)
+    assert [s.policy for s in alone] == ["las"] and "best:" not in capsys.readouterr().out
+    assert [s["policy"] for s in json.loads((tmp_path / "queue.json").read_text())[
+        "schedules"]] == ["las"]
+
+
 def test_hydra_multirun_with_provider_sim(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.run(
