@@ -334,10 +334,6 @@ class LocalHostRunner(HostRunner):
     def stop_all(self, grace_s: float = STOP_GRACE_S) -> None:
         stop_processes(self.take_processes(), grace_s)
 
-    def kill_all(self) -> None:
-        """SIGKILL every process group at once, no goodbye (a revocation); reap them."""
-        stop_processes(self.take_processes(), grace_s=0.0)
-
     def take_processes(self) -> list[LocalProcess]:
         """Hand over every live process; the runner forgets them (the caller must stop them)."""
         with self._lock:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -169,9 +169,6 @@ class Host:
     def endpoint(self) -> str:
         """`address:port`, as it goes into a TF cluster spec."""
         return f"{self.address}:{self.port}"
-
-    def with_state(self, state: HostState) -> Host:
-        return replace(self, state=state)
 
 
 @dataclass(frozen=True)

@@ -278,11 +278,6 @@ class TrainerSpec:
         return cls.from_dict(json.loads(Path(path).read_text()))
 
 
-def single_phase(protocol: str, train_steps: int) -> list[PhaseSpec]:
-    """The common case: one protocol for the whole run."""
-    return [PhaseSpec(protocol=protocol, end_step=train_steps)]
-
-
 def _member(kind: type[StrEnum], value: Any) -> Any:
     """``value`` as a member of ``kind`` when it names one, else unchanged."""
     try:

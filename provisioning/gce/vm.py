@@ -27,8 +27,6 @@ STATE_MAP: dict[str, HostState] = {
 }
 KNOWN_HOSTS_FILE = "known_hosts"
 PLACEMENT_FILE = "placement.json"  # where a run's VMs landed (zone per VM), in its run dir
-PIN_GUEST_ATTRIBUTES = "guest-attributes"
-PIN_FIRST_USE = "first-use"
 
 
 @dataclass

@@ -14,7 +14,6 @@ from trainer.spec import (
     PhaseSpec,
     StragglerSpec,
     TrainerSpec,
-    single_phase,
 )
 
 CLUSTER = {"ps": ["127.0.0.1:2222"], "worker": ["127.0.0.1:2223", "127.0.0.1:2224"],
@@ -60,10 +59,6 @@ def test_json_round_trip(tmp_path: Path) -> None:
     read = TrainerSpec.from_json(path).job
     assert (read.optimizer, read.lr_schedule) == (Optimizer.momentum, LrSchedule.constant)
     assert type(read.optimizer) is Optimizer and type(read.lr_schedule) is LrSchedule
-
-
-def test_single_phase() -> None:
-    assert single_phase("asp", 10) == [PhaseSpec("asp", 10, {})]
 
 
 @pytest.mark.parametrize(("changes", "message"), [
