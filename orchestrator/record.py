@@ -99,6 +99,17 @@ class RunState:
     resume_step: int | None = None  # a restart under way resumes here (its recovery_start)
     error: str | None = None  # the last failure event's
     previous_at: float | None = None  # the latest time before the event being applied
+    # attempts: a `resumed` event (orchestrator/resume.py) starts the next one
+    resumes: int = 0  # how many times the run was resumed
+    attempt_spans: list[list[float]] = field(default_factory=list)  # [first, last] event times
+    resumed_lost_steps: int = 0  # the steps each resume lost (its `resumed` event's count)
+    attempt_reach: int = 0  # the furthest the latest chief got (a resume or restart: from 0)
+    attempt_restored: int | None = None  # the step the latest attempt's chief restored from
+
+    @property
+    def attempts_s(self) -> float:
+        """Seconds the attempts held hosts: each attempt's first to last event."""
+        return sum(b - a for a, b in self.attempt_spans)
 
     def apply(self, event: Mapping[str, Any]) -> None:
         """Fold one event record (as written to events.jsonl) into the state."""
@@ -107,11 +118,18 @@ class RunState:
         at = _number(event.get(results.EVENT_TIME))
         self.previous_at = self.last_at
         if at is not None:
+            if not self.attempt_spans or kind == "resumed":
+                self.attempt_spans.append([at, at])
+            self.attempt_spans[-1][1] = at
             self.first_at = at if self.first_at is None else min(self.first_at, at)
             self.last_at = at if self.last_at is None else max(self.last_at, at)
         step = event.get("step")
-        if isinstance(step, int | float) and role == "chief":
+        if kind == "resumed" or (kind == "recovery_start"
+                                 and event.get("action") == Action.restart.value):
+            self.attempt_reach = 0  # a new chief: the steps before were lost, and counted, there
+        if isinstance(step, int | float) and not isinstance(step, bool) and role == "chief":
             self.global_step = max(self.global_step, int(step))
+            self.attempt_reach = max(self.attempt_reach, int(step))
         handler = _HANDLERS.get(str(kind))
         if handler is not None:
             handler(self, event, at)
@@ -119,6 +137,9 @@ class RunState:
     # --- the handlers, one per event kind ------------------------------------------------
     def _train_start(self, event: Mapping[str, Any], at: float | None) -> None:
         self.train_start = at
+        if self.resumes and self.attempt_restored is None and \
+                event.get(results.EVENT_ROLE) == "chief":
+            self.attempt_restored = int(event.get("step") or 0)
         if self.train_t0 is None:
             self.train_t0 = at
         resumed = int(event.get("step") or 0)
@@ -132,6 +153,9 @@ class RunState:
         # orchestrator/resume.py: the next chief should restore this step; an older one (the
         # newest checkpoint damaged) loses the steps between, as after a restart
         self.resume_step = int(event.get("from_step") or 0)
+        self.resumes += 1
+        self.resumed_lost_steps += int(event.get("lost_steps") or 0)
+        self.attempt_restored = None
         # the dead attempt's phase ended where its chief was last seen, not when this one starts
         self._close(self.global_step, self.previous_at)
 

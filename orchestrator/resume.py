@@ -57,6 +57,7 @@ from typing import Any
 import yaml
 
 from orchestrator import killpoints, results, sweep
+from orchestrator.record import fold_events_file, join_phases, make_run_id
 from provisioning import catalog
 
 #: Set (to "1", or "retry-failed") by the entry point for this process and its sweep points.
@@ -219,70 +220,6 @@ def _plan_unstarted(point: PointPlan, search: list[str]) -> dict[str, Any]:
                             f"composes with this code: {explain(err).line()}") from None
 
 
-def last_recorded_step(run_dir: Path) -> int:
-    """The furthest the chief of the run's latest attempt is known to have got: the highest
-    step any of its events names (``step`` reports, ``checkpoint``, ``train_start``, phases,
-    ``train_end``; metrics.csv rows are made from the same reports).
-
-    Only the latest chief counts: a ``resumed`` event (a new attempt) or a restart's
-    ``recovery_start`` (a new chief) starts the count again, because the steps before them
-    were lost, and counted, there already. The run's highest step ever would count them again
-    at each later resume: an attempt killed before it trained (during provisioning, say)
-    would lose the previous attempt's steps a second time."""
-    from orchestrator.transient.recovery import EVENT_RECOVERY_START, Action
-
-    reach = 0
-    for event in _events(run_dir):
-        kind = event.get(results.EVENT_KIND)
-        if kind == RESUMED_EVENT or (kind == EVENT_RECOVERY_START
-                                     and event.get("action") == Action.restart.value):
-            reach = 0
-        step = event.get("step")
-        if event.get(results.EVENT_ROLE) == "chief" and isinstance(step, int | float) \
-                and not isinstance(step, bool):
-            reach = max(reach, int(step))
-    return reach
-
-
-def restored_step(run_dir: Path) -> int | None:
-    """The step the latest attempt's chief restored from (its first ``train_start`` after the
-    last ``resumed`` event; None before it started, or with no resume recorded)."""
-    restored, resumed = None, False
-    for event in _events(run_dir):
-        kind = event.get(results.EVENT_KIND)
-        if kind == RESUMED_EVENT:
-            restored, resumed = None, True
-        elif kind == "train_start" and event.get(results.EVENT_ROLE) == "chief" \
-                and resumed and restored is None:
-            restored = int(event.get("step") or 0)
-    return restored
-
-
-def attempts_s(run_dir: Path) -> tuple[float, int]:
-    """Seconds the run's earlier attempts held hosts (each attempt's first to last event; a
-    ``resumed`` event starts a new attempt) and how many times it was resumed already."""
-    spans: list[list[float]] = []
-    resumes = 0
-    for event in _events(run_dir):
-        try:
-            at = float(event[results.EVENT_TIME])
-        except (ValueError, KeyError, TypeError):
-            continue
-        if event.get(results.EVENT_KIND) == RESUMED_EVENT:
-            resumes += 1
-        if not spans or event.get(results.EVENT_KIND) == RESUMED_EVENT:
-            spans.append([at, at])
-        spans[-1][1] = at
-    return sum(b - a for a, b in spans), resumes
-
-
-def _events(run_dir: Path) -> list[dict[str, Any]]:
-    """The run's events (a torn line skipped)."""
-    from orchestrator.record import read_events
-
-    return read_events(run_dir / results.EVENTS_FILE)
-
-
 def _lines(path: Path) -> list[str]:
     try:
         return path.read_text().splitlines()
@@ -369,7 +306,7 @@ def inspect(target: Target, retry: bool) -> None:
         point.est_train_time_s = plan.get("est_train_time_s")
         phases = plan.get("phases") or [{}]
         point.total_steps = int(phases[-1].get("end_step") or 0)
-        point.last_step = last_recorded_step(point.run_dir)
+        point.last_step = fold_events_file(point.run_dir / results.EVENTS_FILE).attempt_reach
         if point.est_train_time_s is None and point.total_steps:  # no model: its own speed
             sps = measured_steps_per_sec(point.run_dir)
             point.est_train_time_s = point.total_steps / sps if sps else None
@@ -494,12 +431,11 @@ class Resumption:
         summary["cost_usd"] = round(catalog.cost_usd([hourly_usd], summary["wall_time_s"]), 6)
         for key, value in self.earlier.items():
             summary[key] = int(summary.get(key) or 0) + value
-        from orchestrator.record import join_phases
-
         summary["phases"] = join_phases([*self.earlier_phases, *(summary.get("phases") or [])])
         # a chief that found the newest checkpoint damaged (killed mid-write) restored an
         # older one: the steps between the two are lost as well
-        restored = restored_step(self.run_dir) if self.run_dir is not None else None
+        restored = (fold_events_file(self.run_dir / results.EVENTS_FILE).attempt_restored
+                    if self.run_dir is not None else None)
         start = self.from_step if restored is None else min(restored, self.from_step)
         summary["lost_steps"] = (int(summary.get("lost_steps") or 0) + self.lost_steps
                                  + self.from_step - start)
@@ -523,24 +459,19 @@ def prepare_point(run_dir: Path) -> Resumption | None:
     if status == results.STATUS_FAILED:
         _move_aside(run_dir)
         return None
-    from orchestrator.record import make_run_id
 
     # the run id names the checkpoint store (a bucket's folder): the one the roles were given;
     # killed before any role started, nothing was stored and a new id will do
     spec = results.read_json_object(run_dir / results.SPEC_FILE)
     run_id = str(spec.get("run_id") or make_run_id(str(recorded_config(run_dir)["name"])))
-    from orchestrator.record import fold_events_file
-
-    earlier_s, resumes = attempts_s(run_dir)
-    state = fold_events_file(run_dir / results.EVENTS_FILE)
+    state = fold_events_file(run_dir / results.EVENTS_FILE)  # every attempt's, one fold
     earlier = {key: int(getattr(state, key)) for key in
                ("revocations", "replacements", "recoveries", "restarts", "lost_steps")}
-    earlier["lost_steps"] += sum(int(e.get("lost_steps") or 0) for e in _events(run_dir)
-                                 if e.get(results.EVENT_KIND) == RESUMED_EVENT)
+    earlier["lost_steps"] += state.resumed_lost_steps
     from_step = newest_checkpoint_step(run_dir / results.CHECKPOINT_DIR)
     # step events come every report_every_s: a checkpoint may be newer than the last of them
-    resumption = Resumption(run_id, resumes + 2, status, from_step,
-                            max(from_step, last_recorded_step(run_dir)), earlier_s, earlier,
+    resumption = Resumption(run_id, state.resumes + 2, status, from_step,
+                            max(from_step, state.attempt_reach), state.attempts_s, earlier,
                             run_dir, state.all_phases())
     for stale in (results.SUMMARY_FILE, results.SUMMARY_FILE + ".tmp", results.ERROR_FILE):
         (run_dir / stale).unlink(missing_ok=True)
