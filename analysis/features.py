@@ -19,7 +19,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-REFERENCE_DIR = Path(__file__).parent / "reference_data"
+from analysis.data_dir import REFERENCE_DIR
+
 CMDARE_DIR = REFERENCE_DIR / "cmdare"
 
 TARGET = "Step Time (s)"

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pandas as pd
 
-REFERENCE_DIR = Path(__file__).parent / "reference_data"
+from analysis.data_dir import REFERENCE_DIR
+
 LIFETIME_CAP_H = 24.0  # GCE stops every preemptible VM after 24 h: lifetimes are censored here
 # A VM terminated within this slack of the cap was stopped by the cap, not revoked: the Feb 2019
 # sheet has minute resolution and GCE's stop lands a few minutes after the 24 h mark.

@@ -41,8 +41,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.transfer import _WITH_TEST_ARCHIVE, GOAL_FIRST_BYTES, GOAL_RESTART_BYTES, _events, _kb
+from provisioning.checkout import PROJECT_ROOT as ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 RAW = ROOT / ".bench" / "cloud-transfer.json"
 GOAL_BEYOND_BOOT_S = 30.0  # RUNNING → first step, less the boot, with a baked image
 WORKERS = 2

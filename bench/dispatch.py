@@ -21,10 +21,10 @@ import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+from provisioning.checkout import PROJECT_ROOT as ROOT
+
 WORKER_COUNTS = (1, 2, 4, 8)
 MANY = 16  # steps per closure of the "several" variant
 REPEATS = 3

@@ -23,6 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from provisioning.checkout import PROJECT_ROOT as ROOT
 from provisioning.ssh.connection import SshConnection, SshTarget, SshTimeouts
 from tests.fakes.booting_sshd import BootingSshd
 from tests.fakes.gce_server import FakeGce
@@ -31,7 +32,7 @@ from tests.fakes.keys import write_ssh_key
 REPEATS = 3
 REFUSE_S, BANNER_S, LOGIN_S = 5.0, 10.0, 20.0
 LEASE_S = 15.0
-ROOT = Path(__file__).resolve().parent.parent
+
 ORCHESTRATOR = """
 import sys, time
 from pathlib import Path

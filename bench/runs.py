@@ -16,7 +16,8 @@ import time
 from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")  # before the baseline imports TensorFlow
-ROOT = Path(__file__).resolve().parent.parent
+from provisioning.checkout import PROJECT_ROOT as ROOT
+
 OUT_DIR = ROOT / ".bench"
 ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONUNBUFFERED": "1"}
 

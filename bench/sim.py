@@ -19,7 +19,8 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from provisioning.checkout import PROJECT_ROOT as ROOT
+
 REPEATS = 3
 BASE = ["+experiment=icac19_k80", "provider=sim"]
 SWEEP = ["cluster.workers=1,2,4,8,16", "sim.seed=range(0,200)"]  # 1,000 points

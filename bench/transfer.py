@@ -26,9 +26,11 @@ import sys
 import tempfile
 from pathlib import Path
 
+from provisioning.checkout import PROJECT_ROOT as ROOT
+
 GOAL_FIRST_BYTES = 1_000_000  # per host: the wheel and the specs, no dataset
 GOAL_RESTART_BYTES = 100_000  # per host and restart
-ROOT = Path(__file__).resolve().parent.parent
+
 RUN = ["+experiment=ssh_digits", "provider=testbed", "job.problem=image_cifar10",
        "cluster.workers=1", "cluster.parameter_servers=2", "cluster.ps_transient=true",
        "cluster.recovery.on_revocation=replace", "job.train_steps=300",

@@ -9,6 +9,8 @@ top-level ``conf/``, whose ``experiment`` links to ``experiments/``), which Hydr
 
 from pathlib import Path
 
+from analysis.data_dir import REFERENCE_DIR
+
 _PACKAGE = Path(__file__).resolve().parent
 
 #: The packaged config tree as a Hydra search-path entry (``hydra.main``'s config path).
@@ -18,4 +20,4 @@ CONF_SEARCH_PATH = f"pkg://{CONF_PACKAGE}"
 CONF_DIR = _PACKAGE / "conf"
 #: The packaged example experiments (the ``experiment`` group of the packaged tree).
 EXPERIMENTS_DIR = CONF_DIR / "experiment"
-REFERENCE_DATA_DIR = _PACKAGE.parent / "analysis" / "reference_data"
+REFERENCE_DATA_DIR = REFERENCE_DIR  # the papers' measurements: analysis/data_dir.py
