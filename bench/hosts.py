@@ -67,7 +67,7 @@ def section() -> list[str]:
     from provisioning import host_runtime
     from provisioning.base import ClusterRequest, HostSpec
     from provisioning.registry import get_provider
-    from provisioning.ssh.provider import _wheel_cache
+    from provisioning.ssh.setup import wheel_cache
     from tests.testbed import wheelhouse
     from tests.testbed.isolated import IsolatedTestBed
 
@@ -103,7 +103,7 @@ def section() -> list[str]:
                 finally:
                     provider.release(cluster)
 
-            wheel = _wheel_cache(None, "cpu", url).wheel()
+            wheel = wheel_cache(None, "cpu", url).wheel()
             wheel_bytes = wheel.path.stat().st_size
 
             index_host = bed.add_host(image="trixie")
@@ -115,7 +115,7 @@ def section() -> list[str]:
             house_host = bed.add_host(image="bookworm")
             bed.wait_login(house_host)
             key = f"{runtime.digest('cpu')}-cp311-glibc2.36-x86_64"
-            folder = _wheel_cache(str(house), "cpu", None).wheelhouse_for(key, 11, (2, 36),
+            folder = wheel_cache(str(house), "cpu", None).wheelhouse_for(key, 11, (2, 36),
                                                                           "x86_64")
             house_bytes = sum(p.stat().st_size for p in folder.glob("*.whl"))
             house_s, (env,) = set_up([house_host], index_url=None, wheelhouse=str(house))

@@ -41,14 +41,14 @@ def section() -> list[str]:
         return [*lines, f"Not measured on this machine: {reason}.", ""]
     from provisioning.base import ClusterRequest, HostSpec, HostState
     from provisioning.registry import get_provider
-    from provisioning.ssh.provider import _wheel_cache
+    from provisioning.ssh.setup import wheel_cache
     from tests.testbed.fixtures import provider_options
 
     scratch = Path(tempfile.mkdtemp(prefix="bench-ssh-"))
     try:
         with SshTestBed(scratch / "bed", hosts=4) as bed:
             t0 = time.perf_counter()
-            _wheel_cache(None, "cpu", None).wheel()
+            wheel_cache(None, "cpu", None).wheel()
             wheel_s = time.perf_counter() - t0
             counter = iter(range(10_000))
 

@@ -73,7 +73,8 @@ class VmSsh:
 
     def _open(self):  # type: ignore[no-untyped-def]
         from provisioning.ssh.config import SshHostConfig, SshProviderConfig
-        from provisioning.ssh.provider import Machine, SshProvider
+        from provisioning.ssh.machine import Machine
+        from provisioning.ssh.provider import SshProvider
 
         cfg = self.cfg
         inventory = SshHostConfig(name=self.vm_name, address=self.address, port=22,
@@ -106,7 +107,7 @@ class VmSsh:
     def runner(self, host: Host):  # type: ignore[no-untyped-def]
         """The SSH runner of `host` (a host on this VM), the same object on every call. While
         the VM is unreachable its calls wait for the connection to come back."""
-        from provisioning.ssh.provider import SshHostRunner
+        from provisioning.ssh.host_runner import SshHostRunner
 
         with self._lock:
             if self._closed:
@@ -126,7 +127,7 @@ class VmSsh:
         machine = self._machine
         if machine is None or self._closed:
             return None
-        machine.provider._judge_unreachable()
+        machine.provider.judge_unreachable()
         return None if machine.alive() else HostState.REVOKED
 
     def contact_lost(self) -> bool:

@@ -28,20 +28,15 @@ import contextlib
 import itertools
 import json
 import logging
-import os
 import posixpath
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import replace
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import paramiko
-
 from provisioning.base import (
-    PREEMPTION_NOTICE_FILE,
     STOP_GRACE_S,
     BadRequestError,
     CapacityError,
@@ -52,382 +47,26 @@ from provisioning.base import (
     Host,
     HostId,
     HostLostError,
-    HostRunner,
     HostSpec,
     HostState,
     Provider,
     ProvisionError,
-    RemoteProcess,
     ResourceJournal,
 )
 from provisioning.ssh.config import SshHostConfig, SshProviderConfig, assign
-from provisioning.ssh.connection import (
-    ByteCounter,
-    SshConnection,
-    SshTarget,
-    SshTimeouts,
-    SshUnreachableError,
-    end_session_command,
-    set_handshake_limit,
-)
-from provisioning.ssh.runner import (
-    RoleLauncher,
-    group_alive_command,
-    kill_groups_command,
-    sftp_get,
-    sftp_makedirs,
-    sftp_put,
-)
-from provisioning.ssh.setup import Environment, WheelCache, ensure_environment, source_stamp
+from provisioning.ssh.connection import SshTimeouts, set_handshake_limit
+from provisioning.ssh.host_runner import SshHostRunner
+from provisioning.ssh.machine import Machine
+from provisioning.ssh.runner import group_alive_command, kill_groups_command
+from provisioning.ssh.setup import ensure_environment, wheel_cache
 
 log = logging.getLogger(__name__)
 
 #: File in the run directory recording host keys pinned on first use (public fingerprints).
 PINNED_KEYS_FILE = "ssh_pinned_host_keys.jsonl"
-DATASETS_DIR = "datasets"  # under a machine's root: datasets kept across runs (dataset_cache)
 #: How long release() and clean_up() try to reach a machine that was lost.
 RETRY_LOST_CONNECT_S = 3.0
-#: Longest pause between two reconnection attempts to an unreachable machine: after a drop
-#: ends, every machine is reconnected within this (plus one handshake).
-RECONNECT_MAX_DELAY_S = 10.0
-#: Tries of one file transfer cut short by dropped connections.
-TRANSFER_ATTEMPTS = 3
 KILL_CONFIRM_S = 5.0  # after KILL, how long a leftover group may take to be gone (reaped)
-
-_wheel_caches: dict[tuple[str, str | None, str, str | None], WheelCache] = {}
-_wheel_caches_lock = threading.Lock()
-
-
-def _wheel_cache(wheelhouse: str | None, extra: str, index_url: str | None) -> WheelCache:
-    """One wheel per state of the sources: built at most once per run, and kept in the user's
-    cache (`$XDG_CACHE_HOME/transient-orchestrator/wheels/<source stamp>/`) for later runs."""
-    stamp = source_stamp()
-    key = (stamp, wheelhouse, extra, index_url)
-    with _wheel_caches_lock:
-        if key not in _wheel_caches:
-            cache_root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-            work_dir = cache_root / "transient-orchestrator" / "wheels" / stamp[:24]
-            work_dir.mkdir(parents=True, exist_ok=True)
-            _wheel_caches[key] = WheelCache(
-                work_dir, None if wheelhouse is None else Path(wheelhouse).expanduser(), extra,
-                index_url)
-        return _wheel_caches[key]
-
-
-class Machine:
-    """One inventory machine as this provider uses it: its connection, state and setup.
-
-    A dropped connection (a missed heartbeat, a closed transport) makes the machine
-    *unreachable*, not lost: it is reconnected in the background with backoff (at most
-    RECONNECT_MAX_DELAY_S between tries) while its roles run on, and only the provider
-    declares it lost (`declare_lost`: SshProvider's graces, or the cloud's word on a VM).
-    Everything that needs its connection meanwhile waits (`await_connection`)."""
-
-    def __init__(self, inventory: SshHostConfig, provider: SshProvider,
-                 reconnect: bool = True) -> None:
-        self.inventory = inventory
-        self.provider = provider
-        self.connection: SshConnection | None = None
-        self.root = ""  # absolute host path of inventory.root, known once connected
-        self.state = HostState.PENDING
-        self.environment: Environment | None = None
-        self.setup_future: Future[Environment] | None = None
-        self.ports = itertools.count(provider.config.first_port)
-        self.lock = threading.Lock()
-        self.reconnect = reconnect
-        self.unreachable_since: float | None = None  # monotonic time of the drop
-        self.alone_since: float | None = None  # unreachable while another machine answered
-        self.lost_reason = ""
-        self.reconnects = 0  # connections re-established after a drop
-        self.sent = ByteCounter()  # bytes sent to it over every connection (bytes_sent)
-        self._link = threading.Condition()
-        self._closing = False
-        self._opening: SshConnection | None = None  # the connection being made (`connect`)
-
-    @property
-    def name(self) -> str:
-        return self.inventory.name
-
-    def target(self) -> SshTarget:
-        inv = self.inventory
-        return SshTarget(inv.name, inv.address, inv.port, inv.login(), str(inv.key_file()))
-
-    def connect(self, timeouts: SshTimeouts | None = None) -> SshConnection:
-        cfg = self.provider.config
-        connection = SshConnection(self.target(), Path(cfg.known_hosts).expanduser(),
-                                   cfg.trust_on_first_use, timeouts or self.provider.timeouts,
-                                   on_pin=self.provider._record_pin, on_lost=self._dropped,
-                                   sent=self.sent)
-        with self._link:
-            self._opening = connection  # closed by declare_lost while it waits for a boot
-        connection.connect()
-        return connection
-
-    def open(self) -> None:
-        self.connection = self.connect()
-        # Over SFTP, not a command: each command starts the login shell, whose rc files can be
-        # slow (conda or pyenv init), and the session is needed anyway. A relative root is
-        # taken from the home directory, where SFTP starts.
-        with self.connection.sftp() as sftp:
-            root = self.inventory.root
-            if not root.startswith("/"):
-                root = posixpath.join(sftp.normalize("."), root)
-            sftp_makedirs(sftp, root)
-            try:
-                sftp.stat(root)
-            except OSError as error:
-                raise ProvisionError(f"ssh host {self.name}: cannot create its root {root}: "
-                                     f"{error}") from None
-        self.root = root
-        self.connection.session_process()  # known while it lives (`_end_stale_session`)
-        with self._link:
-            if self.state == HostState.REVOKED:  # declared lost while it was opened
-                self.connection.close()
-                raise SshUnreachableError(f"ssh host {self.name}: {self.lost_reason}")
-            self.state = HostState.RUNNING
-
-    # --- losing and regaining contact ---------------------------------------------------------
-
-    def _dropped(self, connection: SshConnection) -> None:
-        """A connection of this machine was lost: unreachable (reconnecting) or, for a machine
-        that is not reconnected, revoked."""
-        with self._link:
-            if connection is not self.connection or self.state != HostState.RUNNING \
-                    or self._closing:
-                return
-            if not self.reconnect:
-                self._set_lost(connection.lost_reason)
-                return
-            if self.unreachable_since is not None:
-                return
-            self.unreachable_since = time.monotonic()
-        log.warning("ssh host %s unreachable (%s): reconnecting; its roles run on",
-                    self.name, connection.lost_reason)
-        threading.Thread(target=self._reconnect, daemon=True,
-                         name=f"ssh-reconnect-{self.name}").start()
-
-    def _reconnect(self) -> None:
-        """Connect again with backoff until it works or the machine is lost or released."""
-        delay = 1.0
-        timeouts = replace(self.provider.timeouts, connect_attempts=1, boot_timeout_s=0.0)
-        while True:
-            with self._link:
-                if self.state != HostState.RUNNING or self._closing:
-                    return
-            try:
-                connection = self.connect(timeouts)
-            except ProvisionError as error:
-                log.info("ssh host %s still unreachable: %s", self.name, error)
-                with self._link:
-                    self._link.wait(delay)
-                delay = min(delay * 1.5, RECONNECT_MAX_DELAY_S)
-                continue
-            connection.session_process()
-            with self._link:
-                if self.state != HostState.RUNNING or self._closing:
-                    connection.close()
-                    return
-                since = self.unreachable_since or time.monotonic()
-                stale, self.connection = self.connection, connection
-                self.unreachable_since = self.alone_since = None
-                self.reconnects += 1
-                self._link.notify_all()
-            log.warning("ssh host %s reachable again after %.0f s", self.name,
-                        time.monotonic() - since)
-            self._end_stale_session(stale, connection)
-            return
-
-    def _end_stale_session(self, stale: SshConnection | None, live: SshConnection) -> None:
-        """End, over `live`, the host's side of the dropped connection `stale`: its sshd still
-        holds that session (and its SFTP server) until its own keepalive gives up, since our
-        side vanished without a goodbye. Best effort: a failure leaves only that session."""
-        session = stale.session_process() if stale is not None else None
-        if session is None or session == live.session_process():
-            return
-        try:
-            live.run(end_session_command(*session), check=False)
-        except ProvisionError as error:
-            log.info("ssh host %s: the dropped connection's session was not ended: %s",
-                     self.name, error)
-
-    def declare_lost(self, reason: str) -> None:
-        """The machine is gone for this run (its provider's decision): waiters get None, its
-        roles' handles report their loss."""
-        with self._link:
-            if self.state == HostState.RUNNING:
-                self._set_lost(reason)
-        self.abort_open(reason)
-
-    def abort_open(self, reason: str) -> None:
-        """Give up the first connection while it still waits for the machine to boot (a VM
-        taken, or released, before it ever answered): `open` raises SshUnreachableError."""
-        with self._link:
-            if self.state == HostState.PENDING and self._opening is not None:
-                self.state, self.lost_reason = HostState.REVOKED, reason
-                self._opening.close()
-                self._link.notify_all()
-
-    def _set_lost(self, reason: str) -> None:
-        self.state = HostState.REVOKED
-        self.lost_reason = reason
-        self._link.notify_all()
-        if self.connection is not None:
-            self.connection.close()
-
-    def await_connection(self, old: SshConnection | None,
-                         timeout_s: float | None = None) -> SshConnection | None:
-        """A live connection other than `old` (`runner.Link`): None once the machine is lost or
-        released; SshUnreachableError after `timeout_s` (None: no limit). While waiting, the
-        provider's graces are applied, so a machine that never comes back is declared lost
-        even where nobody polls."""
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        while True:
-            self._notice()
-            self.provider._judge_unreachable()
-            with self._link:
-                if self.state != HostState.RUNNING or self._closing:
-                    return None
-                connection = self.connection
-                if connection is not None and connection is not old \
-                        and self.unreachable_since is None and not connection.lost.is_set():
-                    return connection
-                left = None if deadline is None else deadline - time.monotonic()
-                if left is not None and left <= 0:
-                    raise SshUnreachableError(
-                        f"ssh host {self.name} unreachable for {timeout_s:g} s (reconnecting)")
-                self._link.wait(1.0 if left is None else min(1.0, left))
-
-    def alive(self) -> bool:
-        """Not lost: connected, or unreachable and being reconnected (its roles run on)."""
-        if self.state != HostState.RUNNING or self.connection is None:
-            return False
-        self._notice()
-        return self.state == HostState.RUNNING
-
-    def _notice(self) -> None:
-        """A dead transport starts the reconnection at once (also one that died before this
-        machine adopted it, whose own report found nobody listening)."""
-        connection = self.connection
-        if connection is not None and self.unreachable_since is None \
-                and (not connection.check_alive() or connection.lost.is_set()):
-            self._dropped(connection)
-
-    def reachable(self) -> bool:
-        """Alive and connected now (no drop being waited out)."""
-        return self.alive() and self.unreachable_since is None
-
-    def close(self) -> None:
-        with self._link:
-            self._closing = True
-            self._link.notify_all()
-        if self.connection is not None:
-            self.connection.close()
-
-
-class SshHostRunner(HostRunner):
-    """Runs roles of one host on its machine over the machine's connection. While the machine
-    is unreachable, a call waits for it to be back (at most `command_timeout_s`, then
-    SshUnreachableError); only a lost machine is HostLostError."""
-
-    shares_orchestrator_fs = False
-
-    def __init__(self, host: Host, machine: Machine, journal: ResourceJournal | None,
-                 backend: str = "ssh") -> None:
-        self.host = host
-        self.machine = machine
-        assert machine.connection is not None
-        python = machine.inventory.python or "python3"
-        self.launcher = RoleLauncher(machine, host, python, journal, backend,
-                                     wait_s=machine.provider.config.command_timeout_s)
-        self._gone = False
-
-    @property
-    def notice_path(self) -> Path:
-        return self.host.workdir / PREEMPTION_NOTICE_FILE
-
-    def _check(self) -> SshConnection:
-        if not self._gone and self.machine.alive():
-            connection = self.machine.await_connection(  # SshUnreachableError after the wait
-                None, self.machine.provider.config.command_timeout_s)
-            if connection is not None:
-                return connection
-        reason = self.machine.lost_reason or (
-            self.machine.connection.lost_reason if self.machine.connection else "")
-        raise HostLostError(self.host.id, f"host {self.host.id} on ssh machine "
-                            f"{self.machine.name} is gone {reason}".strip())
-
-    def _path(self, remote: Path | str) -> str:
-        return posixpath.join(str(self.host.workdir), str(remote))  # absolute stays absolute
-
-    def dataset_cache(self) -> Path | None:
-        return Path(posixpath.join(self.machine.root, DATASETS_DIR)) if self.machine.root else None
-
-    def bytes_sent(self) -> int | None:
-        return self.machine.sent.total
-
-    def setup(self) -> None:
-        self._check()
-        self.machine.provider._setup([self.machine])
-        self.machine.provider._setup_all_placed()
-        assert self.machine.setup_future is not None
-        try:
-            self.machine.environment = self.machine.setup_future.result()
-        except SshUnreachableError as error:
-            raise HostLostError(self.host.id, str(error)) from None
-
-    def trainer_command(self) -> list[str]:
-        if self.machine.environment is None:
-            self.setup()
-        assert self.machine.environment is not None
-        return list(self.machine.environment.command)
-
-    def trainer_env(self) -> dict[str, str]:
-        if self.machine.environment is None:
-            self.setup()
-        assert self.machine.environment is not None
-        return dict(self.machine.environment.env)
-
-    def _launch(self, argv: Sequence[str], env: Mapping[str, str], cwd: Path | None,
-                log_path: Path | None) -> RemoteProcess:
-        self._check()
-        try:
-            return self.launcher.launch(argv, env, self._path(cwd or "."), log_path)
-        except SshUnreachableError as error:
-            raise HostLostError(self.host.id, str(error)) from None
-
-    def copy(self, local: Path, remote: Path) -> None:
-        self._transfer(lambda sftp: sftp_put(sftp, Path(local), self._path(remote)))
-
-    def fetch(self, remote: Path, local: Path) -> bool:
-        return self._transfer(lambda sftp: sftp_get(sftp, self._path(remote), Path(local)))
-
-    def _transfer(self, move: Callable[[paramiko.SFTPClient], Any]) -> Any:
-        """Run one SFTP transfer (idempotent: files land atomically); one cut short by a
-        dropped connection runs again once the machine is back (`TRANSFER_ATTEMPTS` in all).
-        A lost machine is HostLostError."""
-        for attempt in range(1, TRANSFER_ATTEMPTS + 1):
-            connection = self._check()
-            try:
-                with connection.sftp() as sftp:
-                    return move(sftp)
-            except (OSError, EOFError, paramiko.SSHException, SshUnreachableError) as error:
-                if isinstance(error, paramiko.SSHException) and "connection dropped" in str(error):
-                    connection.mark_lost(str(error))
-                connection.check_alive()
-                if not self.machine.alive():
-                    raise HostLostError(self.host.id, str(error)) from None
-                if not connection.lost.is_set() or attempt == TRANSFER_ATTEMPTS:
-                    raise
-        raise AssertionError("unreachable")
-
-    def alive(self) -> bool:
-        return not self._gone and self.machine.alive()
-
-    def stop_all(self, grace_s: float = STOP_GRACE_S) -> None:
-        self.launcher.stop_all(grace_s)
-
-    def mark_gone(self) -> None:
-        self._gone = True
 
 
 class SshProvider(Provider):
@@ -549,7 +188,7 @@ class SshProvider(Provider):
         self._runners[host_id] = SshHostRunner(host, machine, self._journal)
         return host
 
-    def _record_pin(self, hostname: str, fingerprint: str) -> None:
+    def record_pin(self, hostname: str, fingerprint: str) -> None:
         log.warning("ssh: pinned the host key of %s on first use: %s", hostname, fingerprint)
         if self._run_dir is not None:
             self._run_dir.mkdir(parents=True, exist_ok=True)
@@ -560,23 +199,23 @@ class SshProvider(Provider):
 
     # --- setup -------------------------------------------------------------------------------
 
-    def _setup(self, machines: Sequence[Machine]) -> None:
+    def setup_machines(self, machines: Sequence[Machine]) -> None:
         cache = None  # looked up (a scan of the sources) only when a machine needs it
         for machine in machines:
             with machine.lock:
                 if machine.setup_future is None and machine.alive():
                     assert machine.connection is not None
-                    cache = cache or _wheel_cache(self.config.wheelhouse, self.config.extra,
+                    cache = cache or wheel_cache(self.config.wheelhouse, self.config.extra,
                                                   self.config.index_url)
                     machine.setup_future = self._setup_pool.submit(
                         ensure_environment, machine.connection, machine.root,
                         machine.inventory.python, cache, self.config.extra)
 
-    def _setup_all_placed(self) -> None:
+    def setup_all_placed(self) -> None:
         """Set up every machine in use at once (the first setup() of a run pays for all)."""
         with self._lock:
             machines = [m for m in self._machines.values() if m.alive()]
-        self._setup(machines)
+        self.setup_machines(machines)
 
     # --- the rest of the contract -----------------------------------------------------------
 
@@ -588,9 +227,9 @@ class SshProvider(Provider):
 
     def poll(self, cluster: Cluster) -> dict[HostId, HostState]:
         """A machine that dropped its connection stays RUNNING while it is reconnected (its
-        roles run on) and is REVOKED once the graces say it is lost (`_judge_unreachable`);
+        roles run on) and is REVOKED once the graces say it is lost (`judge_unreachable`);
         ContactLostError once no machine has answered for `outage_grace_s`."""
-        self._judge_unreachable()
+        self.judge_unreachable()
         if self.contact_lost is not None:
             raise ContactLostError(self.contact_lost)
         states = {}
@@ -607,7 +246,7 @@ class SshProvider(Provider):
                                    else HostState.TERMINATED)
         return states
 
-    def _judge_unreachable(self) -> None:
+    def judge_unreachable(self) -> None:
         """Apply the graces to unreachable machines (docs/ssh.md, "Losing contact"): lost
         after `unreachable_grace_s` of being unreachable while another machine answers (that
         machine, not our network, is the problem), or after `outage_grace_s` while none

@@ -146,7 +146,7 @@ def launch_script(base: str, cwd: str, argv: Sequence[str], env: Mapping[str, st
 
 class Link(Protocol):
     """A machine's connection as its roles see it: the current one, and a way to wait for the
-    next after a drop (`provisioning.ssh.provider.Machine`)."""
+    next after a drop (`provisioning.ssh.machine.Machine`)."""
 
     @property
     def connection(self) -> SshConnection | None: ...

@@ -34,6 +34,7 @@ import contextlib
 import fcntl
 import hashlib
 import json
+import os
 import posixpath
 import shlex
 import shutil
@@ -381,3 +382,23 @@ def _put_if_absent(sftp, local: Path, remote: str) -> None:  # type: ignore[no-u
     except FileNotFoundError:
         pass
     sftp_put(sftp, local, remote)  # makes the folders it needs
+
+
+_wheel_caches: dict[tuple[str, str | None, str, str | None], WheelCache] = {}
+_wheel_caches_lock = threading.Lock()
+
+
+def wheel_cache(wheelhouse: str | None, extra: str, index_url: str | None) -> WheelCache:
+    """One wheel per state of the sources: built at most once per run, and kept in the user's
+    cache (`$XDG_CACHE_HOME/transient-orchestrator/wheels/<source stamp>/`) for later runs."""
+    stamp = source_stamp()
+    key = (stamp, wheelhouse, extra, index_url)
+    with _wheel_caches_lock:
+        if key not in _wheel_caches:
+            cache_root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+            work_dir = cache_root / "transient-orchestrator" / "wheels" / stamp[:24]
+            work_dir.mkdir(parents=True, exist_ok=True)
+            _wheel_caches[key] = WheelCache(
+                work_dir, None if wheelhouse is None else Path(wheelhouse).expanduser(), extra,
+                index_url)
+        return _wheel_caches[key]

@@ -24,7 +24,7 @@ from provisioning.base import Cluster, ClusterRequest, HostSpec, Role
 from provisioning.gce.provider import GceProvider
 from provisioning.gce.storage import GcsStore, GcsUrl
 from provisioning.journal import Journal
-from provisioning.ssh.provider import DATASETS_DIR
+from provisioning.ssh.host_runner import DATASETS_DIR
 from tests.provisioning.gce_fixtures import BUCKET, PROJECT, ZONES, gce_config, storage_emulator
 from tests.provisioning.test_gce_ssh import fake_on_bed
 from tests.provisioning.test_gce_storage import cifar10_bin

@@ -20,7 +20,7 @@ from orchestrator.runtime import data as data_step
 from orchestrator.runtime.deploy import EVENT_HOST_SETUP, Deployment, TrainerEvent
 from provisioning.base import Cluster, ClusterRequest, HostSpec
 from provisioning.registry import get_provider
-from provisioning.ssh.provider import DATASETS_DIR
+from provisioning.ssh.host_runner import DATASETS_DIR
 from tests.testbed import SshTestBed
 from tests.testbed.fixtures import provider_options, ssh_testbed  # noqa: F401
 from trainer import data
