@@ -94,7 +94,8 @@ from trainer.closures import (
     median_step_time,
     prepare_unrolled,
 )
-from trainer.steps import BSP_CLOSED, Steps
+from trainer.steps import Steps
+from trainer.variables import BSP_CLOSED
 from trainer.waits import (
     CHUNK_POLL_S,
     SETTLE_POLL_S,

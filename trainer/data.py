@@ -40,13 +40,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from trainer.http_fetch import USER_AGENT, NoProgress, download_once, md5_of, sha256_of
+
 CACHE_ENV = "TRANSIENT_DATA_CACHE"  # overrides the per-user cache folder
 MIRROR_ENV = "TRANSIENT_DATA_MIRROR"  # base URL serving the archives under their file names
-APP_DIR = "transient-orchestrator"
+APP_DIR = USER_AGENT  # the tool's name: its cache folder, and its downloads' User-Agent
 FETCH_ERROR_EXIT_CODE = 2  # as a config error: nothing was started, the user must act
 INTERRUPTED_EXIT_CODE = 130
-CHUNK_BYTES = 1 << 20
-TIMEOUT_S = 60.0  # per socket operation, not for the whole download
 MAX_ATTEMPTS = 5  # a dropped connection is resumed while each attempt makes progress
 RETRY_PAUSE_S = 1.0  # times the attempt number, before resuming a dropped download
 
@@ -274,9 +274,9 @@ def _download(archive: Archive, part: Path, ds: Dataset, root: Path, console: An
         for attempt in range(1, MAX_ATTEMPTS + 1):
             have = part.stat().st_size if part.exists() else 0
             try:
-                if _download_once(url, part, have, report):
+                if download_once(url, part, have, report):
                     break
-            except _NoProgress as err:
+            except NoProgress as err:
                 raise SourceUnreachable(f"could not download {url}: {err}; cache folder "
                                         f"{root}: {manual_hint(ds, root, archive)}") from None
             if attempt == MAX_ATTEMPTS:
@@ -292,64 +292,6 @@ def _download(archive: Archive, part: Path, ds: Dataset, root: Path, console: An
                   f"{time.monotonic() - started:.1f} s"
                   + (f" (resumed at byte {resumed_from:,})" if resumed_from else ""),
                   highlight=False)
-
-
-class _NoProgress(Exception):
-    """An attempt that received nothing (refused, HTTP error, DNS): retrying will not help
-    (a registry source); `code` is the HTTP status when there was one."""
-
-    def __init__(self, message: str, code: int | None = None) -> None:
-        super().__init__(message)
-        self.code = code
-
-
-def _download_once(url: str, part: Path, have: int, report: Any,
-                   extra_headers: dict[str, str] | None = None) -> bool:
-    """One request from byte ``have``; True when complete, False when it dropped after
-    receiving some bytes. Raises _NoProgress when nothing arrived."""
-    import http.client
-    import urllib.error
-    import urllib.request
-
-    headers = {"User-Agent": APP_DIR, **(extra_headers or {})}
-    if have:
-        headers["Range"] = f"bytes={have}-"
-    received = 0
-    try:
-        with urllib.request.urlopen(urllib.request.Request(url, headers=headers),
-                                    timeout=TIMEOUT_S) as resp:
-            if have and resp.status != 206:  # the server ignored the range: start again
-                have = 0
-            length = resp.headers.get("Content-Length")
-            total = have + int(length) if length is not None else None
-            report(have, total)
-            with open(part, "ab" if have else "wb") as out:
-                while chunk := resp.read1(CHUNK_BYTES):  # what has arrived, at most this
-                    out.write(chunk)
-                    received += len(chunk)
-                    report(have + received, total)
-            # http.client returns b"" at an early EOF instead of raising: compare the length
-            return total is None or have + received >= total
-    except urllib.error.HTTPError as err:
-        if err.code == 416 and have:  # asked past the end: the part file is stale
-            part.unlink()
-            return _download_once(url, part, 0, report, extra_headers)
-        raise _NoProgress(f"HTTP {err.code} {err.reason}", err.code) from None
-    except (urllib.error.URLError, OSError, http.client.HTTPException) as err:
-        if received:
-            return False
-        reason = getattr(err, "reason", err)
-        raise _NoProgress(getattr(reason, "strerror", None) or str(reason)) from None
-
-
-def md5_of(path: Path) -> str:
-    import hashlib
-
-    digest = hashlib.md5(usedforsecurity=False)
-    with open(path, "rb") as f:
-        while chunk := f.read(CHUNK_BYTES):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def _verify(path: Path, archive: Archive, ds: Dataset, root: Path, delete: bool) -> None:
@@ -410,16 +352,6 @@ def human_bytes(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     raise AssertionError("unreachable")
-
-
-def sha256_of(path: Path) -> str:
-    import hashlib
-
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(CHUNK_BYTES):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def digests(folder: Path) -> dict[str, list[Any]]:
@@ -543,9 +475,9 @@ def _fetch_object(media: str, part: Path, where: str, root: str) -> None:
                 raise SourceUnreachable(f"cannot read {where}: {err}") from None
         have = part.stat().st_size if part.exists() else 0
         try:
-            if _download_once(media, part, have, lambda *_: None, headers):
+            if download_once(media, part, have, lambda *_: None, headers):
                 return
-        except _NoProgress as err:
+        except NoProgress as err:
             if err.code not in gcs.TRANSIENT_HTTP or attempt == MAX_ATTEMPTS:
                 raise SourceUnreachable(f"cannot read {where}: {err}") from None
         if attempt == MAX_ATTEMPTS:

@@ -61,7 +61,8 @@ from trainer.optim import PSOptimizer, lr_at
 from trainer.problems import get_problem, train_dataset
 from trainer.spec import PhaseSpec, TrainerSpec
 from trainer.startup import STARTUP, import_tensorflow
-from trainer.steps import PSVariables, Steps, create_ps_variables, per_worker_ids
+from trainer.steps import Steps
+from trainer.variables import PSVariables, create_ps_variables, per_worker_ids
 from trainer.waits import Membership
 
 SERVER_WAIT_S = 120.0  # how long to wait for ps/worker ports before giving up

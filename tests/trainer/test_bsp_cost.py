@@ -17,7 +17,8 @@ tf = pytest.importorskip("tensorflow")
 from trainer.models import build_model  # noqa: E402
 from trainer.optim import PSOptimizer  # noqa: E402
 from trainer.spec import JobSpec  # noqa: E402
-from trainer.steps import Steps, create_ps_variables  # noqa: E402
+from trainer.steps import Steps  # noqa: E402
+from trainer.variables import create_ps_variables  # noqa: E402
 
 PS = "/job:localhost/replica:0/task:0/device:CPU:0"
 # control edges per round: TensorFlow's automatic ordering of ops on one variable adds one

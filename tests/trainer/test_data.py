@@ -20,7 +20,7 @@ import pytest
 from cifar_server import REAL_ARCHIVES, ArchiveServer, ServedArchive, make_archive, refused_url
 from rich.console import Console
 
-from trainer import data
+from trainer import data, http_fetch
 from trainer.problems import get_problem, train_dataset
 
 REPO = Path(__file__).resolve().parents[2]
@@ -67,7 +67,7 @@ def check_arrays(arrays, archive: ServedArchive) -> None:
 def test_first_fetch_shows_progress_and_the_reader_reads_it(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str) -> None:
     archive = make_archive(name, seed=len(name))
-    monkeypatch.setattr(data, "CHUNK_BYTES", 8192)  # several updates, so the bar has a rate
+    monkeypatch.setattr(http_fetch, "CHUNK_BYTES", 8192)  # several updates, so the bar has a rate
     with ArchiveServer() as srv:
         srv.behaviour.files[name] = archive.data
         ds = use_archive(monkeypatch, archive, srv.base_url)

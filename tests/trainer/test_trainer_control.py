@@ -86,8 +86,8 @@ def test_unreachable_names_closed_ports() -> None:
 def test_straggler_episodes_by_time_and_step() -> None:
     import tensorflow as tf
 
-    from trainer.steps import straggler_delay
     from trainer.tfcompat import sleep
+    from trainer.variables import straggler_delay
 
     episodes = [StragglerSpec(workers=[1], delay_s=0.2, start_s=10.0, end_s=20.0),
                 StragglerSpec(workers=[0, 1], delay_s=0.1, start_step=50),
