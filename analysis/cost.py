@@ -186,6 +186,10 @@ def own_runs_table(runs: pd.DataFrame) -> pd.DataFrame:
     """
     from analysis.runs import override_columns
 
+    missing = [c for c in ("wall_time_s", "cost_usd", "final_accuracy") if c not in runs]
+    if missing:
+        raise ValueError(f"the runs' table has no {', '.join(missing)} column (a runs.csv of "
+                         "another tool or version?)")
     df = runs.copy()
     if "status" in df:
         df = df[df["status"].fillna("completed").eq("completed")]

@@ -259,7 +259,7 @@ def _own_sections(source: Path, out: Path) -> list[Section]:
         sections.append(_own_speed_section(ok, out))
     try:
         sections.append(_cost_section(out, source))
-    except (ValueError, KeyError) as exc:
+    except ValueError as exc:  # in the user's words (cost.own_runs_table says what is missing)
         sections.append(Section("Cost and speed", f"Not available: {html.escape(str(exc))}."))
     accuracy = _own_accuracy_section(runs, syncswitch.own_runs(source), out)
     if accuracy is not None:

@@ -118,3 +118,12 @@ def test_cost_legend_names_only_the_kinds_present(sweep_dir: Path) -> None:
     assert "transient" not in labels and "on-demand" in labels
     assert fig.axes[0].get_xlabel().startswith("wall time per run")
     plt.close(fig)
+
+
+def test_a_section_the_table_cannot_support_says_why_in_words(sweep_dir: Path,
+                                                              tmp_path: Path) -> None:
+    """A runs.csv without the cost column: the cost section names the column, not pandas."""
+    table = pd.read_csv(sweep_dir / "runs.csv").drop(columns=["cost_usd"])
+    table.to_csv(sweep_dir / "runs.csv", index=False)
+    text = _page_text(build_report(sweep_dir, tmp_path / "out"))
+    assert "table has no cost_usd column (a runs.csv of another tool or version?)" in text
