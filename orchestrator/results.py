@@ -126,10 +126,10 @@ class RunDirLock:
     can say who owns the directory.
     """
 
-    def __init__(self, run_dir: Path) -> None:
+    def __init__(self, run_dir: Path, name: str = LOCK_FILE) -> None:
         from orchestrator.config.errors import ConfigError
 
-        self.path = Path(run_dir) / LOCK_FILE
+        self.path = Path(run_dir) / name
         self._fh = open(self.path, "a+")  # noqa: SIM115 - held for the whole run
         try:
             fcntl.flock(self._fh, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -43,13 +43,10 @@ orchestrator/killpoints.py.
 from __future__ import annotations
 
 import csv
-import io
-import json
 import os
 import shutil
 import signal
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -65,6 +62,10 @@ ENV = "TRANSIENT_RESUMING"
 RESUMED_EVENT = "resumed"
 PREVIOUS_DIR = "previous"
 MULTIRUN_FILE = "multirun.yaml"
+#: Held by a resume from its first check to its exit: a second resume of the same directory
+#: refuses before it touches anything (run.lock is taken later, by the run or the launcher).
+RESUME_LOCK_FILE = "resume.lock"
+_resume_lock: results.RunDirLock | None = None
 
 KEEP, RESUME, START, RERUN = "keep", "resume", "start", "rerun"
 
@@ -197,6 +198,27 @@ def measured_steps_per_sec(run_dir: Path) -> float | None:
     return sum(speeds) / len(speeds) if speeds else None
 
 
+def _check_composes(point: PointPlan, search: list[str]) -> None:
+    """The point's recorded command line composes with this code and config (an experiment
+    renamed or deleted since would fail the replay after the records were rewritten)."""
+    from hydra import compose, initialize_config_module
+
+    from orchestrator.config.errors import ConfigError
+    from orchestrator.config.hydra_errors import config_error_from_hydra, explain
+    from orchestrator.paths import CONF_PACKAGE
+
+    try:
+        with initialize_config_module(CONF_PACKAGE, version_base="1.3"):
+            compose("config", overrides=[*point.overrides, *search])
+    except Exception as ex:
+        err = ex if isinstance(ex, ConfigError) else config_error_from_hydra(ex)
+        if err is None:
+            raise
+        raise ResumeRefused(f"resume: {point.run_dir}'s command line "
+                            f"({' '.join(point.overrides) or 'no overrides'}) no longer "
+                            f"composes with this code: {explain(err).line()}") from None
+
+
 def _plan_unstarted(point: PointPlan, search: list[str]) -> dict[str, Any]:
     """The plan of a point that never started, composed with the current code (and the
     recorded ``hydra.searchpath``: extra config dirs); refuses with the field when it no longer
@@ -258,6 +280,13 @@ def find_target(path: Path) -> Target:
         for num, combo in enumerate(combos):
             run_dir = by_overrides.get(tuple(combo), path / str(num))
             target.points.append(PointPlan(num, combo, run_dir, "", ""))
+        described = {p.run_dir for p in target.points}
+        strays = [d for d in by_overrides.values() if d not in described]
+        if strays:  # a torn or edited multirun.yaml: its points would be dropped silently
+            raise ResumeRefused(f"resume: {path / MULTIRUN_FILE} does not describe the sweep's "
+                                f"point {strays[0]} ({' '.join(sweep._overrides(strays[0]))}): "
+                                "the file is damaged or was edited; restore it (Hydra writes "
+                                "it when the sweep starts)")
         return target
     hydra_file = _read_yaml(path / ".hydra" / "hydra.yaml")
     if not (path / results.CONFIG_FILE).exists() or not isinstance(hydra_file, dict):
@@ -278,6 +307,9 @@ def inspect(target: Target, retry: bool) -> None:
     from orchestrator.config.load import to_experiment
     from orchestrator.config.validation import validate
 
+    search = [a for a in target.argv if a.startswith("hydra.searchpath=")]
+    for point in target.points:  # the replay composes every point's command line again
+        _check_composes(point, search)
     for lock_dir in [target.path, *(p.run_dir for p in target.points)]:
         if results.is_locked(lock_dir):
             owner = results.read_lock(lock_dir / results.LOCK_FILE)
@@ -339,56 +371,6 @@ def clean_up(target: Target) -> list[str]:
         for line in journal_clean_up(journal, configs=provider_configs(journal.parent)):
             lines.append(f"{journal.parent}: {line}")
     return lines
-
-
-def reconcile_runs_csv(target: Target) -> None:
-    """runs.csv keeps one intact row per kept point, nothing else; a kept point without a row
-    (the crash came between its summary and its row) gets it now."""
-    kept = {str(p.run_dir): p for p in target.points if p.action == KEEP}
-    path = target.runs_csv
-    text = path.read_text() if path.exists() else ""
-    rows = list(csv.reader(io.StringIO(text, newline="")))
-    header, body = (rows[0], rows[1:]) if rows else ([], [])
-    out = io.StringIO()
-    writer = csv.writer(out)
-    have: set[str] = set()
-    if header:
-        writer.writerow(header)
-        col = header.index("run_dir") if "run_dir" in header else None
-        for row in body:
-            if col is None or len(row) != len(header):
-                continue  # torn
-            if row[col] in kept and row[col] not in have:
-                have.add(row[col])
-                writer.writerow(row)
-    if header and len(have) == 0:
-        path.unlink()
-    elif header:
-        results.write_atomic(path, out.getvalue())
-    for run_dir, point in kept.items():
-        summary = results.read_summary(point.run_dir)
-        if run_dir not in have and summary is not None:
-            sweep.append_run_row(path, sweep._overrides(point.run_dir) or point.overrides,
-                                 point.run_dir, summary)
-
-
-def repair_launches(target: Target) -> None:
-    """Drop a torn last line of launches.jsonl and record the resume."""
-    path = target.path / sweep.LAUNCHES_FILE
-    if not path.exists():
-        return
-    lines = path.read_text().split("\n")
-    good = []
-    for line in lines:
-        try:
-            json.loads(line)
-            good.append(line)
-        except ValueError:
-            continue
-    entry = {"time": time.time(), "kind": "resume",
-             **{a: [p.num for p in target.points if p.action == a]
-                for a in (KEEP, RESUME, START, RERUN)}}
-    results.write_atomic(path, "".join(line + "\n" for line in good) + json.dumps(entry) + "\n")
 
 
 # --- in the task: one point ------------------------------------------------------------------
@@ -555,6 +537,20 @@ def parse_args(argv: list[str]) -> tuple[Path, bool, bool] | None:
     return path, retry, dry
 
 
+def _hold_resume_lock(path: Path) -> None:
+    """This process resumes `path` until it exits; another resume of it refuses at once."""
+    global _resume_lock
+    from orchestrator.config.errors import ConfigError
+
+    try:
+        _resume_lock = results.RunDirLock(path, RESUME_LOCK_FILE)
+    except ConfigError:
+        owner = results.read_lock(path / RESUME_LOCK_FILE)
+        raise ResumeRefused(f"resume: {path} is being resumed by a live orchestrator (pid "
+                            f"{owner.get('pid', '?')} on {owner.get('host', '?')}); wait for "
+                            "it to end or stop it first") from None
+
+
 def start(argv: list[str]) -> list[str] | None:
     """The entry point's hook: for ``--resume DIR`` check, clean up, reconcile and return the
     argv to replay through Hydra (None: it was a dry run, printed). ResumeRefused for a
@@ -564,17 +560,19 @@ def start(argv: list[str]) -> list[str] | None:
         return argv
     path, retry, dry = parsed
     target = find_target(path)
+    if not dry:
+        _hold_resume_lock(target.path)
     inspect(target, retry)
     if dry:
         print("\n".join(describe(target)))
         return None
     for line in clean_up(target):
         print(line, file=sys.stderr)
+    kept = {p.run_dir: p.overrides for p in target.points if p.action == KEEP}
+    sweep.reconcile_runs_csv(target.runs_csv, kept)
     if target.is_sweep:
-        reconcile_runs_csv(target)
-        repair_launches(target)
-    else:
-        reconcile_runs_csv(target)
+        sweep.repair_launches(target.path, {a: [p.num for p in target.points if p.action == a]
+                                            for a in (KEEP, RESUME, START, RERUN)})
     for line in describe(target):
         print(line)
     os.environ[ENV] = "retry-failed" if retry else "1"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import fcntl
+import io
 import json
 import sys
 import time
@@ -301,3 +302,55 @@ def _overrides(run_dir: Path) -> list[str]:
     except (OSError, UnicodeDecodeError, yaml.YAMLError):
         return []
     return [str(o) for o in data] if isinstance(data, list) else []
+
+
+# --- a resume's repair of the sweep's index (orchestrator/resume.py) ---------------------
+
+
+def reconcile_runs_csv(path: Path, kept_points: Mapping[Path, Sequence[str]]) -> None:
+    """A resume's repair of ``runs.csv`` (at `path`): one intact row per kept point (its run
+    folder → its overrides), nothing else; a kept point without a row (the crash came between
+    its summary and its row) gets it now."""
+    kept = {str(d): d for d in kept_points}
+    text = path.read_text() if path.exists() else ""
+    rows = list(csv.reader(io.StringIO(text, newline="")))
+    header, body = (rows[0], rows[1:]) if rows else ([], [])
+    out = io.StringIO()
+    writer = csv.writer(out)
+    have: set[str] = set()
+    if header:
+        writer.writerow(header)
+        col = header.index("run_dir") if "run_dir" in header else None
+        for row in body:
+            if col is None or len(row) != len(header):
+                continue  # torn
+            if row[col] in kept and row[col] not in have:
+                have.add(row[col])
+                writer.writerow(row)
+    if header and len(have) == 0:
+        path.unlink()
+    elif header:
+        results.write_atomic(path, out.getvalue())
+    for run_dir, folder in kept.items():
+        summary = results.read_summary(folder)
+        if run_dir not in have and summary is not None:
+            append_run_row(path, _overrides(folder) or list(kept_points[folder]), folder,
+                           summary)
+
+
+def repair_launches(sweep_dir: Path, actions: Mapping[str, list[int]]) -> None:
+    """Drop a torn last line of launches.jsonl and record the resume (`actions`: what it does
+    with which point: keep, resume, start, rerun)."""
+    path = sweep_dir / LAUNCHES_FILE
+    if not path.exists():
+        return
+    lines = path.read_text().split("\n")
+    good = []
+    for line in lines:
+        try:
+            json.loads(line)
+            good.append(line)
+        except ValueError:
+            continue
+    entry = {"time": time.time(), "kind": "resume", **actions}
+    results.write_atomic(path, "".join(line + "\n" for line in good) + json.dumps(entry) + "\n")

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from orchestrator import killpoints, record, results, resume, sweep
 from tests.orchestrator.proc_utils import live_processes_mentioning
@@ -250,7 +251,8 @@ def _fake_run(run_dir: Path, status: str | None, config: dict, step: int = 80) -
         rec.write_summary(summary)
     rec.close()
     (run_dir / ".hydra").mkdir(exist_ok=True)
-    (run_dir / ".hydra" / "overrides.yaml").write_text(f"- job.seed={run_dir.name}\n")
+    seed = run_dir.name if run_dir.name.isdigit() else "7"
+    (run_dir / ".hydra" / "overrides.yaml").write_text(f"- job.seed={seed}\n")
 
 
 def test_refuses_a_run_owned_by_a_live_orchestrator(tmp_path: Path, fake_run) -> None:
@@ -307,7 +309,8 @@ def test_runs_csv_keeps_one_intact_row_per_kept_point(tmp_path: Path, fake_run) 
         p.status = resume.point_status(p.run_dir)
         p.action = resume.action_for(p.status, retry=False)
     assert [p.action for p in points] == [resume.KEEP, resume.KEEP, resume.RESUME]
-    resume.reconcile_runs_csv(target)
+    sweep.reconcile_runs_csv(target.runs_csv, {p.run_dir: p.overrides for p in points
+                                               if p.action == resume.KEEP})
     table = rows(sweep_dir)
     assert [r["run_dir"] for r in table] == [str(sweep_dir / "0"), str(sweep_dir / "1")]
     assert table[0] == original  # unchanged
@@ -736,3 +739,58 @@ def test_a_bsp_to_asp_run_killed_in_asp_and_resumed_keeps_both_phases(tmp_path: 
         ("bsp", 0, 100), ("asp", 100, 300)]
     earlier_asp = next(p for p in killed.phases if p["protocol"] == "asp")["wall_s"]
     assert summary["phases"][1]["wall_s"] == round(earlier_asp + 9.0, 3)
+
+
+def _sweep_of_two(sweep_dir: Path, fake_run, task: list[str]) -> None:
+    """Two completed points (job.seed=0 and 1), their rows, and a multirun.yaml whose task
+    is `task` (as Hydra writes it when the sweep starts)."""
+    for seed in ("0", "1"):
+        fake_run(sweep_dir / seed, "completed")
+        (sweep_dir / seed / ".hydra" / "overrides.yaml").write_text(f"- job.seed={seed}\n")
+        sweep.append_run_row(sweep_dir / sweep.RUNS_CSV, [f"job.seed={seed}"],
+                             sweep_dir / seed, results.read_summary(sweep_dir / seed))
+    (sweep_dir / resume.MULTIRUN_FILE).write_text(
+        yaml.safe_dump({"hydra": {"overrides": {"task": task, "hydra": []}}}))
+
+
+def test_a_second_resume_of_a_sweep_refuses_before_it_touches_anything(tmp_path: Path,
+                                                                       fake_run) -> None:
+    """Two `--resume` of one sweep started together: the loser's first act is the refusal,
+    in one line; runs.csv and launches.jsonl are as the winner left them."""
+    sweep_dir = tmp_path / "sweep"
+    _sweep_of_two(sweep_dir, fake_run, ["job.seed=0,1"])
+    before = (sweep_dir / sweep.RUNS_CSV).read_text()
+    winner = results.RunDirLock(sweep_dir, resume.RESUME_LOCK_FILE)
+    try:
+        with pytest.raises(resume.ResumeRefused, match="is being resumed by a live orchestrator"):
+            resume.start(["orchestrator", "--resume", str(sweep_dir)])
+    finally:
+        winner.release()
+    assert (sweep_dir / sweep.RUNS_CSV).read_text() == before
+    assert not (sweep_dir / sweep.LAUNCHES_FILE).exists()
+
+
+def test_a_sweep_whose_experiment_was_renamed_is_refused_and_keeps_its_rows(tmp_path: Path,
+                                                                          fake_run) -> None:
+    """The replay of `+experiment=gone` would fail after runs.csv was rewritten: the resume
+    refuses first, naming the experiment, and the dry run says the same."""
+    sweep_dir = tmp_path / "sweep"
+    _sweep_of_two(sweep_dir, fake_run, ["+experiment=renamed_since", "job.seed=0,1"])
+    for seed in ("0", "1"):
+        (sweep_dir / seed / ".hydra" / "overrides.yaml").write_text(
+            f"- +experiment=renamed_since\n- job.seed={seed}\n")
+    before = (sweep_dir / sweep.RUNS_CSV).read_text()
+    for args in ([], ["dry_run=true"]):
+        with pytest.raises(resume.ResumeRefused, match=r"no longer composes.*experiment"):
+            resume.start(["orchestrator", "--resume", str(sweep_dir), *args])
+    assert (sweep_dir / sweep.RUNS_CSV).read_text() == before
+
+
+def test_a_torn_multirun_yaml_is_refused_not_a_completed_point_dropped(tmp_path: Path,
+                                                                      fake_run) -> None:
+    sweep_dir = tmp_path / "sweep"
+    _sweep_of_two(sweep_dir, fake_run, ["job.seed=0"])  # cut before the second value
+    with pytest.raises(resume.ResumeRefused, match=r"multirun.yaml does not describe .*/1 "
+                                                   r"\(job.seed=1\)"):
+        resume.find_target(sweep_dir)
+    assert len(rows(sweep_dir)) == 2
