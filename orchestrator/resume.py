@@ -201,15 +201,12 @@ def measured_steps_per_sec(run_dir: Path) -> float | None:
 def _check_composes(point: PointPlan, search: list[str]) -> None:
     """The point's recorded command line composes with this code and config (an experiment
     renamed or deleted since would fail the replay after the records were rewritten)."""
-    from hydra import compose, initialize_config_module
-
+    from orchestrator.config.compose import compose_config
     from orchestrator.config.errors import ConfigError
     from orchestrator.config.hydra_errors import config_error_from_hydra, explain
-    from orchestrator.paths import CONF_PACKAGE
 
     try:
-        with initialize_config_module(CONF_PACKAGE, version_base="1.3"):
-            compose("config", overrides=[*point.overrides, *search])
+        compose_config(point.overrides, search)
     except Exception as ex:
         err = ex if isinstance(ex, ConfigError) else config_error_from_hydra(ex)
         if err is None:
@@ -223,17 +220,13 @@ def _plan_unstarted(point: PointPlan, search: list[str]) -> dict[str, Any]:
     """The plan of a point that never started, composed with the current code (and the
     recorded ``hydra.searchpath``: extra config dirs); refuses with the field when it no longer
     composes."""
-    from hydra import compose, initialize_config_module
-
+    from orchestrator.config.compose import compose_config
     from orchestrator.config.errors import ConfigError
     from orchestrator.config.hydra_errors import config_error_from_hydra, explain
-    from orchestrator.paths import CONF_PACKAGE
     from orchestrator.plan.load import load_and_plan
 
     try:
-        with initialize_config_module(CONF_PACKAGE, version_base="1.3"):
-            cfg = compose("config", overrides=[*point.overrides, *search])
-        return load_and_plan(cfg)[1].to_dict()
+        return load_and_plan(compose_config(point.overrides, search))[1].to_dict()
     except Exception as ex:
         err = ex if isinstance(ex, ConfigError) else config_error_from_hydra(ex)
         if err is None:

@@ -28,7 +28,6 @@ from orchestrator import user_repo
 from orchestrator.config.errors import ConfigError
 from orchestrator.config.schema import ExperimentConfig
 from orchestrator.config.validation import validate
-from orchestrator.paths import CONF_PACKAGE
 from orchestrator.version import add_version_argument, prog_name
 
 #: Exit codes (module docstring).
@@ -41,28 +40,23 @@ def compose_experiment(name: str, overrides: Sequence[str] = ()) -> ExperimentCo
     The experiment and any group option are found as the command line finds them: the user's
     repository first (:mod:`orchestrator.user_repo`), then the packaged config.
     """
-    from hydra import compose, initialize_config_module
     from omegaconf.errors import OmegaConfBaseException
 
+    from orchestrator.config.compose import compose_config
     from orchestrator.config.hydra_errors import (
         check_group_overrides,
         config_error_from_hydra,
         exact_item_error,
         explain,
-        open_mapping_overrides,
     )
     from orchestrator.config.load import from_omegaconf, to_experiment
-    from orchestrator.config.schema import register_configs
 
-    register_configs()
-    register_plugins()
+    register_plugins()  # the launcher too: an experiment may choose hydra/launcher=parallel
     check_group_overrides(overrides)
-    args = [f"+experiment={name}", *open_mapping_overrides(overrides)]
+    args = [f"+experiment={name}", *overrides]
     try:
         try:
-            with initialize_config_module(version_base="1.3", config_module=CONF_PACKAGE):
-                composed = compose("config", overrides=args)
-            cfg = to_experiment(composed)
+            cfg = to_experiment(compose_config(args))
         except OmegaConfBaseException as ex:
             raise from_omegaconf(ex) from None
         except ConfigError:

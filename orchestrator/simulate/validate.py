@@ -47,22 +47,10 @@ class Case:
 
 def compose(overrides: list[str]) -> Any:
     """Compose and convert a config (Hydra's compose API, same files as the CLI)."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-
-    from orchestrator.config.hydra_errors import open_mapping_overrides
+    from orchestrator.config.compose import compose_config
     from orchestrator.config.load import to_experiment
-    from orchestrator.config.schema import register_configs
-    from orchestrator.paths import CONF_DIR
 
-    register_configs()
-    from hydra_plugins.transient_launcher import user_repo
-
-    user_repo.register()  # the user's experiments and groups, as the CLI finds them
-    # scoped: Hydra is left as found, so later compose_experiment calls can initialize it
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return to_experiment(hydra_compose(config_name="config",
-                                           overrides=open_mapping_overrides(overrides)))
+    return to_experiment(compose_config(overrides))
 
 
 def cases() -> list[Case]:
