@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 
 from omegaconf import MISSING
 
+from provisioning.machine_shapes import gpus_per_vm  # the one table of GPUs per shape
+
 SECONDS_PER_HOUR = 3600.0
 #: GCE stops a preemptible VM after 24 h at the latest (legacy model; Spot VMs have no cap).
 PREEMPTIBLE_CAP_H = 24.0
@@ -24,17 +26,42 @@ class Market(enum.StrEnum):
 
 
 @dataclass
+class RegionPrice:
+    """One region's prices of an offer: they differ by region (europe-west4 V100 Spot is 28 %
+    below us-central1's), so a zone's answer carries its own price."""
+
+    on_demand_usd_per_h: float = MISSING
+    preemptible_usd_per_h: float = MISSING  # spot/preemptible price
+
+
+@dataclass
 class GpuOffer:
     on_demand_usd_per_h: float = MISSING  # per GPU (or per VM when the catalog says so)
     preemptible_usd_per_h: float = MISSING  # spot/preemptible price
     zones: list[str] = field(default_factory=list)  # zones that offer this GPU
     tflops: float | None = None  # FP32 peak, a speed-model feature
+    regions: dict[str, RegionPrice] = field(default_factory=dict)  # region -> its own prices
 
 
 @dataclass
 class MachineOffer:
-    on_demand_usd_per_h: float = MISSING
+    on_demand_usd_per_h: float = MISSING  # the VM without its GPUs (they are priced per GPU)
     preemptible_usd_per_h: float = MISSING
+    vcpus: int | None = None
+    memory_gb: float | None = None
+    regions: dict[str, RegionPrice] = field(default_factory=dict)  # region -> its own prices
+
+
+def region_of(zone: str) -> str:
+    """A GCE zone's region: ``us-central1-a`` -> ``us-central1``."""
+    return zone.rsplit("-", 1)[0]
+
+
+def _price(offer: GpuOffer | MachineOffer, transient: bool, region: str | None) -> float:
+    """The offer's price in ``region`` where the catalog has one, else its default."""
+    priced = offer.regions.get(region) if region else None
+    source = priced if priced is not None else offer
+    return source.preemptible_usd_per_h if transient else source.on_demand_usd_per_h
 
 
 @dataclass
@@ -43,6 +70,7 @@ class PricingConfig:
 
     name: str = MISSING
     source: str = ""  # where the prices come from, and when
+    date: str = ""  # ISO date the prices were read (the planner prints it)
     gpu_price_includes_machine: bool = False  # the papers' constants are whole-VM prices
     transient_market: Market = MISSING  # how the priced cloud sells transient VMs (24 h cap?)
     gpus: dict[str, GpuOffer] = field(default_factory=dict)
@@ -60,22 +88,24 @@ class PricingConfig:
         """Zones offering ``gpu``; raises KeyError for a GPU the catalog lacks."""
         return list(self.gpus[gpu].zones)
 
-    def hourly_price(self, machine_type: str, gpu: str | None, transient: bool) -> float:
-        """USD per hour of one host: the VM plus its GPU (or the GPU's whole-VM price).
+    def hourly_price(self, machine_type: str, gpu: str | None, transient: bool,
+                     zone: str | None = None) -> float:
+        """USD per hour of one host: the VM plus its GPUs (or the GPU's whole-VM price), at
+        the prices of ``zone``'s region where the catalog has them, else its defaults. A shape
+        with several built-in GPUs (a2-highgpu-4g) pays for each.
 
         Raises KeyError when the machine type or GPU is not in the catalog; validation rejects
         such configs before anything asks for a price.
         """
+        region = region_of(zone) if zone else None
         if gpu is not None:
-            offer = self.gpus[gpu]
-            gpu_price = offer.preemptible_usd_per_h if transient else offer.on_demand_usd_per_h
+            gpu_price = _price(self.gpus[gpu], transient, region)
             if self.gpu_price_includes_machine:
                 return gpu_price
+            gpu_price *= gpus_per_vm(machine_type, gpu)
         else:
             gpu_price = 0.0
-        machine = self.machine_types[machine_type]
-        vm = machine.preemptible_usd_per_h if transient else machine.on_demand_usd_per_h
-        return vm + gpu_price
+        return _price(self.machine_types[machine_type], transient, region) + gpu_price
 
 
 @dataclass(frozen=True)

@@ -50,7 +50,7 @@ def plan_hosts(cfg: ExperimentConfig) -> list[HostPlan]:
             hosts.append(HostPlan(f"{role}-{index}", role, index, owner.gpu, owner.zone,
                                   owner.machine_type, owner.transient, 0.0, owner.name))
             return
-        price = catalog.hourly_price(machine, gpu, transient)
+        price = catalog.hourly_price(machine, gpu, transient, zone)
         hosts.append(HostPlan(f"{role}-{index}", role, index, gpu, zone, machine, transient,
                               round(price, 6)))
 

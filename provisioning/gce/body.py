@@ -14,14 +14,13 @@ from dataclasses import dataclass
 
 from provisioning.base import PREEMPTION_NOTICE_FILE, BadRequestError
 from provisioning.gce.config import TOOL_LABEL, GceConfig
+from provisioning.machine_shapes import BUILT_IN_GPUS, FIXED_GPU_SHAPES, TABLED_FAMILIES
 from trainer.gcs import METADATA_URL  # the VM-side dataset download asks it too
 
 #: Catalog GPU name -> GCE accelerator type attached to N1 machine types.
 ATTACHED_GPUS = {"t4": "nvidia-tesla-t4", "v100": "nvidia-tesla-v100",
                  "p100": "nvidia-tesla-p100", "p4": "nvidia-tesla-p4",
                  "k80": "nvidia-tesla-k80"}
-#: Machine-type family -> the catalog GPU built into it (never put in guestAccelerators).
-BUILT_IN_GPUS = {"a2": "a100", "g2": "l4", "a3": "h100", "g4": "rtx-pro-6000", "a4": "b200"}
 #: Spot VMs get 30 s between ACPI soft-off and power-off (gce-notes §A3); without
 #: preemptionNoticeDuration the metadata flip is the only warning, and it comes WITH the soft-off:
 #: systemd is already stopping sshd and the session, so the notice is best-effort.
@@ -41,12 +40,29 @@ def vm_name(run_id: str, slot: str, serial: int) -> str:
     return f"tp-{run}"[: 63 - len(tail)].rstrip("-") + tail
 
 
+def built_in_gpu(machine_type: str) -> tuple[str, int] | None:
+    """(catalog GPU, GPUs per VM) built into `machine_type`, None for a type without one (N1,
+    E2...). Raises BadRequestError for a shape its series does not have (`g2-standard-5`)."""
+    shape = FIXED_GPU_SHAPES.get(machine_type)
+    if shape is not None:
+        return shape
+    family = machine_type.split("-", 1)[0]
+    if family in TABLED_FAMILIES:
+        known = sorted(m for m in FIXED_GPU_SHAPES if m.startswith(f"{family}-"))
+        raise BadRequestError(f"machine type {machine_type} does not exist (the {family.upper()} "
+                              f"series: {', '.join(known)})")
+    return (BUILT_IN_GPUS[family], 1) if family in BUILT_IN_GPUS else None
+
+
 def accelerators(machine_type: str, gpu: str | None, count: int = 1) -> list[dict[str, object]]:
     """`guestAccelerators` entries short of the zone URL prefix: attached GPUs for N1 machine
-    types, none for families with a built-in GPU. Raises BadRequestError for a mismatch."""
+    types, none for series with built-in GPUs. The one place that says which machine type takes
+    which GPU (planner, validation, dry run and provider ask it). Raises BadRequestError for a
+    mismatch."""
     family = machine_type.split("-", 1)[0]
-    built_in = BUILT_IN_GPUS.get(family)
-    if built_in is not None:
+    fixed = built_in_gpu(machine_type)
+    if fixed is not None:
+        built_in = fixed[0]
         if gpu not in (None, built_in):
             raise BadRequestError(f"machine type {machine_type} has a built-in {built_in} GPU, "
                                   f"not {gpu}")
@@ -54,7 +70,9 @@ def accelerators(machine_type: str, gpu: str | None, count: int = 1) -> list[dic
     if gpu is None:
         return []
     if gpu not in ATTACHED_GPUS:
-        families = sorted(f for f, g in BUILT_IN_GPUS.items() if g == gpu)
+        families = sorted({f for f, g in BUILT_IN_GPUS.items() if g == gpu}
+                          | {m.split("-", 1)[0] for m, (g, _) in FIXED_GPU_SHAPES.items()
+                             if g == gpu})
         hint = f"use a {'/'.join(families)}-* machine type" if families else "not on GCE"
         raise BadRequestError(f"GPU {gpu} cannot be attached to {machine_type} ({hint})")
     if family != "n1":

@@ -33,13 +33,14 @@ from typing import Any
 
 from provisioning.base import BadRequestError, ProvisionError
 from provisioning.gce.access import account_lines, metadata_true
-from provisioning.gce.body import ATTACHED_GPUS, BUILT_IN_GPUS, VmRequest
+from provisioning.gce.body import ATTACHED_GPUS, VmRequest, built_in_gpu
 from provisioning.gce.config import BOOT_DISK_QUOTAS, GceConfig
 from provisioning.gce.errors import region_of
+from provisioning.machine_shapes import gpus_per_vm
 
 #: Catalog GPU -> the name in GCE's quota metrics (NVIDIA_T4_GPUS, PREEMPTIBLE_NVIDIA_T4_GPUS).
 GPU_QUOTA_NAMES = {"t4": "T4", "v100": "V100", "p100": "P100", "p4": "P4", "k80": "K80",
-                   "l4": "L4", "a100": "A100", "h100": "H100"}
+                   "l4": "L4", "a100": "A100", "a100-80gb": "A100_80GB", "h100": "H100"}
 GLOBAL_METRICS = ("GPUS_ALL_REGIONS", "CPUS_ALL_REGIONS")
 QUOTA_URL = "https://console.cloud.google.com/iam-admin/quotas"
 #: vCPUs per GPU of the accelerator-optimized families (a2-highgpu-2g: 24).
@@ -54,9 +55,15 @@ class PreflightError(BadRequestError):
         self.problems = list(problems)
 
 
+#: Shapes whose vCPUs are not their series' per-GPU count times their GPUs (compute/docs/gpus).
+_CPUS_OF_SHAPE = {"a2-megagpu-16g": 96}
+
+
 def machine_cpus(machine_type: str) -> int | None:
     """vCPUs of a machine type from its name (n1-standard-4: 4; a2-highgpu-2g: 24); None when
     the name does not say (the CPU quotas are then not checked for it)."""
+    if machine_type in _CPUS_OF_SHAPE:
+        return _CPUS_OF_SHAPE[machine_type]
     found = re.fullmatch(r"[a-z0-9]+-(?:standard|highmem|highcpu)-(\d+)", machine_type)
     if found:
         return int(found.group(1))
@@ -82,11 +89,13 @@ def vm_demand(vm: VmRequest, cfg: GceConfig, region_quotas: dict[str, tuple[floa
     if cpus:
         demand["CPUS_ALL_REGIONS"] += cpus
         demand[regional("CPUS")] += cpus
-    gpu = vm.gpu if vm.gpu in ATTACHED_GPUS else BUILT_IN_GPUS.get(vm.machine_type.split("-")[0])
+    fixed = built_in_gpu(vm.machine_type)
+    gpu = fixed[0] if fixed is not None else vm.gpu if vm.gpu in ATTACHED_GPUS else None
     if gpu is not None:
-        demand["GPUS_ALL_REGIONS"] += 1
+        count = gpus_per_vm(vm.machine_type, gpu)  # a2-highgpu-4g counts 4
+        demand["GPUS_ALL_REGIONS"] += count
         if gpu in GPU_QUOTA_NAMES:
-            demand[regional(f"NVIDIA_{GPU_QUOTA_NAMES[gpu]}_GPUS")] += 1
+            demand[regional(f"NVIDIA_{GPU_QUOTA_NAMES[gpu]}_GPUS")] += count
     if cfg.external_ip:
         demand["IN_USE_ADDRESSES"] += 1
     if cfg.boot_disk_type in BOOT_DISK_QUOTAS:

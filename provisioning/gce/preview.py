@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from provisioning.gce.body import ATTACHED_GPUS, BUILT_IN_GPUS
+from provisioning.gce.body import ATTACHED_GPUS, built_in_gpu
 
 
 @dataclass
@@ -18,7 +18,7 @@ class VmPreview:
     slot: str  # plan name of the VM's first host
     zone: str
     machine_type: str
-    gpu: str  # "t4 (attached)", "l4 (built in)" or "-"
+    gpu: str  # "t4 (attached)", "1× l4 (built in)" or "-"
     spot: bool
     hosts: list[str] = field(default_factory=list)
 
@@ -33,9 +33,9 @@ def preview_vms(hosts: Sequence[Any], fallback_zones: Sequence[str] = ()) -> lis
             vms[owner].hosts.append(host.name)
             continue
         machine = str(host.machine_type)
-        family = machine.split("-", 1)[0]
-        if family in BUILT_IN_GPUS:
-            gpu = f"{BUILT_IN_GPUS[family]} (built in)"
+        fixed = built_in_gpu(machine)
+        if fixed is not None:
+            gpu = f"{fixed[1]}× {fixed[0]} (built in)"
         elif host.gpu in ATTACHED_GPUS:
             gpu = f"{host.gpu} (attached)"
         else:

@@ -85,8 +85,14 @@ DEFAULT_ACCELERATORS = frozenset({"nvidia-tesla-t4", "nvidia-tesla-v100", "nvidi
                                   "nvidia-l4", "nvidia-tesla-a100"})
 _GPU_QUOTA_NAMES = {"nvidia-tesla-t4": "T4", "nvidia-tesla-v100": "V100",
                     "nvidia-tesla-p100": "P100", "nvidia-tesla-p4": "P4", "nvidia-l4": "L4",
-                    "nvidia-tesla-a100": "A100", "nvidia-tesla-k80": "K80"}
-_BUILT_IN_GPUS = {"a2": "nvidia-tesla-a100", "g2": "nvidia-l4"}
+                    "nvidia-tesla-a100": "A100", "nvidia-tesla-k80": "K80",
+                    "nvidia-a100-80gb": "A100_80GB", "nvidia-h100-80gb": "H100"}
+_BUILT_IN_GPUS = {"a2": "nvidia-tesla-a100", "g2": "nvidia-l4", "a3": "nvidia-h100-80gb"}
+#: GPUs per VM where a shape has more than one, as GCE's machineTypes list them
+#: (https://cloud.google.com/compute/docs/gpus); A2 Ultra carries the 80 GB A100.
+_GPU_COUNTS = {"g2-standard-24": 2, "g2-standard-48": 4, "g2-standard-96": 8,
+               "a2-megagpu-16g": 16, "a3-megagpu-8g": 8, "a3-edgegpu-8g": 8}
+_GPU_TYPES = {"a2-ultragpu": "nvidia-a100-80gb", "a3-ultragpu": "nvidia-h200-141gb"}
 
 
 def region_of(zone: str) -> str:
@@ -278,7 +284,9 @@ class FakeInstance:
         machine = self.body.get("machineType", "").rsplit("/", 1)[-1]
         family = machine.split("-", 1)[0]
         if family in _BUILT_IN_GPUS:
-            out.append((_BUILT_IN_GPUS[family], 1))
+            count = re.search(r"-(\d+)g$", machine)  # a2-highgpu-4g: 4 GPUs
+            n = _GPU_COUNTS.get(machine, int(count.group(1)) if count else 1)
+            out.append((_GPU_TYPES.get(machine.rsplit("-", 1)[0], _BUILT_IN_GPUS[family]), n))
         return out
 
     def spot(self) -> bool:
