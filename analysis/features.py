@@ -31,17 +31,24 @@ FLOPS = "Model FLOPs"
 PARAMS = "Number of Parameters"
 TENSORS = "Number of Tensors"
 TFLOPS = "GPU TFLOPS"
+MEM_BW = "GPU Memory Bandwidth (GB/s)"  # optional: a GPU missing from GPU_SPECS needs it
 
-# Peak FP32 TFLOPS and memory bandwidth (GB/s) of the GPUs the orchestrator can rent. K80/P100
-# TFLOPS are the values CM-DARE used as features (per GK210 die for the K80); the others are the
-# vendors' data-sheet numbers. Bandwidth is only used to rank GPUs for unseen-GPU scaling.
+# Peak FP32 TFLOPS and memory bandwidth (GB/s) of the GPUs the orchestrator can rent: the two
+# features the speed model scales a step time by to a GPU it has no measurement of
+# (analysis.speed_model). K80/P100 TFLOPS are the values CM-DARE used as features (per GK210 die
+# for the K80); the others are the vendors' data-sheet numbers (A100 40 GB; H100 SXM).
+# ``tf32_tflops`` (dense, without sparsity): Ampere and later GPUs run TensorFlow's float32
+# convolutions and matrix products on TF32 tensor cores by default (TensorFlow >= 2.4,
+# https://www.tensorflow.org/api_docs/python/tf/config/experimental/enable_tensor_float_32_execution),
+# so that is the arithmetic rate a float32 job gets there (:func:`compute_tflops`).
 GPU_SPECS: dict[str, dict[str, float]] = {
     "K80": {"tflops": 4.113, "mem_bw_gbs": 240.0},
     "P100": {"tflops": 9.526, "mem_bw_gbs": 732.0},
     "V100": {"tflops": 15.7, "mem_bw_gbs": 900.0},
     "T4": {"tflops": 8.1, "mem_bw_gbs": 320.0},
-    "A100": {"tflops": 19.5, "mem_bw_gbs": 1555.0},
-    "L4": {"tflops": 30.3, "mem_bw_gbs": 300.0},
+    "A100": {"tflops": 19.5, "tf32_tflops": 156.0, "mem_bw_gbs": 1555.0},
+    "L4": {"tflops": 30.3, "tf32_tflops": 60.0, "mem_bw_gbs": 300.0},
+    "H100": {"tflops": 67.0, "tf32_tflops": 494.7, "mem_bw_gbs": 3350.0},
 }
 
 # MB of checkpoint file per tensor, measured on the 16 architectures with both columns.
@@ -61,6 +68,18 @@ def gpu_tflops(name: str) -> float:
     return GPU_SPECS.get(str(name).strip().upper(), {}).get("tflops", float("nan"))
 
 
+def compute_tflops(name: str) -> float:
+    """Peak TFLOPS a float32 TensorFlow job gets on a GPU: TF32 where the GPU has it (used by
+    default), else FP32; NaN for an unknown name. The speed model's compute feature."""
+    spec = GPU_SPECS.get(str(name).strip().upper(), {})
+    return spec.get("tf32_tflops", spec.get("tflops", float("nan")))
+
+
+def gpu_mem_bw(name: str) -> float:
+    """Memory bandwidth (GB/s) of a GPU from :data:`GPU_SPECS`; NaN for an unknown name."""
+    return GPU_SPECS.get(str(name).strip().upper(), {}).get("mem_bw_gbs", float("nan"))
+
+
 def read_speed_csvs(paths: list[str | Path]) -> pd.DataFrame:
     """Concatenate speed CSVs (columns of ``0latency_k80_new.csv``), remembering the source file."""
     frames = [pd.read_csv(p).assign(source_file=Path(p).name) for p in paths]
@@ -69,7 +88,7 @@ def read_speed_csvs(paths: list[str | Path]) -> pd.DataFrame:
 
 def prepare_speed_frame(df: pd.DataFrame, lookup: pd.DataFrame | None = None) -> pd.DataFrame:
     """Return a copy of ``df`` with model-ready columns ``gpu, model, gflops, mparams, tensors,
-    tflops, y`` (``y`` = step time in s, NaN when the file has no target).
+    tflops, mem_bw, y`` (``y`` = step time in s, NaN when the file has no target).
 
     ``lookup`` (another prepared frame, e.g. the training data) lends tensor counts to rows of the
     same architecture whose file lacks them, so a P100 row can borrow the K80 row's count.
@@ -86,7 +105,9 @@ def prepare_speed_frame(df: pd.DataFrame, lookup: pd.DataFrame | None = None) ->
     out["gflops"] = flops / 1e9
     out["mparams"] = (params if params is not None else flops / 880.0) / 1e6
     tflops = pd.to_numeric(df[TFLOPS], errors="coerce") if TFLOPS in df.columns else np.nan
-    out["tflops"] = pd.Series(tflops, index=df.index).fillna(out["gpu"].map(gpu_tflops))
+    out["tflops"] = pd.Series(tflops, index=df.index).fillna(out["gpu"].map(compute_tflops))
+    bw = pd.to_numeric(df[MEM_BW], errors="coerce") if MEM_BW in df.columns else np.nan
+    out["mem_bw"] = pd.Series(bw, index=df.index).fillna(out["gpu"].map(gpu_mem_bw))
     out["tensors"] = _impute_tensors(df, out, lookup)
     if TARGET in df.columns:
         out["y"] = pd.to_numeric(df[TARGET], errors="coerce")
@@ -129,5 +150,6 @@ def per_architecture(prepared: pd.DataFrame) -> pd.DataFrame:
     Rows of one architecture are near-duplicates (13 samples of the same run), so the models are
     fitted on these means: every architecture then weighs the same whatever its sample count.
     """
-    agg = {"gflops": "first", "mparams": "first", "tensors": "first", "tflops": "first", "y": "mean"}
+    agg = {"gflops": "first", "mparams": "first", "tensors": "first", "tflops": "first",
+           "mem_bw": "first", "y": "mean"}
     return prepared.groupby(["gpu", "model"], as_index=False, sort=False).agg(agg)

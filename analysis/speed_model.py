@@ -12,8 +12,17 @@ Method (why each choice):
 * **Smooth component.** A Gaussian process on log(GFLOPs), log(tensors) with an RBF + linear
   kernel captures the GPU's growing efficiency on wider layers, which the additive form misses.
 * The prediction is the geometric mean of both. Architectures measured on the same GPU in training
-  are returned as their measured mean; an unseen GPU is scaled from the nearest known GPU by
-  peak TFLOPS with the exponent fitted between the known GPUs.
+  are returned as their measured mean.
+* **Another GPU** (:meth:`SpeedModel.hardware_exponent`). A training step is limited partly by
+  arithmetic and partly by memory traffic (a CIFAR ResNet's small convolutions, batch norm and
+  element-wise ops mostly stream memory). So a step time scales between GPUs as
+  ``t ∝ TFLOPS^-w · bandwidth^-(1-w)``: ``w = 1`` compute-bound, ``w = 0`` bandwidth-bound, one
+  number fitted by least squares on the measured GPUs' per-architecture time ratios (each pair
+  of GPUs weighs the same). An unmeasured GPU is scaled from the nearest measured GPU in
+  (log TFLOPS, log bandwidth); a GPU with a few measured architectures only (the papers' V100)
+  keeps those and scales the rest from a fitted GPU by its own measured ratio.
+  TFLOPS alone made an L4 (30 TFLOPS, 300 GB/s) faster than an A100; the papers' own V100 is
+  1.2× a P100 for 1.65× the TFLOPS and 1.23× the bandwidth.
 """
 
 from __future__ import annotations
@@ -35,7 +44,9 @@ from sklearn.preprocessing import StandardScaler
 
 from analysis.features import (
     CMDARE_DIR,
-    gpu_tflops,
+    GPU_SPECS,
+    compute_tflops,
+    gpu_mem_bw,
     per_architecture,
     prepare_speed_frame,
     read_speed_csvs,
@@ -44,6 +55,9 @@ from analysis.features import mape as _mape
 
 DEFAULT_TRAIN = CMDARE_DIR / "speed_data" / "0latency_norm_computation.csv"
 _FEATURE_SETS: tuple[tuple[str, ...], ...] = (("gflops", "tensors"), ("gflops",))
+#: A GPU with fewer measured architectures than this gets no complexity model of its own: its
+#: other architectures are a fitted GPU's predictions times its measured ratio to that GPU.
+MIN_FIT_ARCHITECTURES = 8
 
 
 class _Component:
@@ -87,11 +101,30 @@ class SpeedModel:
 
     def __init__(self, table: pd.DataFrame) -> None:
         self.table = table.reset_index(drop=True)
+        if "mem_bw" not in self.table.columns:  # a model saved before bandwidth was a feature
+            self.table["mem_bw"] = self.table["gpu"].map(gpu_mem_bw)
         self._components: dict[tuple[str, tuple[str, ...]], _Component | None] = {}
 
     @property
     def gpus(self) -> list[str]:
         return sorted(self.table["gpu"].unique())
+
+    @property
+    def fitted_gpus(self) -> list[str]:
+        """GPUs with enough measured architectures for a complexity model of their own (the
+        best-covered GPUs when none has :data:`MIN_FIT_ARCHITECTURES`)."""
+        counts = self.table.groupby("gpu")["model"].nunique()
+        return sorted(counts[counts >= min(MIN_FIT_ARCHITECTURES, counts.max())].index)
+
+    def specs(self) -> pd.DataFrame:
+        """(tflops, mem_bw) of every measured GPU, indexed by name."""
+        return self.table.groupby("gpu")[["tflops", "mem_bw"]].first()
+
+    def spec_range(self) -> dict[str, list[float]]:
+        """The measured GPUs' range of each hardware feature: what the model has seen."""
+        specs = self.specs()
+        return {"tflops": [float(specs["tflops"].min()), float(specs["tflops"].max())],
+                "mem_bw_gbs": [float(specs["mem_bw"].min()), float(specs["mem_bw"].max())]}
 
     def _component(self, gpu: str, features: tuple[str, ...]) -> _Component | None:
         key = (gpu, features)
@@ -113,32 +146,74 @@ class SpeedModel:
         )["y_seen"].to_numpy()
         return np.where(np.isnan(measured), pred, measured)
 
-    def _tflops_exponent(self) -> float:
-        """How step time scales with peak TFLOPS between known GPUs (1.0 if only one GPU)."""
-        t = self.table.pivot_table(index="model", columns="gpu", values="y").dropna()
-        tf = self.table.groupby("gpu")["tflops"].first()
-        if t.shape[1] < 2:
-            return 1.0
-        a, b = t.columns[0], t.columns[-1]
-        return float(np.median(np.log(t[a] / t[b])) / np.log(tf[b] / tf[a]))
+    def hardware_exponent(self) -> float:
+        """``w`` of ``t ∝ TFLOPS^-w · bandwidth^-(1-w)``, in [0, 1], by least squares on the log
+        step-time ratio of every pair of measured GPUs (mean over the architectures both
+        measured, each pair weighing the same: the architectures of one pair are one piece of
+        evidence about the hardware). 0.5 when the pairs cannot tell the two apart (one GPU, or
+        GPUs whose TFLOPS and bandwidth differ by the same factor)."""
+        t = self.table.pivot_table(index="model", columns="gpu", values="y")
+        specs = self.specs()
+        num = den = 0.0
+        gpus = list(t.columns)
+        for i, a in enumerate(gpus):
+            for b in gpus[i + 1:]:
+                both = t[[a, b]].dropna()
+                if both.empty:
+                    continue
+                ratio = float(np.mean(np.log(both[a] / both[b])))
+                d_tf = float(np.log(specs.loc[b, "tflops"] / specs.loc[a, "tflops"]))
+                d_bw = float(np.log(specs.loc[b, "mem_bw"] / specs.loc[a, "mem_bw"]))
+                num += (d_tf - d_bw) * (ratio - d_bw)
+                den += (d_tf - d_bw) ** 2
+        if den < 1e-3:
+            return 0.5
+        return float(np.clip(num / den, 0.0, 1.0))
+
+    def _nearest(self, tflops: float, mem_bw: float, among: list[str]) -> str:
+        """The GPU of ``among`` closest in (log TFLOPS, log bandwidth)."""
+        specs = self.specs().loc[among]
+        dist = np.hypot(np.log(specs["tflops"] / tflops), np.log(specs["mem_bw"] / mem_bw))
+        return str(dist.idxmin())
+
+    def _predict_anchored_gpu(self, frame: pd.DataFrame, gpu: str) -> np.ndarray:
+        """A GPU with a few measured architectures: those as measured, the others as the
+        nearest fitted GPU's prediction times this GPU's mean measured ratio to it."""
+        spec = self.specs().loc[gpu]
+        ref = self._nearest(spec["tflops"], spec["mem_bw"], self.fitted_gpus)
+        own = self.table[self.table["gpu"] == gpu].reset_index(drop=True)
+        factor = float(np.exp(np.mean(np.log(own["y"] / self._predict_known_gpu(own, ref)))))
+        pred = self._predict_known_gpu(frame.assign(gpu=ref), ref) * factor
+        measured = frame.merge(own[["model", "gflops", "y"]], on=["model", "gflops"],
+                               how="left", suffixes=("", "_seen"))["y_seen"].to_numpy()
+        return np.where(np.isnan(measured), pred, measured)
+
+    def _predict_measured_gpu(self, frame: pd.DataFrame, gpu: str) -> np.ndarray:
+        if gpu in self.fitted_gpus:
+            return self._predict_known_gpu(frame, gpu)
+        return self._predict_anchored_gpu(frame, gpu)
 
     def predict(self, df: pd.DataFrame) -> np.ndarray:
         """Predicted step time (s) for each row of a raw or prepared speed frame."""
         frame = df if "gflops" in df.columns else prepare_speed_frame(df, lookup=self.table)
         frame = frame.reset_index(drop=True)
+        if "mem_bw" not in frame.columns:
+            frame = frame.assign(mem_bw=frame["gpu"].map(gpu_mem_bw))
         pred = np.full(len(frame), np.nan)
-        known = self.table.groupby("gpu")["tflops"].first()
+        specs = self.specs()
         for gpu, idx in frame.groupby("gpu").groups.items():
             rows = frame.loc[idx]
-            if gpu in known.index:
-                pred[idx] = self._predict_known_gpu(rows, gpu)
+            if gpu in specs.index:
+                pred[idx] = self._predict_measured_gpu(rows, gpu)
                 continue
-            tf = float(rows["tflops"].iloc[0])
-            if np.isnan(tf):
-                raise ValueError(f"unknown GPU {gpu!r}: give its 'GPU TFLOPS' column")
-            ref = (np.log(known) - np.log(tf)).abs().idxmin()
-            scale = (known[ref] / tf) ** self._tflops_exponent()
-            pred[idx] = self._predict_known_gpu(rows.assign(gpu=ref), ref) * scale
+            tf, bw = float(rows["tflops"].iloc[0]), float(rows["mem_bw"].iloc[0])
+            if np.isnan(tf) or np.isnan(bw):
+                raise ValueError(f"unknown GPU {gpu!r}: give its 'GPU TFLOPS' and "
+                                 f"'GPU Memory Bandwidth (GB/s)' columns")
+            ref = self._nearest(tf, bw, list(specs.index))
+            pred[idx] = self._predict_measured_gpu(rows.assign(gpu=ref), ref) * hardware_ratio(
+                specs.loc[ref, "tflops"], specs.loc[ref, "mem_bw"], tf, bw,
+                self.hardware_exponent())
         return pred
 
     def to_dict(self) -> dict[str, Any]:
@@ -152,6 +227,12 @@ class SpeedModel:
     def load(cls, path: str | Path) -> SpeedModel:
         data = json.loads(Path(path).read_text())
         return cls(pd.DataFrame(data["table"]))
+
+
+def hardware_ratio(tflops_from: float, bw_from: float, tflops_to: float, bw_to: float,
+                   w: float) -> float:
+    """Step time on the ``to`` GPU / step time on the ``from`` GPU (``t ∝ TF^-w · BW^-(1-w)``)."""
+    return float((tflops_from / tflops_to) ** w * (bw_from / bw_to) ** (1.0 - w))
 
 
 def fit_speed_model(frames: pd.DataFrame | list[pd.DataFrame]) -> SpeedModel:
@@ -212,8 +293,17 @@ def load_base_speed_table(lookup: pd.DataFrame | None = None) -> pd.DataFrame:
         data = pd.read_csv(folder / "data.csv").dropna(subset=["Step", "Step Time"])
         rows.append({"gpu": gpu, "model": _BASE_MODELS[arch],
                      **features.loc[_BASE_MODELS[arch]].to_dict(),
-                     "tflops": gpu_tflops(gpu), "y": float(data["Step Time"].median())})
+                     "tflops": compute_tflops(gpu), "mem_bw": gpu_mem_bw(gpu),
+                     "y": float(data["Step Time"].median())})
     return pd.DataFrame(rows)
+
+
+def reference_speed_model() -> SpeedModel:
+    """The speed model on every GPU the papers measured: K80 and P100 (16 architectures, the
+    training table) and V100 (4 architectures, ``speed_data_base`` only)."""
+    main = fit_speed_model(load_reference_speed_data()).table
+    base = load_base_speed_table(main)
+    return SpeedModel(pd.concat([main, base[base["gpu"] == "V100"]], ignore_index=True))
 
 
 def evaluate_leave_gpu_out() -> dict[str, Any]:
@@ -222,23 +312,24 @@ def evaluate_leave_gpu_out() -> dict[str, Any]:
     The papers measured three GPUs: K80 and P100 (16 architectures, the training table) and
     V100 (4 architectures, ``speed_data_base`` only). Each is held out in turn; the model is
     fitted on the others' rows and predicts the held-out GPU's by the route an unmeasured GPU
-    takes (the nearest fitted GPU scaled by peak TFLOPS). Each fold records the relative errors
-    (log of predicted / measured) and how far the held-out GPU's TFLOPS lie outside the fitted
-    range (``distance``, in natural-log units; 0 inside). Holding out P100 (between K80 and
-    V100) is the one interpolation; K80 and V100 are extrapolations."""
-    main = fit_speed_model(load_reference_speed_data()).table
-    base = load_base_speed_table(main)
-    data = {"K80": main[main["gpu"] == "K80"], "P100": main[main["gpu"] == "P100"],
-            "V100": base[base["gpu"] == "V100"]}
+    takes (the nearest measured GPU scaled by TFLOPS and bandwidth). Each fold records the
+    relative errors (log of predicted / measured) and how far the held-out GPU lies outside the
+    fitted GPUs' TFLOPS and bandwidth ranges (``distance``, :func:`spec_distance`; 0 inside).
+    Holding out P100 (between K80 and V100 in both) is the one interpolation; K80 and V100 are
+    extrapolations."""
+    full = reference_speed_model().table
+    data = {g: full[full["gpu"] == g] for g in ("K80", "P100", "V100")}
     folds = {}
     for held, rows in data.items():
-        train = pd.concat([d for g, d in data.items() if g != held], ignore_index=True)
-        pred = SpeedModel(train).predict(rows.reset_index(drop=True))
+        train = SpeedModel(pd.concat([d for g, d in data.items() if g != held],
+                                     ignore_index=True))
+        pred = train.predict(rows.reset_index(drop=True))
         errors = np.log(pred / rows["y"].to_numpy())
-        lo, hi = train["tflops"].min(), train["tflops"].max()
-        tf = float(rows["tflops"].iloc[0])
-        folds[held] = {"fitted_on": sorted(set(train["gpu"])), "n": len(rows),
-                       "distance": round(tflops_distance(tf, lo, hi), 6),
+        distance = spec_distance(float(rows["tflops"].iloc[0]), float(rows["mem_bw"].iloc[0]),
+                                 train.spec_range())
+        folds[held] = {"fitted_on": train.gpus, "n": len(rows),
+                       "distance": round(distance, 6),
+                       "hardware_exponent": round(train.hardware_exponent(), 6),
                        "rms_log_error": round(float(np.sqrt(np.mean(errors ** 2))), 6),
                        "mean_log_error": round(float(np.mean(errors)), 6),
                        "mape": round(float(np.mean(np.abs(np.expm1(errors))) * 100), 3)}
@@ -246,10 +337,18 @@ def evaluate_leave_gpu_out() -> dict[str, Any]:
 
 
 def tflops_distance(tflops: float, lo: float, hi: float) -> float:
-    """How far (|log ratio|) a GPU's peak TFLOPS lie outside the fitted range [lo, hi]; 0 inside."""
+    """How far (|log ratio|) a value lies outside the range [lo, hi]; 0 inside."""
     if tflops < lo:
         return float(np.log(lo / tflops))
     return float(np.log(tflops / hi)) if tflops > hi else 0.0
+
+
+def spec_distance(tflops: float, mem_bw: float, ranges: dict[str, list[float]]) -> float:
+    """How far a GPU lies outside the measured GPUs' hardware: the Euclidean norm of its log
+    distances outside the TFLOPS and the bandwidth ranges (0 inside both). The speed model's
+    held-out error grows with it."""
+    return float(np.hypot(tflops_distance(tflops, *ranges["tflops"]),
+                          tflops_distance(mem_bw, *ranges["mem_bw_gbs"])))
 
 
 def repeat_measurement_error() -> float:
@@ -279,12 +378,15 @@ def speed_error_model() -> dict[str, Any]:
     """The speed model's own error as a log-normal spread of the step time, from held-out data:
 
     * ``measured``: a (GPU, architecture) the papers measured: the repeat-measurement spread;
-    * ``architecture``: an architecture measured on no GPU, on a fitted GPU: leave-one-
+    * ``architecture``: an architecture measured on no GPU, on a measured GPU: leave-one-
       architecture-out;
-    * a GPU no paper measured: ``sqrt(inside² + (per_log_tflops · d)²)``, ``d`` the distance of
-      its TFLOPS outside the fitted range; ``inside`` from the interpolating fold (P100 held
-      out), ``per_log_tflops`` from the extrapolating folds (K80, V100 held out) by least
-      squares on their excess variance (``Σ max(0, e² − inside²) / Σ d²``).
+    * a GPU no paper measured: ``sqrt(inside² + (per_log_tflops · d)²)``, ``d`` its
+      :func:`spec_distance` outside the measured GPUs' TFLOPS and bandwidth (the key keeps its
+      name; it is per log unit of that distance); ``inside`` from the interpolating fold (P100
+      held out), ``per_log_tflops`` from the extrapolating folds (K80, V100 held out) by least
+      squares on their excess variance (``Σ max(0, e² − inside²) / Σ d²``);
+      ``max_tested_distance``: the farthest a held-out fold extrapolated, beyond which the
+      spread itself is not measured.
 
     Why log-normal: the errors are ratios (a GPU 1.4× slower than predicted), and a step time
     is positive."""
@@ -294,13 +396,83 @@ def speed_error_model() -> dict[str, Any]:
     sigma_in = float(np.sqrt(np.mean([f["rms_log_error"] ** 2 for f in inside])))
     excess = sum(max(0.0, f["rms_log_error"] ** 2 - sigma_in ** 2) * f["n"] for f in outside)
     slope = float(np.sqrt(excess / sum(f["distance"] ** 2 * f["n"] for f in outside)))
-    main = fit_speed_model(load_reference_speed_data()).table
+    model = reference_speed_model()
+    ranges = model.spec_range()
     return {"measured": round(repeat_measurement_error(), 6),
             "architecture": round(architecture_error(), 6),
             "inside": round(sigma_in, 6), "per_log_tflops": round(slope, 6),
-            "fitted_gpus": sorted(set(main["gpu"])),
-            "tflops_range": [float(main["tflops"].min()), float(main["tflops"].max())],
-            "folds": folds}
+            "max_tested_distance": max(f["distance"] for f in folds.values()),
+            "hardware_exponent": round(model.hardware_exponent(), 6),
+            "fitted_gpus": model.gpus, "tflops_range": ranges["tflops"],
+            "mem_bw_range": ranges["mem_bw_gbs"], "folds": folds}
+
+
+def unmeasured_gpu_sigma(gpu: str, error: dict[str, Any]) -> tuple[float, float]:
+    """(sigma_log, spec distance) of the speed model on a GPU no paper measured, from
+    :func:`speed_error_model`'s ``error``."""
+    d = spec_distance(compute_tflops(gpu), gpu_mem_bw(gpu),
+                      {"tflops": error["tflops_range"], "mem_bw_gbs": error["mem_bw_range"]})
+    return float(np.hypot(error["inside"], error["per_log_tflops"] * d)), d
+
+
+#: Public single-GPU ResNet-50 throughputs of a GPU no paper measured here, against a V100 in
+#: the same source and software (``ratio`` = images/s of the GPU / images/s of the V100). The
+#: job is CIFAR ResNet training, so these check the hardware scaling, not the step time itself.
+PUBLIC_RATIOS: tuple[dict[str, Any], ...] = (
+    {"gpu": "A100", "ratio": round(909 / 412, 3),
+     "what": "ResNet-50 v1.5 training, TensorFlow (NGC 20.06-tf1), XLA; A100 40GB TF32 "
+             "909 img/s vs V100 16GB FP32 412 img/s",
+     "url": "https://github.com/NVIDIA/DeepLearningExamples/blob/master/TensorFlow/"
+            "Classification/ConvNets/resnet50v1.5/README.md"},
+    {"gpu": "A100", "ratio": round(938 / 367, 3),
+     "what": "ResNet-50 v1.5 training, PyTorch (NGC 21.03); A100 80GB TF32 938 img/s vs "
+             "V100 16GB FP32 367 img/s",
+     "url": "https://github.com/NVIDIA/DeepLearningExamples/blob/master/PyTorch/"
+            "Classification/ConvNets/resnet50v1.5/README.md"},
+    {"gpu": "T4", "ratio": round(424.42 / 1252.06, 3),
+     "what": "ResNet-50 v1.5 FP32 inference (forward pass only: no training figure "
+             "published), TensorFlow (NGC 20.06-tf1), batch 64; T4 424 vs V100 1252 img/s",
+     "url": "https://github.com/NVIDIA/DeepLearningExamples/blob/master/TensorFlow/"
+            "Classification/ConvNets/resnet50v1.5/README.md"},
+    {"gpu": "T4", "ratio": round(426 / 1229, 3),
+     "what": "ResNet-50 v1.5 FP32 inference (forward pass only), PyTorch (NGC 21.03), "
+             "batch 128; T4 426 vs V100 1229 img/s",
+     "url": "https://github.com/NVIDIA/DeepLearningExamples/blob/master/PyTorch/"
+            "Classification/ConvNets/resnet50v1.5/README.md"},
+)
+
+
+def public_checks(model: SpeedModel | None = None, architecture: str = "Res32",
+                  error: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """The model's speed ratio to the V100 (the papers' measured V100) of each GPU with a public
+    figure (:data:`PUBLIC_RATIOS`), against that figure: ``log_error`` = log(model / public),
+    ``within`` when it lies inside the model's own 2σ band for that GPU (held-out error, as the
+    simulation draws it). A GPU of the catalogue with no public figure appears once with
+    ``ratio`` None: nothing outside this model supports its figure."""
+    model = model or reference_speed_model()
+    error = error or speed_error_model()
+    table = model.table
+    feats = table[table["model"] == architecture].iloc[0]
+    gpus = sorted(set(GPU_SPECS) - set(model.gpus))
+    frame = pd.DataFrame([{**feats.to_dict(), "gpu": g, "tflops": compute_tflops(g),
+                           "mem_bw": gpu_mem_bw(g), "y": float("nan")}
+                          for g in [*gpus, "V100"]])
+    pred = dict(zip(frame["gpu"], model.predict(frame), strict=True))
+    out = []
+    for gpu in gpus:
+        sigma, distance = unmeasured_gpu_sigma(gpu, error)
+        predicted = pred["V100"] / pred[gpu]
+        refs = [r for r in PUBLIC_RATIOS if r["gpu"] == gpu] or [
+            {"gpu": gpu, "ratio": None, "what": "no public figure found", "url": ""}]
+        for ref in refs:
+            log_error = None if ref["ratio"] is None else round(
+                float(np.log(predicted / ref["ratio"])), 4)
+            out.append({**ref, "architecture": architecture,
+                        "predicted_ratio": round(float(predicted), 3),
+                        "sigma_log": round(sigma, 4), "distance": round(distance, 4),
+                        "log_error": log_error,
+                        "within": log_error is not None and abs(log_error) <= 2 * sigma})
+    return out
 
 
 _FOLDER_MODEL = {"res": "Res", "cus": "custom", "shake32_d32": "shake small 32d"}

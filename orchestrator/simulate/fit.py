@@ -39,9 +39,9 @@ def _architecture_table() -> tuple[Any, Any]:
     """Per-architecture feature table of the speed model, with the extrapolated depths added."""
     import pandas as pd
 
-    from analysis.speed_model import fit_speed_model, load_reference_speed_data
+    from analysis.speed_model import reference_speed_model
 
-    model = fit_speed_model(load_reference_speed_data())
+    model = reference_speed_model()
     table = model.table
     base = table[table["model"].isin(list(_MEASURED_DEPTHS))].groupby("model")[
         ["gflops", "mparams", "tensors"]].first()
@@ -59,7 +59,7 @@ def step_times() -> tuple[dict[str, dict[str, float]], dict[str, int], dict[str,
     how each number was obtained (measured mean / speed-model prediction)."""
     import pandas as pd
 
-    from analysis.features import GPU_SPECS
+    from analysis.features import compute_tflops, gpu_mem_bw
 
     model, extra = _architecture_table()
     table = model.table
@@ -73,7 +73,8 @@ def step_times() -> tuple[dict[str, dict[str, float]], dict[str, int], dict[str,
         params[hparam] = round(float(feats["mparams"]) * 1e6)
         frame = pd.DataFrame([{"gpu": GPU_NAMES[g], "model": arch, "gflops": feats["gflops"],
                                "mparams": feats["mparams"], "tensors": feats["tensors"],
-                               "tflops": GPU_SPECS[GPU_NAMES[g]]["tflops"], "y": float("nan")}
+                               "tflops": compute_tflops(GPU_NAMES[g]),
+                               "mem_bw": gpu_mem_bw(GPU_NAMES[g]), "y": float("nan")}
                               for g in GPU_NAMES])
         pred = model.predict(frame)
         out[hparam] = {g: round(float(p), 6) for g, p in zip(GPU_NAMES, pred, strict=True)}
@@ -87,33 +88,59 @@ def step_time_errors(how: dict[str, str]) -> dict[str, Any]:
     """The speed model's own error per (hparam_set, catalog GPU), from its held-out error on the
     papers' data (:func:`analysis.speed_model.speed_error_model`): ``sigma_log`` (the spread of
     log step time a simulated run draws from), ``basis`` (``measured``; ``speed model``: an
-    architecture no paper measured, on a fitted GPU; ``extrapolated``: a GPU the model was not
-    fitted on, scaled by peak TFLOPS) and ``tflops_outside`` (how far, in log units, that GPU
-    lies outside the fitted TFLOPS range; 0 inside)."""
+    architecture no paper measured, on a measured GPU; ``extrapolated``: a GPU no paper
+    measured, scaled by TFLOPS and memory bandwidth), ``tflops_outside`` (how far, in log
+    units, that GPU lies outside the measured GPUs' TFLOPS and bandwidth; 0 inside) and
+    ``supported`` with its ``support`` (:func:`speed_support`)."""
     import math
 
-    from analysis.features import GPU_SPECS
-    from analysis.speed_model import speed_error_model, tflops_distance
+    from analysis.speed_model import public_checks, speed_error_model, unmeasured_gpu_sigma
 
     model = speed_error_model()
-    lo, hi = model["tflops_range"]
+    checks = public_checks(error=model)
     per_gpu: dict[str, dict[str, Any]] = {}
     for key, source in sorted(how.items()):
         hparam, gpu = key.split("/")
         name = GPU_NAMES[gpu]
-        outside = tflops_distance(GPU_SPECS[name]["tflops"], lo, hi)
+        outside = 0.0
         if source == "measured":
             sigma, basis = model["measured"], "measured"
         elif name in model["fitted_gpus"]:
             sigma, basis = model["architecture"], "speed model"
         else:
-            sigma = math.hypot(model["inside"], model["per_log_tflops"] * outside)
+            sigma, outside = unmeasured_gpu_sigma(name, model)
             if hparam not in MEASURED_ARCHITECTURES:  # neither the model nor the GPU measured
                 sigma = math.hypot(sigma, model["architecture"])
             basis = "extrapolated"
+        supported, support = speed_support(name, basis, outside, checks)
         per_gpu.setdefault(hparam, {})[gpu] = {"sigma_log": round(sigma, 6), "basis": basis,
-                                               "tflops_outside": round(outside, 6)}
-    return {"by_job": per_gpu, "model": model}
+                                               "tflops_outside": round(outside, 6),
+                                               "supported": supported, "support": support}
+    return {"by_job": per_gpu, "model": {**model, "public_checks": checks}}
+
+
+def speed_support(gpu: str, basis: str, outside: float,
+                  checks: list[dict[str, Any]]) -> tuple[bool, str]:
+    """Whether anything supports the speed model's step time of ``gpu``, and what: a
+    measurement; a GPU inside the measured GPUs' TFLOPS and bandwidth (an interpolation, whose
+    held-out error is measured); or, outside, public throughputs of that GPU that agree with the
+    model within its own 2σ (:func:`analysis.speed_model.public_checks`). An extrapolation with
+    no public figure, or one the public figures contradict, is not supported: its spread is a
+    guess about a GPU nothing here has seen."""
+    if basis != "extrapolated":
+        return True, "measured on this GPU"
+    mine = [c for c in checks if c["gpu"] == gpu and c["ratio"] is not None]
+    if mine and all(c["within"] for c in mine):
+        ratios = ", ".join(f"{c['ratio']:.2f}" for c in mine)
+        return True, (f"public ResNet-50 throughputs ({ratios}× a V100) agree with the "
+                      f"model's {mine[0]['predicted_ratio']:.2f}×")
+    if mine:
+        return False, (f"public ResNet-50 throughputs of {gpu} disagree with the model beyond "
+                       "its error")
+    if outside == 0:
+        return True, "inside the measured GPUs' TFLOPS and memory bandwidth"
+    return False, (f"no measurement or public throughput of {gpu}; it lies {outside:.2f} "
+                   "log-units outside the measured GPUs' TFLOPS and memory bandwidth")
 
 
 def scaling() -> dict[str, Any]:

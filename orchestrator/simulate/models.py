@@ -88,8 +88,9 @@ class SimModels:
     def step_time_error(self, hparam_set: str, gpu: str | None) -> dict[str, Any]:
         """How far the step time of ``gpu`` may be off: ``sigma_log`` (log-normal spread a
         simulated run draws from), ``basis`` (measured | speed model | extrapolated |
-        calibrated) and ``tflops_outside`` (see :func:`orchestrator.simulate.fit.
-        step_time_errors`). A calibration on that hardware replaces the entry."""
+        calibrated), ``tflops_outside`` and ``supported``/``support`` (see
+        :func:`orchestrator.simulate.fit.step_time_errors`). A calibration on that hardware
+        replaces the entry."""
         entry = self.params["step_time_error"]["by_job"].get(hparam_set, {}).get(gpu or CPU)
         if entry is None:  # a calibrated CPU without its own entry: a measurement
             return {"sigma_log": self.params["step_time_error"]["model"]["measured"],
@@ -100,6 +101,17 @@ class SimModels:
         """True when the step time of ``gpu`` is the speed model scaled to a GPU it was not
         fitted on (and no calibration on that GPU replaced it)."""
         return self.step_time_error(hparam_set, gpu)["basis"] == "extrapolated"
+
+    def supported(self, hparam_set: str, gpu: str | None) -> tuple[bool, str]:
+        """Whether anything supports the step time of ``gpu``, and what (one line): a
+        measurement or calibration; an interpolation between measured GPUs; or public
+        throughputs of that GPU agreeing with the speed model (:func:`orchestrator.simulate.fit.
+        speed_support`). False: the figure is an extrapolation nothing checks, and a table
+        should say so rather than print it as likely."""
+        entry = self.step_time_error(hparam_set, gpu)
+        if entry["basis"] == "calibrated":
+            return True, "calibrated on this GPU"
+        return entry.get("supported", True), entry.get("support", entry["basis"])
 
     def speed_factor(self, hparam_set: str, gpu: str | None, seed: int) -> float:
         """Run ``seed``'s draw of (true step time) / (predicted step time): log-normal with the

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -126,20 +127,72 @@ def test_p100_residuals_follow_measurement_session() -> None:
     assert _session_r2("K80") < 0.3
 
 
-def test_leave_one_gpu_out_error_grows_outside_the_fitted_tflops_range() -> None:
-    """The held-out error the simulation draws from (issue 25): each of K80, P100, V100 left out
-    in turn. P100 lies between the other two (an interpolation), K80 and V100 outside; both
-    extrapolations are worse and were optimistic (predicted faster than measured)."""
+def test_leave_one_gpu_out_error_grows_outside_the_measured_hardware() -> None:
+    """The held-out error the simulation draws from (issues 25, 37): each of K80, P100, V100
+    left out in turn. P100 lies between the other two in TFLOPS and bandwidth (an
+    interpolation), K80 and V100 outside; both extrapolations are worse. Scaling by TFLOPS and
+    bandwidth keeps every fold within 30 % RMS (TFLOPS alone: 62 % and 38 % on K80 and V100)."""
     folds = speed_model.evaluate_leave_gpu_out()
     assert folds["P100"]["distance"] == 0 and folds["K80"]["distance"] > 0
     assert folds["V100"]["distance"] > 0 and folds["V100"]["n"] == 4
     for gpu in ("K80", "V100"):
         assert folds[gpu]["rms_log_error"] > folds["P100"]["rms_log_error"]
-        assert folds[gpu]["mean_log_error"] < 0
+    assert max(f["rms_log_error"] for f in folds.values()) < 0.27
     # the exported model (the refit test checks it equals speed_error_model())
     from orchestrator.simulate.models import SimModels
 
     model = SimModels.load().params["step_time_error"]["model"]
     assert model["measured"] < model["architecture"] < model["inside"]
-    assert model["per_log_tflops"] > 0 and model["tflops_range"] == [4.113, 9.526]
+    assert model["per_log_tflops"] > 0 and model["tflops_range"] == [4.113, 15.7]
+    assert model["mem_bw_range"] == [240.0, 900.0]
+    assert model["fitted_gpus"] == ["K80", "P100", "V100"]
     assert model["folds"] == json.loads(json.dumps(folds))
+
+
+def _synthetic(step: Callable[[float, float], float]) -> speed_model.SpeedModel:
+    """Three GPUs × two architectures whose step times follow ``step(tflops, bandwidth)``."""
+    rows = [{"gpu": g, "model": m, "gflops": f, "mparams": 1.0, "tensors": 50.0,
+             "tflops": tf, "mem_bw": bw, "y": f * step(tf, bw)}
+            for g, tf, bw in (("A", 4.0, 200.0), ("B", 10.0, 900.0), ("C", 16.0, 400.0))
+            for m, f in (("small", 1.0), ("big", 3.0))]
+    return speed_model.SpeedModel(pd.DataFrame(rows))
+
+
+def test_hardware_exponent_tells_compute_from_bandwidth_bound() -> None:
+    """w = 1 when step times follow TFLOPS only, 0 when they follow bandwidth only, and the
+    fitted mixture is recovered; the papers' GPUs lean on bandwidth (w ≈ 0.27)."""
+    assert _synthetic(lambda tf, bw: 1 / tf).hardware_exponent() == pytest.approx(1.0)
+    assert _synthetic(lambda tf, bw: 1 / bw).hardware_exponent() == pytest.approx(0.0)
+    mixed = _synthetic(lambda tf, bw: tf ** -0.3 * bw ** -0.7)
+    assert mixed.hardware_exponent() == pytest.approx(0.3, abs=1e-6)
+    assert 0.1 < speed_model.reference_speed_model().hardware_exponent() < 0.5
+
+
+def test_unmeasured_gpus_follow_bandwidth_not_just_tflops() -> None:
+    """Issue 37: an L4 (30 TFLOPS FP32, 300 GB/s) was modelled at 42 steps/s on ResNet-32, faster
+    than an A100 and 2.9× the V100 the papers measured. With bandwidth it is slower than that
+    V100 (a third of its bandwidth), the A100 faster; the measured V100 is returned as measured."""
+    from analysis.features import compute_tflops, gpu_mem_bw
+
+    model = speed_model.reference_speed_model()
+    res32 = model.table[model.table["model"] == "Res32"].iloc[0]
+    frame = pd.DataFrame([{**res32.to_dict(), "gpu": g, "tflops": compute_tflops(g),
+                           "mem_bw": gpu_mem_bw(g)} for g in ("V100", "L4", "A100", "T4")])
+    v100, l4, a100, t4 = model.predict(frame)
+    measured = model.table[(model.table["gpu"] == "V100") & (model.table["model"] == "Res32")]
+    assert v100 == pytest.approx(float(measured["y"].iloc[0]))
+    assert l4 > v100 > a100 and t4 > l4
+    assert 1 / l4 < 14.4  # below the V100's measured steps/s
+
+
+def test_model_agrees_with_public_throughputs_within_its_own_error() -> None:
+    """The model's speed ratio to the V100 against NVIDIA's published ResNet-50 throughputs
+    (PUBLIC_RATIOS, cited): every figure within the model's 2σ held-out band; the L4, of which
+    no public figure was found, is listed as unchecked."""
+    checks = speed_model.public_checks()
+    checked = [c for c in checks if c["ratio"] is not None]
+    assert {c["gpu"] for c in checked} == {"A100", "T4"}
+    for c in checked:
+        assert c["within"], c
+        assert c["url"].startswith("https://github.com/NVIDIA/DeepLearningExamples")
+    assert [c["within"] for c in checks if c["gpu"] == "L4"] == [False]
