@@ -30,6 +30,7 @@ from orchestrator.transient.recovery import (
     EVENT_RECOVERY_START,
     EVENT_REPLACEMENT_READY,
     EVENT_REVOCATION,
+    EVENT_SERVER_FAILURE,
     Action,
 )
 from provisioning import catalog
@@ -105,6 +106,14 @@ class RunState:
     resumed_lost_steps: int = 0  # the steps each resume lost (its `resumed` event's count)
     attempt_reach: int = 0  # the furthest the latest chief got (a resume or restart: from 0)
     attempt_restored: int | None = None  # the step the latest attempt's chief restored from
+    # roles started again after a loss, per role (in place, replaced, or by a restart)
+    roles_restarted: dict[str, int] = field(default_factory=dict)
+    lost_roles: list[str] = field(default_factory=list)  # losses awaiting their recovery_start
+    checkpoint_steps: set[int] = field(default_factory=set)  # the chief's, every attempt's
+    evaluated_steps: set[int] = field(default_factory=set)
+    eval_skip_reasons: dict[int, str] = field(default_factory=dict)  # the evaluator's own
+    evaluator_down: bool = False  # lost, not ready again yet
+    saved_while_evaluator_down: set[int] = field(default_factory=set)  # checkpoint steps
 
     @property
     def attempts_s(self) -> float:
@@ -166,10 +175,23 @@ class RunState:
     def _eval(self, event: Mapping[str, Any], at: float | None) -> None:
         self.final_accuracy = _number(event.get("accuracy"))
         self.accuracy_source = event.get("source")
+        if isinstance(event.get("step"), int):
+            self.evaluated_steps.add(int(event["step"]))
+
+    def _eval_skipped(self, event: Mapping[str, Any], at: float | None) -> None:
+        if isinstance(event.get("step"), int):
+            self.eval_skip_reasons[int(event["step"])] = str(event.get("reason"))
 
     def _checkpoint(self, event: Mapping[str, Any], at: float | None) -> None:
         self.last_checkpoint_step = int(event.get("step", 0))
         self.last_checkpoint_s = _number(event.get("duration_s")) or self.last_checkpoint_s
+        self.checkpoint_steps.add(self.last_checkpoint_step)
+        if self.evaluator_down:
+            self.saved_while_evaluator_down.add(self.last_checkpoint_step)
+
+    def _ready(self, event: Mapping[str, Any], at: float | None) -> None:
+        if event.get(results.EVENT_ROLE) == "evaluator":
+            self.evaluator_down = False
 
     def _phase_start(self, event: Mapping[str, Any], at: float | None) -> None:
         self._open(str(event.get("protocol")), int(event.get("step", 0)), at)
@@ -194,12 +216,23 @@ class RunState:
 
     def _revocation(self, event: Mapping[str, Any], at: float | None) -> None:
         self.revocations += 1
+        self._server_failure(event, at)
+
+    def _server_failure(self, event: Mapping[str, Any], at: float | None) -> None:
+        # a loss (revocation or crash): counted as a restart of its role if recovery starts
+        # it again (the recovery_start that follows its loss events)
+        self.lost_roles.append(str(event.get(results.EVENT_ROLE)))
+        self.evaluator_down = self.evaluator_down or event.get(results.EVENT_ROLE) == "evaluator"
 
     def _replacement_ready(self, event: Mapping[str, Any], at: float | None) -> None:
         self.replacements += 1
 
     def _recovery_start(self, event: Mapping[str, Any], at: float | None) -> None:
         self.lost_steps += int(event.get("lost_steps", 0))
+        if event.get("action") in (Action.replace.value, Action.restart.value):
+            for role in self.lost_roles:  # every role the same way: evaluator, PS, worker…
+                self.roles_restarted[role] = self.roles_restarted.get(role, 0) + 1
+        self.lost_roles = []
         if event.get("action") == Action.restart.value:
             self.restarts += 1
             resume = event.get("resume_step")
@@ -268,6 +301,9 @@ _HANDLERS = {
     "straggler_start": RunState._straggler_start,
     "straggler_injection_start": RunState._straggler_injection_start,
     EVENT_REVOCATION: RunState._revocation,
+    EVENT_SERVER_FAILURE: RunState._server_failure,
+    "ready": RunState._ready,
+    "eval_skipped": RunState._eval_skipped,
     EVENT_REPLACEMENT_READY: RunState._replacement_ready,
     EVENT_RECOVERY_START: RunState._recovery_start,
     EVENT_RECOVERY_END: RunState._recovery_end,
@@ -339,6 +375,8 @@ class RunSummary:
     sim_seed: int | None = None
     sim_speed_factor: dict[str, float] | None = None
     accuracy_source: str | None = None
+    roles_restarted: dict[str, int] = field(default_factory=dict)
+    eval_skipped: list[dict[str, Any]] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -388,10 +426,36 @@ def summarize(state: RunState, plan: Mapping[str, Any], *, run_id: str, status: 
         sim_seed=sim_seed,
         sim_speed_factor=sim_speed_factor,
         accuracy_source=state.accuracy_source,
+        roles_restarted=dict(sorted(state.roles_restarted.items())),
+        eval_skipped=None if sim_seed is not None else eval_skipped(state, plan),
     )
     errors = prediction_error(prediction, {"status": status, "wall_time_s": summary.wall_time_s,
                                            "train_time_s": summary.train_time_s})
     return summary if errors is None else replace(summary, prediction_error=errors)
+
+
+#: Why a checkpoint was not evaluated when the evaluator did not say (it never saw it).
+DELETED_WHILE_DOWN = ("saved while the evaluator was down (lost, being started again) and "
+                      "deleted by the chief's rotation (job.keep_checkpoints) before it was back")
+NOT_EVALUATED = "not evaluated: the run ended before the evaluator reached it"
+
+
+def eval_skipped(state: RunState, plan: Mapping[str, Any]) -> list[dict[str, Any]] | None:
+    """The chief's checkpoints no evaluation covered, oldest first, each with its reason
+    (the evaluator's ``eval_skipped``, else :data:`DELETED_WHILE_DOWN` for one saved while the
+    evaluator was down, else :data:`NOT_EVALUATED`). None when the run has no evaluator (a
+    simulated run models only the final evaluation: :func:`summarize` gives it None)."""
+    hosts = plan.get("hosts") or []
+    if not any(isinstance(h, Mapping) and h.get("role") == "evaluator" for h in hosts):
+        return None
+
+    def reason(step: int) -> str:
+        if step in state.eval_skip_reasons:
+            return state.eval_skip_reasons[step]
+        return DELETED_WHILE_DOWN if step in state.saved_while_evaluator_down else NOT_EVALUATED
+
+    return [{"step": step, "reason": reason(step)}
+            for step in sorted(state.checkpoint_steps - state.evaluated_steps)]
 
 
 def killed_summary(run_dir: Path) -> RunSummary:

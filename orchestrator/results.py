@@ -106,9 +106,15 @@ SIM_SUMMARY_FIELDS = (
     "accuracy_source",  # str, where the simulated final accuracy comes from
 )
 
+# What recovery and the evaluator did, in detail (not columns of runs.csv: a dict and a list).
+DETAIL_SUMMARY_FIELDS = (
+    "roles_restarted",  # {role: int}, roles started again after a loss ({} when none)
+    "eval_skipped",  # [{step, reason}] checkpoints never evaluated; null: no evaluator / sim
+)
+
 #: Every field of summary.json, in order: :class:`orchestrator.record.RunSummary`'s fields.
 ALL_SUMMARY_FIELDS = (*SUMMARY_FIELDS, *TRANSIENT_SUMMARY_FIELDS, *PREDICTION_SUMMARY_FIELDS,
-                      *SIM_SUMMARY_FIELDS)
+                      *SIM_SUMMARY_FIELDS, *DETAIL_SUMMARY_FIELDS)
 
 
 def write_atomic(path: Path, text: str) -> None:

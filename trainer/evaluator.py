@@ -25,11 +25,16 @@ DONE_MARKER = layout.DONE_MARKER  # written by the chief after the final save
 
 
 def run_evaluator(spec: TrainerSpec, max_wait_s: float | None = None) -> dict[str, Any]:
-    """Poll, evaluate the newest unseen checkpoint, repeat; return the final `eval` event.
+    """Poll, evaluate every unseen checkpoint oldest first, repeat; return the final `eval`.
 
-    Only the newest checkpoint is evaluated when several arrived since the last poll: the
-    chief may checkpoint faster than an evaluation takes. Raises TimeoutError after
-    `max_wait_s` without a DONE marker (None = wait for ever, the orchestrator stops us).
+    Every checkpoint, not only the newest: an evaluator started again after a loss (or one
+    slower than the chief's checkpoints) evaluates those it missed that still exist, oldest
+    first. One it cannot evaluate is reported as `eval_skipped` `{"step", "checkpoint",
+    "reason"}`: deleted by the chief's rotation (`job.keep_checkpoints`) before its turn, or
+    damaged (`checkpoint_skipped` says why). The run's summary lists every checkpoint never
+    evaluated (`eval_skipped`, orchestrator/record.py), those deleted while no evaluator ran
+    included. Raises TimeoutError after `max_wait_s` without a DONE marker (None = wait for
+    ever, the orchestrator stops us).
     """
     tf = import_tensorflow()
     job = spec.job
@@ -76,10 +81,37 @@ def run_evaluator(spec: TrainerSpec, max_wait_s: float | None = None) -> dict[st
 
         return result if restore_newest(run, candidates) else None
 
+    handled: set[int] = set()  # steps evaluated or skipped by this process
+
+    def evaluate_pending(upto: int, final_step: int | None) -> dict[str, Any] | None:
+        """Each checkpoint up to step `upto` not handled yet, oldest first (`final_step`
+        excluded: the final evaluation labels it); the last `eval` event, if any."""
+        last = None
+        for path in reversed(checkpoint_paths(ckpt_dir)):
+            step = _step_of(path)
+            if step > upto or step in handled or step == final_step:
+                continue
+            handled.add(step)
+            result = evaluate_newest([path], final=False)
+            if result is not None:
+                last = result
+            elif not Path(f"{path}.index").exists():
+                events.emit("eval_skipped", step=step, checkpoint=path,
+                            reason="deleted by the chief's rotation (job.keep_checkpoints) "
+                                   "before the evaluator reached it")
+            else:
+                events.emit("eval_skipped", step=step, checkpoint=path,
+                            reason="damaged (see checkpoint_skipped)")
+        return last
+
     started, last_path, last_event = time.time(), None, None
     while True:
         done = _read_done(ckpt_dir)
         if done is not None:
+            final_step = _step_of(done["checkpoint"])
+            pending = evaluate_pending(final_step, final_step)  # the missed ones first
+            if pending is not None:
+                last_event, last_path = pending, pending.get("checkpoint")
             if last_event and last_path == done["checkpoint"]:  # already evaluated: re-label
                 fields = {k: v for k, v in last_event.items()
                           if k not in ("kind", "time", "role", "index", "final")}
@@ -92,11 +124,10 @@ def run_evaluator(spec: TrainerSpec, max_wait_s: float | None = None) -> dict[st
                                    "checkpoint_skipped events)")
             return result
         latest = tf.train.latest_checkpoint(str(ckpt_dir))
-        if latest and latest != last_path:
-            # a damaged one is skipped (event); one rotated away (keep_checkpoints) or still
-            # being written is tried again at the next new checkpoint
-            last_event = evaluate_newest([latest], final=False)
-            last_path = latest
+        if latest:  # up to the newest the chief has finished writing (its state file)
+            result = evaluate_pending(_step_of(latest), None)
+            if result is not None:
+                last_event, last_path = result, result.get("checkpoint")
         if max_wait_s is not None and time.time() - started > max_wait_s:
             raise TimeoutError(f"no {DONE_MARKER} in {ckpt_dir} after {max_wait_s:.0f} s")
         time.sleep(POLL_INTERVAL_S)

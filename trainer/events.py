@@ -20,7 +20,8 @@ KINDS = frozenset({
     "worker_steps", "worker_rejoined", "protocol_switch", "preemption_notice",
     # performance and recovery (issues 11, 12): trainer/loop.py, trainer/startup.py
     "steps_per_closure", "closure_unrolled", "startup", "checkpoint_skipped",
-    "worker_unresponsive", "worker_responsive",
+    "worker_unresponsive", "worker_responsive", "ps_unresponsive", "ps_responsive",
+    "eval_skipped",
     # held-out faults (issue 22): trainer/control.py `watch_lease`
     "lease_lost",
 })

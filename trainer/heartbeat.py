@@ -12,6 +12,12 @@ that thawed). A worker that refuses connections is lost, not hung: the coordinat
 that (`worker_failure`). `unresponsive()` is the set of workers silent now: the chief's
 drains do not wait for the closures they hold (trainer/waits.py).
 
+The parameter servers get the same heartbeat (`job="ps"`): `ps_unresponsive` `{"ps",
+"silent_s"}` and `ps_responsive` `{"ps", "silent_s"}`. A frozen PS stalls every worker at once
+(their steps read and write its variables) and refuses nothing, so without these the stall
+left no event and the workers' inflated step times afterwards looked like a straggler; the
+orchestrator holds straggler detection while a PS is silent (orchestrator/runtime/supervisor.py).
+
 Its own channel, not TensorFlow's: a remote eager op issued from a second thread of the
 chief corrupted the coordinator's requests ("Unable to parse request").
 """
@@ -28,6 +34,7 @@ UNRESPONSIVE_S = 4.0
 STATUS_RPC = "/tensorflow.WorkerService/GetStatus"  # empty request = valid GetStatusRequest
 
 _silent: set[int] = set()  # worker indices silent now (set operations are atomic)
+_silent_ps: set[int] = set()  # parameter-server indices silent now
 
 
 def unresponsive() -> frozenset[int]:
@@ -35,13 +42,20 @@ def unresponsive() -> frozenset[int]:
     return frozenset(_silent)
 
 
+def unresponsive_ps() -> frozenset[int]:
+    """The parameter servers whose last heartbeat passed its deadline."""
+    return frozenset(_silent_ps)
+
+
 def start_heartbeats(addresses: list[str], period_s: float = HEARTBEAT_S,
-                     unresponsive_s: float = UNRESPONSIVE_S) -> threading.Event:
-    """One daemon thread per worker address (index = position in the cluster spec); they
-    stop after their current beat once the returned event is set."""
+                     unresponsive_s: float = UNRESPONSIVE_S,
+                     job: str = "worker") -> threading.Event:
+    """One daemon thread per address of `job` ("worker" or "ps"; index = position in the
+    cluster spec); they stop after their current beat once the returned event is set."""
     import grpc
 
     stop = threading.Event()
+    silent_now = _silent_ps if job == "ps" else _silent
 
     def beat(index: int, address: str) -> None:
         status = grpc.insecure_channel(address).unary_unary(STATUS_RPC)
@@ -56,19 +70,19 @@ def start_heartbeats(addresses: list[str], period_s: float = HEARTBEAT_S,
                 answered, hung = False, exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED
             if hung and silent_since is None:
                 silent_since = started
-                _silent.add(index)
-                events.emit("worker_unresponsive", worker=index,
+                silent_now.add(index)
+                events.emit(f"{job}_unresponsive", **{job: index},
                             silent_s=round(time.time() - started, 1))
             elif not hung and silent_since is not None:
-                _silent.discard(index)
+                silent_now.discard(index)
                 if answered:
-                    events.emit("worker_responsive", worker=index,
+                    events.emit(f"{job}_responsive", **{job: index},
                                 silent_s=round(time.time() - silent_since, 1))
                 silent_since = None
             stop.wait(max(0.0, period_s - (time.time() - started)))
-        _silent.discard(index)
+        silent_now.discard(index)
 
     for index, address in enumerate(addresses):
-        threading.Thread(target=beat, args=(index, address), name=f"heartbeat-{index}",
+        threading.Thread(target=beat, args=(index, address), name=f"heartbeat-{job}{index}",
                          daemon=True).start()
     return stop

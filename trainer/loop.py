@@ -20,7 +20,8 @@ used up, so without overrides the global-step targets in `spec.phases` are hit e
 units used are checkpointed, so a resumed run continues the same accounting.
 
 Events (besides step/worker_steps/worker_failure/worker_rejoined, trainer/meter.py,
-`startup`, trainer/startup.py, and `worker_unresponsive`, trainer/heartbeat.py):
+`startup`, trainer/startup.py, and `worker_unresponsive`/`ps_unresponsive`,
+trainer/heartbeat.py):
 - `train_start` `{"step", "workers", "resumed_from"}`: the step resumed from (0 when fresh)
   and the checkpoint path (null when fresh): the newest that restores; each newer damaged
   one is reported first as `checkpoint_skipped` (trainer/checkpoints.py).
@@ -101,6 +102,7 @@ def train(spec: TrainerSpec) -> None:
     logging.getLogger("tensorflow").addHandler(WorkerFailureEvents(membership))
     watch_rejoins(coordinator, membership)
     start_heartbeats(spec.cluster["worker"])
+    start_heartbeats(spec.cluster["ps"], job="ps")  # a frozen PS stalls every worker at once
     try:
         _train(spec, tf, strategy, coordinator, notice, arrays, membership)
     except Exception as exc:

@@ -59,7 +59,12 @@ from orchestrator.transient.recovery import (
     hosts_to_replace,
 )
 from orchestrator.transient.revocation import RevocationSchedule
-from orchestrator.transient.stragglers import InjectionSchedule, StragglerDetector, get_sync_policy
+from orchestrator.transient.stragglers import (
+    InjectionSchedule,
+    StragglerDetector,
+    get_sync_policy,
+    judge_trainer_event,
+)
 from provisioning.base import Cluster, Host, HostId, HostState, ProvisionError, Role
 from trainer.events import DISK_FULL
 from trainer.layout import EXIT_PS_UNAVAILABLE
@@ -96,10 +101,6 @@ class LoopState:
     chief_done: bool = False
     evaluator_done: bool = False
     error: str | None = None
-
-
-def _num(value: Any) -> float | None:
-    return float(value) if isinstance(value, int | float) else None
 
 
 class Supervisor:
@@ -307,8 +308,8 @@ class Supervisor:
             self.fleet.sync_checkpoints()
             killpoints.hit("final_eval")  # the evaluator's final accuracy is still to come
             self.progress.update(run.global_step)
-        elif kind == "worker_steps":
-            self.observe_worker(int(fields.get("worker", -1)), _num(fields.get("step_time_s")))
+        elif kind in ("worker_steps", "ps_unresponsive", "ps_responsive"):
+            self.record(judge_trainer_event(self.detector, kind, fields, self.now_s()))
         elif kind == "preemption_notice" and event.role == "ps" and \
                 fields.get("host_id") not in self.noticed_ids:
             # a notice we did not send (a cloud's own preemption): checkpoint now
@@ -423,6 +424,7 @@ class Supervisor:
         elif decision.action == Action.restart:
             self.progress.status("restarting from checkpoint")
             self.fleet.stop_roles()
+            self.detector.release()  # the new chief's heartbeat starts afresh
             self.held.clear()  # the restart re-deploys every role and replaces gone hosts
             self.state.chief_done = self.state.evaluator_done = False
             self.pending.append(decision)
@@ -594,13 +596,6 @@ class Supervisor:
         for worker in sorted(self.injected - set(delays)):
             self.emit("straggler_injection_end", worker=worker)
         self.injected = set(delays)
-
-    def observe_worker(self, worker: int, step_time_s: float | None) -> None:
-        if worker < 0 or step_time_s is None:
-            return
-        event = self.detector.observe(worker, step_time_s, self.now_s())
-        if event is not None:
-            self.record(event)
 
     def apply_policy(self, now: float) -> None:
         if self.schedule_protocol is None:

@@ -18,9 +18,9 @@ from __future__ import annotations
 import abc
 import statistics
 from collections import deque
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from orchestrator.config.transient import (
     StragglerDetection,
@@ -109,6 +109,10 @@ class _WorkerTrack:
     slow_run: int = 0  # consecutive steps above the threshold
     normal_run: int = 0  # consecutive steps at or below it
     straggling_since_s: float | None = None
+    last_report: object = None  # the report (chief's step) of the latest observation
+    last_slow: bool = False  # that observation was above the threshold
+    counted_slow: bool = False  # ... and counted in slow_run (undone if the report was shared)
+    skip: bool = False  # ignore the next observation: it covers a shared stall
 
 
 class StragglerDetector:
@@ -119,12 +123,43 @@ class StragglerDetector:
     consecutive steps (symmetric hysteresis). Peers, not all workers: with two workers a median
     that includes the slow worker itself caps the ratio at 2, so k ≥ 2 could never fire.
     A worker with no peer reporting yet is never judged.
+
+    A slowdown every worker shares is not a straggler: a frozen parameter server (or a
+    network stall) stops all of them at once, and the first report afterwards shows every
+    worker's step time inflated together. Two rules keep such a stall from blaming anyone:
+
+    * ``report`` (the chief's step of the ``worker_steps`` report): when every worker's step
+      in one report was slow, none of them counts (those judged earlier in it are taken back
+      once the last one arrives; with ``m`` = 1 an earlier one may already have started).
+    * :meth:`hold` / :meth:`release`: while a shared dependency is known silent (the chief's
+      ``ps_unresponsive``), nothing is judged and the runs of slow steps start again; after
+      it answers, each worker's next report (which covers the stall) is not judged either.
     """
 
     def __init__(self, k: float, m: int) -> None:
         assert k > 1 and m >= 1, f"need k > 1 and m ≥ 1 (got k={k}, m={m})"
         self.k, self.m = k, m
         self._tracks: dict[int, _WorkerTrack] = {}
+        self._held: set[object] = set()  # what is silent now (e.g. "ps0")
+
+    def hold(self, what: object) -> None:
+        """A dependency every worker shares stopped answering: judge nobody until
+        :meth:`release`, and forget the runs of slow steps so far (they may be its start)."""
+        self._held.add(what)
+        for track in self._tracks.values():
+            track.slow_run = 0
+            track.counted_slow = False
+
+    def release(self, what: object = None) -> None:
+        """``what`` answers again (None: everything held, e.g. the cluster restarts and its
+        chief, who named them, with it); once nothing is held, each worker's next report
+        (its step times span the stall) is skipped."""
+        if what is None:
+            self._held.clear()
+        self._held.discard(what)
+        if not self._held:
+            for track in self._tracks.values():
+                track.skip = True
 
     @classmethod
     def from_config(cls, cfg: StragglerDetection) -> StragglerDetector:
@@ -135,17 +170,32 @@ class StragglerDetector:
         """Workers straggling now."""
         return frozenset(w for w, t in self._tracks.items() if t.straggling_since_s is not None)
 
-    def observe(self, worker: int, step_time_s: float, now_s: float) -> RecordedEvent | None:
-        """Fold in one step of ``worker``; a straggler_start/_end event when its state flips."""
+    def observe(self, worker: int, step_time_s: float, now_s: float,
+                report: object = None) -> RecordedEvent | None:
+        """Fold in one step of ``worker``; a straggler_start/_end event when its state flips.
+        ``report``: what identifies the report it came in (None: no shared-slowdown rule)."""
         track = self._tracks.setdefault(worker, _WorkerTrack())
+        if self._held or track.skip:  # a shared stall: not this worker's speed
+            track.skip = False
+            return None
         track.window.append(step_time_s)
         peers = [statistics.median(t.window) for w, t in self._tracks.items()
                  if w != worker and t.window]
         if not peers:
             return None
         median = statistics.median(peers)
-        if step_time_s > self.k * median:
+        slow = step_time_s > self.k * median
+        track.last_report, track.last_slow, track.counted_slow = report, slow, False
+        others = [t for w, t in self._tracks.items() if w != worker and t.window]
+        shared = slow and report is not None and all(
+            t.last_report == report and t.last_slow for t in others)
+        if shared:  # every worker was slow in this report: a shared stall, nobody's fault
+            for peer in others:
+                if peer.counted_slow:
+                    peer.slow_run, peer.counted_slow = max(0, peer.slow_run - 1), False
+        elif slow:
             track.slow_run, track.normal_run = track.slow_run + 1, 0
+            track.counted_slow = True
         else:
             track.slow_run, track.normal_run = 0, track.normal_run + 1
         fields = {"worker": worker, "step_time_s": round(step_time_s, 6),
@@ -167,6 +217,23 @@ class StragglerDetector:
         return RecordedEvent(EVENT_STRAGGLER_END, {
             "worker": worker, "reason": "lost",
             "duration_s": round(now_s - track.straggling_since_s, 3)})
+
+
+def judge_trainer_event(detector: StragglerDetector, kind: str, fields: Mapping[str, Any],
+                        now_s: float) -> RecordedEvent | None:
+    """Route one chief event to ``detector`` (the run's one rule, shared by the supervisor
+    and the tests that replay a real chief's events): ``worker_steps`` is judged per report
+    (its ``step``), ``ps_unresponsive``/``ps_responsive`` hold and release judgement. A
+    straggler_start/_end event when a worker's state flips."""
+    if kind == "worker_steps":
+        worker, step_time = fields.get("worker"), fields.get("step_time_s")
+        if isinstance(worker, int) and worker >= 0 and isinstance(step_time, int | float):
+            return detector.observe(worker, float(step_time), now_s, fields.get("step"))
+    elif kind == "ps_unresponsive":  # a frozen PS stalls every worker: blame none of them
+        detector.hold(f"ps{fields.get('ps')}")
+    elif kind == "ps_responsive":
+        detector.release(f"ps{fields.get('ps')}")
+    return None
 
 
 # --- online synchronisation policies ----------------------------------------------------------

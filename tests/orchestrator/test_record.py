@@ -100,3 +100,44 @@ def test_a_killed_runs_summary_is_the_fold_of_its_events(tmp_path: Path) -> None
     assert summary.global_steps == 60 and summary.revocations == 1
     assert summary.wall_time_s == 30.0 and summary.cost_usd == 0.03
     assert summary.train_time_s is None  # no train_end, and no one knows when it ended
+
+
+def test_every_restarted_role_is_counted_and_unevaluated_checkpoints_are_named() -> None:
+    """An evaluator that crashed and was started again counts like a PS restarted with the
+    cluster; a worker lost to shrink was not started again. Checkpoints no evaluation covered
+    are listed with the evaluator's reason, or why nobody could say."""
+    def loss(t: float, kind: str, role: str) -> dict[str, Any]:
+        return {"time": t, "kind": kind, "role": role, "host": f"{role}-0", "cause": "x"}
+
+    def start(t: float, action: str) -> dict[str, Any]:
+        return {"time": t, "kind": "recovery_start", "role": "orchestrator",
+                "action": action, "lost_steps": 0}
+
+    events = [
+        {"time": 0.0, "kind": "train_start", "role": "chief", "step": 0},
+        *[{"time": float(s), "kind": "checkpoint", "role": "chief", "step": s}
+          for s in (10, 20, 30, 40, 50, 60)],
+        {"time": 11.0, "kind": "eval", "role": "evaluator", "step": 10, "accuracy": 0.5},
+        loss(12.0, "server_failure", "evaluator"), start(12.0, "replace"),
+        loss(13.0, "revocation", "worker"), start(13.0, "continue"),
+        {"time": 25.0, "kind": "ready", "role": "evaluator"},  # back: 20 was saved meanwhile
+        {"time": 41.0, "kind": "eval_skipped", "role": "evaluator", "step": 30,
+         "reason": "damaged (see checkpoint_skipped)"},
+        {"time": 42.0, "kind": "eval", "role": "evaluator", "step": 40, "accuracy": 0.7},
+        loss(45.0, "revocation", "ps"), start(45.0, "restart"),
+        {"time": 60.0, "kind": "eval", "role": "evaluator", "step": 50, "accuracy": 0.8,
+         "final": True},
+    ]
+    state = fold(sorted(events, key=lambda e: e["time"]))  # as recorded: in time order
+    plan = {"experiment": "x", "provider": "local", "phases": [], "workers": 2,
+            "parameter_servers": 1, "hosts": [{"role": "ps"}, {"role": "evaluator"}]}
+    summary = summarize(state, plan, run_id="x-1", status=results.STATUS_COMPLETED,
+                        wall_s=60.0, cost_usd=0.0, error=None)
+    assert summary.roles_restarted == {"evaluator": 1, "ps": 1}
+    assert summary.eval_skipped == [{"step": 20, "reason": record.DELETED_WHILE_DOWN},
+                                    {"step": 30, "reason": "damaged (see checkpoint_skipped)"},
+                                    {"step": 60, "reason": record.NOT_EVALUATED}]
+    no_evaluator = summarize(state, {**plan, "hosts": [{"role": "ps"}]}, run_id="x-2",
+                             status=results.STATUS_COMPLETED, wall_s=60.0, cost_usd=0.0,
+                             error=None)
+    assert no_evaluator.eval_skipped is None

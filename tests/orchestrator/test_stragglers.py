@@ -118,6 +118,55 @@ class TestStragglerDetector:
         assert det.forget(0, 5.0) is None
 
 
+class TestSharedStall:
+    """A frozen parameter server stalls every worker at once: nobody is a straggler."""
+
+    @staticmethod
+    def report(det: StragglerDetector, times: dict[int, float], step: int) -> list[str]:
+        """One ``worker_steps`` report (the chief's step ``step``): every worker's mean."""
+        events = [det.observe(w, t, float(step), report=step) for w, t in times.items()]
+        return [e.kind for e in events if e is not None]
+
+    def test_every_worker_slow_in_the_same_reports_blames_nobody(self) -> None:
+        det = StragglerDetector(k=1.5, m=3)
+        for step in (10, 20, 30):
+            assert self.report(det, {0: NORMAL_S, 1: NORMAL_S}, step) == []
+        # the PS froze: its readers stalled together, three reports in a row
+        for step in (40, 50, 60):
+            assert self.report(det, {0: 2.5, 1: 2.6}, step) == []
+        assert det.stragglers == frozenset()
+        # the same numbers without report ids: judged one by one, worker 0 is blamed
+        plain = StragglerDetector(k=1.5, m=3)
+        for now in (1.0, 2.0, 3.0):
+            feed(plain, {0: NORMAL_S, 1: NORMAL_S}, now)
+        kinds = [feed(plain, {0: 2.5, 1: 2.6}, now) for now in (4.0, 5.0, 6.0)]
+        assert kinds[-1] == [EVENT_STRAGGLER_START] and plain.stragglers == {0}
+
+    def test_one_slow_worker_among_normal_ones_is_still_a_straggler(self) -> None:
+        det = StragglerDetector(k=1.5, m=3)
+        self.report(det, {0: NORMAL_S, 1: NORMAL_S, 2: NORMAL_S}, 10)
+        kinds = [self.report(det, {0: NORMAL_S, 1: SLOW_S, 2: NORMAL_S}, step)
+                 for step in (20, 30, 40)]
+        assert kinds == [[], [], [EVENT_STRAGGLER_START]], kinds
+        assert det.stragglers == {1}
+
+    def test_nothing_is_judged_while_a_ps_is_silent_nor_the_report_spanning_it(self) -> None:
+        det = StragglerDetector(k=1.5, m=2)
+        for now in (1.0, 2.0):
+            feed(det, {0: NORMAL_S, 1: NORMAL_S}, now)
+        feed(det, {0: SLOW_S, 1: NORMAL_S}, 3.0)  # one slow step of worker 0 before the freeze
+        det.hold("ps0")
+        assert feed(det, {0: 25.0}, 4.0) == []  # worker 0's closure spanned the freeze
+        det.release("ps0")
+        # the first report after it still spans the stall: worker 0's only, unequally
+        assert feed(det, {0: 12.0, 1: NORMAL_S}, 5.0) == []
+        assert feed(det, {0: NORMAL_S, 1: NORMAL_S}, 6.0) == []
+        assert det.stragglers == frozenset()
+        # once running normally again, a real straggler is found as before
+        kinds = [feed(det, {0: SLOW_S, 1: NORMAL_S}, now) for now in (7.0, 8.0)]
+        assert kinds == [[], [EVENT_STRAGGLER_START]]
+
+
 class TestStragglerSwitchPolicy:
     def policy(self, **kw: object):
         return get_sync_policy(SyncPolicyConfig(policy=SyncPolicyName.straggler_switch, **kw))

@@ -320,3 +320,25 @@ def test_a_replacement_is_provisioned_off_the_loop_which_keeps_following_the_run
     assert [e["host"] for e in events if e["kind"] == "replacement_ready"] == ["worker-0"]
     assert run.fleet.cluster.hosts_for(Role.WORKER)[0].id in {  # its role ran on the new host
         t.host.id for t in run.fleet.deployment.tasks.values()}
+
+
+def test_a_killed_evaluator_is_started_again_and_counted_in_the_summary(fake_run):
+    """The evaluator's process killed mid-run: started again on its host, and the summary
+    counts it among the roles restarted, as it would a PS or a worker."""
+    from orchestrator.record import summarize
+
+    run = fake_run(knobs={"step_s": 0.1})
+
+    def kill_evaluator(run: FakeRun) -> None:
+        run.wait_for(lambda es: any(e["kind"] == "step" and e["step"] >= 5 for e in es),
+                     "training")
+        run.fleet.deployment.tasks[(Role.EVALUATOR, 0)].process.kill()
+
+    events = run.follow(kill_evaluator)
+    assert run.supervisor.state.error is None, run.supervisor.state.error
+    assert [e["role"] for e in events if e["kind"] == "server_failure"] == ["evaluator"]
+    summary = summarize(run.supervisor.run_state, run.plan.to_dict(), run_id="r",
+                        status=results.STATUS_COMPLETED, wall_s=1.0, cost_usd=0.0, error=None)
+    assert summary.roles_restarted == {"evaluator": 1} and summary.restarts == 0
+    # the fake evaluator evaluates only the final checkpoint: the others are named
+    assert [s["step"] for s in summary.eval_skipped or []] == [10, 20, 30]

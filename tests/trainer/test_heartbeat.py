@@ -93,3 +93,26 @@ def test_a_refusing_worker_is_lost_not_hung(capsys: pytest.CaptureFixture) -> No
     stop.set()
     assert heartbeat.unresponsive() == frozenset()
     assert not events_of(capsys.readouterr().out, "worker_unresponsive")
+
+
+def test_a_frozen_parameter_server_is_named_apart_from_the_workers(
+        server: StatusServer, capsys: pytest.CaptureFixture) -> None:
+    """A PS that stops answering (SIGSTOP) is `ps_unresponsive`, its return `ps_responsive`
+    with how long it was silent; the workers' set (what the chief's drains skip) is untouched."""
+    stop = heartbeat.start_heartbeats([f"127.0.0.1:{server.port}"], period_s=0.1,
+                                      unresponsive_s=0.3, job="ps")
+    try:
+        server.hung.set()
+        wait_until(lambda: heartbeat.unresponsive_ps() == {0})
+        assert heartbeat.unresponsive() == frozenset()
+        server.hung.clear()
+        server.released.set()
+        wait_until(lambda: heartbeat.unresponsive_ps() == frozenset())
+        time.sleep(0.1)
+    finally:
+        stop.set()
+    out = capsys.readouterr().out
+    assert [e["ps"] for e in events_of(out, "ps_unresponsive")] == [0]
+    back = events_of(out, "ps_responsive")
+    assert [e["ps"] for e in back] == [0] and back[0]["silent_s"] >= 0.3, back
+    assert not events_of(out, "worker_unresponsive")

@@ -93,3 +93,30 @@ def test_evaluator_falls_back_from_an_unreadable_final_checkpoint(
     assert result["final"] and result["step"] == 10 and result["checkpoint"].endswith("-10")
     skipped = _events(capsys.readouterr().out, "checkpoint_skipped")
     assert [s["path"] for s in skipped] == [final], skipped
+
+
+def test_an_evaluator_that_was_away_evaluates_every_checkpoint_it_missed(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Started (again) after the chief saved three checkpoints and finished: each of them is
+    evaluated, oldest first, the last one labelled final; none is passed over."""
+    import tensorflow as tf
+
+    from trainer.evaluator import run_evaluator
+    from trainer.models import build_model
+    from trainer.problems import get_problem
+
+    spec = make_spec(tmp_path, 1, [PhaseSpec("asp", 30)])
+    arrays = get_problem("digits").load(None, 0)
+    model = build_model("cnn", "cnn_small", arrays.input_shape, arrays.num_classes)
+    ckpt_dir = tmp_path / "checkpoints"
+    manager = tf.train.CheckpointManager(tf.train.Checkpoint(model=model), str(ckpt_dir), 3)
+    for step in (10, 20):
+        manager.save(checkpoint_number=step)
+    final = manager.save(checkpoint_number=30)
+    (ckpt_dir / "DONE").write_text(json.dumps({"step": 30, "checkpoint": final}))
+
+    result = run_evaluator(spec, max_wait_s=30)
+
+    evals = _events(capsys.readouterr().out, "eval")
+    assert [(e["step"], e["final"]) for e in evals] == [(10, False), (20, False), (30, True)]
+    assert result["final"] and result["checkpoint"] == final
