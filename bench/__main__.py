@@ -24,8 +24,9 @@ document; ``resume`` (``bench/resume.py``) is ``--resume`` against a cold start,
 analysis layer; both are also EXTRA_SECTIONS, like ``transfer`` (``bench/transfer.py``: the
 bytes sent to each host on the SSH test bed, first run, restart and second run) and
 ``cloud_transfer`` (``bench/cloud_transfer.py``: the headline on the fake cloud with isolated
-VMs from the baked image, bytes per VM and restart, RUNNING → first step). The local runs
-share ``bench/runs.py``.
+VMs from the baked image, bytes per VM and restart, RUNNING → first step) and ``planner``
+(``bench/planner.py``: the planner's documented question, fast path against the full search).
+The local runs share ``bench/runs.py``.
 
 The document is rewritten whole by each run; dated measurements made on their own (A/B pairs,
 a piece re-run after a change) and what was learnt from them go to
@@ -56,9 +57,10 @@ from bench.throughput import (
 
 DOC = ROOT / "docs" / "benchmarks.md"
 EXTRA_SECTIONS = ("bench.resume", "bench.syncswitch", "bench.dispatch", "bench.ssh", "bench.hosts", "bench.sim",
+                  "bench.planner",
                   "bench.gce", "bench.gce_real", "bench.transfer", "bench.cloud_transfer")
 PIECES = ("startup", "ps_kill", "asp1", "protocols", "resume", "syncswitch", "transfer",
-          "cloud_transfer")
+          "cloud_transfer", "planner")
 
 
 def only(piece: str) -> list[str]:
@@ -72,7 +74,7 @@ def only(piece: str) -> list[str]:
         return asp1_lines(measure_asp1())
     if piece == "protocols":
         return protocol_lines(measure_protocols())
-    if piece in ("resume", "syncswitch", "transfer", "cloud_transfer"):
+    if piece in ("resume", "syncswitch", "transfer", "cloud_transfer", "planner"):
         return importlib.import_module(f"bench.{piece}").section()
     raise SystemExit(f"--only: one of {', '.join(PIECES)} (got {piece!r})")
 

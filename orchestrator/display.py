@@ -59,6 +59,20 @@ def say_provider_note(plan: RunPlan, console: Console, once: bool = False) -> No
         console.print(f"[cyan]note:[/cyan] {note}", highlight=False)
 
 
+def approx_usd(usd: float | None, digits: int = 2, unit: str = "$") -> str:
+    """An estimated amount to ``digits`` significant figures with "~": a plan's cost rests on
+    the speed model (off by up to a factor of ~2, 1σ) and its rates on a shipped catalogue's
+    prices, not today's in each region, so "$0.5001" would claim what nobody knows."""
+    if usd is None:
+        return "n/a"
+    if usd == 0:
+        return f"{unit}0"
+    places = digits - 1 - math.floor(math.log10(abs(usd)))
+    rounded = round(usd, places)
+    places = digits - 1 - math.floor(math.log10(abs(rounded)))  # 0.996 → 1.0: one place fewer
+    return f"~{unit}{rounded:,.{max(0, places)}f}"
+
+
 def cost_text(cost_usd: float, plan: RunPlan) -> str:
     """A run's cost as the closing line says it: what was billed, or what it would have cost."""
     if provider_class(plan.provider).billed:
@@ -81,10 +95,10 @@ def render_plan(plan: RunPlan, console: Console | None = None, title: str | None
     for h in plan.hosts:
         machine = f"on {h.colocate_with}" if h.colocate_with else h.machine_type
         hosts.add_row(h.name, h.role, h.gpu or "cpu", h.zone or "-", machine,
-                      "yes" if h.transient else "no", f"{h.hourly_usd:.4f}")
+                      "yes" if h.transient else "no", approx_usd(h.hourly_usd, unit=""))
     hosts.add_section()
     hosts.add_row("total", f"{plan.workers} workers, {plan.parameter_servers} PS", "", "", "", "",
-                  f"{plan.hourly_usd:.4f}")
+                  approx_usd(plan.hourly_usd, unit=""))
     console.print(hosts)
 
     render_preview(plan, console, provider_config)
@@ -118,20 +132,22 @@ def render_plan(plan: RunPlan, console: Console | None = None, title: str | None
 def render_estimate(plan: RunPlan, console: Console) -> None:
     """The plan's one estimate: the speed model's point figures (those the band used when there
     is one, e.g. calibrated on this machine), then the simulated band around them."""
+    from orchestrator.simulate.band import share_text
+
     b = plan.prediction  # simulated band (orchestrator/simulate/band.py)
     est = (b or {}).get("estimate") or {
         "steps_per_sec": plan.est_steps_per_sec, "train_time_s": plan.est_train_time_s,
         "cost_usd": plan.est_cost_usd, "speed_error": plan.speed_error,
         "extrapolated": plan.extrapolated_gpus}
     speed = f"{est['steps_per_sec']:.2f} steps/s" if est["steps_per_sec"] else "n/a"
-    cost = f"${est['cost_usd']:.4f}" if est["cost_usd"] is not None else "n/a"
+    cost = approx_usd(est["cost_usd"])
     mark = ""
     if est["extrapolated"]:
         spread = ", ".join(f"{g} ×/÷{math.exp(est['speed_error'][g]['sigma_log']):.2f}"
                            for g in est["extrapolated"])
         mark = (f"   [yellow]† extrapolated[/yellow] (GPU not in the speed model's fit, "
                 f"1σ {spread})")
-    console.print(f"cost: [bold]${plan.hourly_usd:.4f}/h[/bold]   est. speed: {speed}   "
+    console.print(f"cost: [bold]{approx_usd(plan.hourly_usd)}/h[/bold]   est. speed: {speed}   "
                   f"est. train time: {_duration(est['train_time_s'])}   est. cost: {cost}{mark}")
     if b and "unavailable" in b:
         console.print(f"simulated: n/a ({b['unavailable']})")
@@ -143,9 +159,10 @@ def render_estimate(plan: RunPlan, console: Console) -> None:
         console.print(f"simulated{basis} (p10–p90 of {b['runs']} runs, {drawn}): "
                       f"time {_duration(t['p10'])} – "
                       f"{_duration(t['p90']) if t['p90'] is not None else 'never'}   "
-                      f"cost ${b['cost_usd']['p10']:.2f} – ${b['cost_usd']['p90']:.2f}   "
+                      f"cost {approx_usd(b['cost_usd']['p10'])} – "
+                      f"{approx_usd(b['cost_usd']['p90'])}   "
                       f"revocations {b['revocations']['p10']:g} – {b['revocations']['p90']:g}"
-                      f"   P(completes) {b['p_complete']:.0%}")
+                      f"   P(completes) {share_text(b['p_complete'], b['runs'])}")
 
 
 def render_preview(plan: RunPlan, console: Console,

@@ -97,6 +97,15 @@ def plan_phases(cfg: ExperimentConfig, workers: int) -> list[PhasePlan]:
     return phases
 
 
+def samples_trained(batch_size: int, workers: int, phases: list[PhasePlan]) -> int:
+    """Examples a run trains at its planned global steps: an ASP global step is one worker's
+    batch, a BSP one all ``workers``' batches. A switch schedule's budget is in BSP-equivalent
+    steps, so it trains budget·workers·batch (fewer workers, fewer examples); ASP alone trains
+    budget·batch whatever the workers. Revoked workers under ``shrink`` are not counted out."""
+    return sum((p.end_step - p.start_step) * batch_size
+               * (workers if p.protocol == Protocol.bsp.value else 1) for p in phases)
+
+
 def checkpoint_count(cfg: ExperimentConfig, total_steps: int) -> int:
     """Checkpoint pauses of a run: one per ``checkpoint_frequency``/``eval_frequency`` boundary
     (the smaller), else the final one."""

@@ -8,6 +8,7 @@ revocations over seeded simulations, and ``summary.json`` of a real run keeps it
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Sequence
 from typing import Any
@@ -50,6 +51,35 @@ def percentiles_or_never(values: Sequence[float | None], points: Sequence[int] =
     return out
 
 
+def wilson_halfwidth(p: float, n: int, z: float = 1.96) -> float:
+    """Half-width of the Wilson score interval of a proportion ``p`` seen in ``n`` runs (never
+    0, even at p = 0 or 1: 100 runs out of 100 do not make a certainty)."""
+    denom = 1 + z * z / n
+    return z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+
+
+def wilson_bounds(p: float, n: int, z: float = 1.96) -> tuple[float, float]:
+    """The 95 % Wilson score interval (low, high) of a proportion ``p`` seen in ``n`` runs."""
+    center = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = wilson_halfwidth(p, n, z)
+    return max(0.0, center - half), min(1.0, center + half)
+
+
+def share_text(p: float, n: int) -> str:
+    """A share of ``n`` simulated runs said to what ``n`` runs know: all of them is the Wilson
+    lower bound ("≥ 98%" from 200 of 200, never "100%"), none the upper ("≤ 2%"), any other
+    share kept within 1–99 % (rounding 199 of 200 up would claim a certainty). The planner's
+    table and the dry run's band both say P this way."""
+    if n <= 0:
+        return "-"
+    low, high = wilson_bounds(p, n)
+    if round(p * n) >= n:
+        return f"≥ {math.floor(low * 100)}%"
+    if round(p * n) <= 0:
+        return f"≤ {math.ceil(high * 100)}%"
+    return f"{min(99, max(1, round(p * 100)))}%"
+
+
 def summarize_runs(summaries: list[dict[str, Any]], deadline_s: float | None = None
                    ) -> dict[str, Any]:
     """Distribution of simulated runs.
@@ -75,6 +105,8 @@ def summarize_runs(summaries: list[dict[str, Any]], deadline_s: float | None = N
         "mean_cost_usd": round(statistics.fmean(s["cost_usd"] for s in summaries), 6),
         "mean_revocations": round(statistics.fmean(s["revocations"] for s in summaries), 4),
         "final_accuracy": next((s["final_accuracy"] for s in done), None),
+        # which measured runs that accuracy is (orchestrator.simulate.models.accuracy)
+        "accuracy_source": next((s.get("accuracy_source") for s in done), None),
     }
     if deadline_s is not None:
         out["p_deadline"] = round(sum(1 for s in done if s["wall_time_s"] <= deadline_s)
@@ -100,9 +132,12 @@ def draws(cfg: ExperimentConfig, market: bool = True) -> str:
 
 def simulate_many(cfg: ExperimentConfig, plan: RunPlan, repeats: int,
                   models: SimModels | None = None, first: int = 0) -> list[dict[str, Any]]:
-    """Summaries of ``repeats`` simulations with seeds ``sim.seed+first, sim.seed+first+1, …``."""
+    """Summaries of ``repeats`` simulations with seeds ``sim.seed+first, sim.seed+first+1, …``
+    (no metrics rows, the plan's dict made once: only the summaries are kept)."""
     models = models or SimModels.load()
-    return [simulate(cfg, plan, cfg.sim.seed + first + i, models).summary
+    plan_dict = plan.to_dict()
+    return [simulate(cfg, plan, cfg.sim.seed + first + i, models, metrics=False,
+                     plan_dict=plan_dict).summary
             for i in range(repeats)]
 
 

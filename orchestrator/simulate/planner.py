@@ -14,7 +14,11 @@ the rest are ranked by the objective. A lone transient worker whose policy canno
 first revocation (shrink) is planned with ``replace`` and shown so. Bands cover every run: a
 run that fails never gives a result ("never"), and the share that completes is its own column.
 The time-vs-cost plot (Pareto-optimal candidates labelled) and the table as CSV go to
-``outputs/plan/<name>/<time>/``.
+``outputs/plan/<name>/<time>/``. Figures are said to what is known: a share every run met as
+its Wilson bound ("≥ 98%", never "100%"), accuracy only where measured runs support it (with
+their source), the examples each answer trains, lifetimes borrowed from other GPUs named. After
+the table, the dry-run command of the top answer; a job with nothing to plan (no GPU speed
+figure: a CPU-only job) exits 2 saying why.
 """
 
 from __future__ import annotations
@@ -22,17 +26,26 @@ from __future__ import annotations
 import copy
 import csv
 import math
+import statistics
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from orchestrator.config.errors import CONFIG_ERROR_EXIT_CODE, ConfigError
-from orchestrator.config.schema import ExperimentConfig, Protocol, SyncPhase
+from orchestrator.config.schema import ExperimentConfig, Protocol, SyncPhase, schedule_phases
 from orchestrator.config.simulate import Objective, PlannerConfig
 from orchestrator.config.transient import OnRevocation
-from orchestrator.simulate.band import draws, simulate_many, summarize_runs
+from orchestrator.simulate.band import (
+    draws,
+    share_text,
+    simulate_many,
+    summarize_runs,
+    wilson_bounds,
+    wilson_halfwidth,
+)
 from orchestrator.simulate.models import NoModelError, SimModels
 
 if TYPE_CHECKING:
@@ -149,47 +162,135 @@ def configure(cfg: ExperimentConfig, c: Candidate) -> ExperimentConfig:
     return out
 
 
-def wilson_halfwidth(p: float, n: int, z: float = 1.96) -> float:
-    """Half-width of the Wilson score interval of a proportion ``p`` seen in ``n`` runs (never
-    0, even at p = 0 or 1: 100 runs out of 100 do not make a certainty)."""
-    denom = 1 + z * z / n
-    return z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+#: The first runs of a candidate, as a share of ``planner.repeats``: a candidate they already
+#: rule out of the table (:func:`cannot_rank`) is not simulated further (200 → 50 runs).
+SCREEN_SHARE = 0.25
+
+#: z of the interval that rules a candidate out of the table before P is known to
+#: ``planner.p_precision``: 3σ (99.7 %), wider than the 95 % one P is printed with, so a row
+#: that a full refinement would rank is not dropped early by chance.
+OUT_Z = 3.0
+
+
+def cannot_rank(dist: dict[str, Any], runs: list[dict[str, Any]], p: PlannerConfig) -> bool:
+    """Whether ``runs`` already show, at :data:`OUT_Z`, that the candidate misses the limits
+    :func:`rank` applies: P(deadline)'s upper bound under ``planner.min_p_deadline``, or the
+    mean cost's lower bound over ``planner.budget_usd``. Such a row is never shown, so refining
+    its P (up to ``planner.max_repeats`` runs) would buy nothing the answer prints."""
+    n = len(runs)
+    if (p.deadline_h is not None and "p_deadline" in dist
+            and wilson_bounds(dist["p_deadline"], n, OUT_Z)[1] < p.min_p_deadline):
+        return True
+    if p.budget_usd is not None and n > 1:
+        sd = statistics.stdev(s["cost_usd"] for s in runs)
+        return dist["mean_cost_usd"] - OUT_Z * sd / math.sqrt(n) > p.budget_usd
+    return False
 
 
 def simulate_candidate(run_cfg: ExperimentConfig, plan: RunPlan, models: SimModels,
-                       deadline_s: float | None, p: PlannerConfig) -> list[dict[str, Any]]:
+                       deadline_s: float | None, p: PlannerConfig, prune: bool = True
+                       ) -> list[dict[str, Any]]:
     """``planner.repeats`` runs, then more (doubling, up to ``planner.max_repeats``) while the
-    95 % interval of P(deadline) or P(complete) is wider than ``±planner.p_precision``."""
-    runs = simulate_many(run_cfg, plan, max(1, p.repeats), models)
+    95 % interval of P(deadline) or P(complete) is wider than ``±planner.p_precision``, unless
+    the runs so far (the first :data:`SCREEN_SHARE` of ``repeats`` already) rule the candidate
+    out of the table (:func:`cannot_rank`): the rows shown are the ones a full refinement
+    shows, from the same seeds (``prune`` False: every candidate refined, the reference)."""
+    repeats = max(1, p.repeats)
+    runs = simulate_many(run_cfg, plan, max(1, round(repeats * SCREEN_SHARE)) if prune
+                         else repeats, models)
+    if len(runs) < repeats and not cannot_rank(summarize_runs(runs, deadline_s), runs, p):
+        runs += simulate_many(run_cfg, plan, repeats - len(runs), models, first=len(runs))
     while len(runs) < p.max_repeats:
         dist = summarize_runs(runs, deadline_s)
         share = dist["p_deadline"] if deadline_s is not None else dist["p_complete"]
-        if wilson_halfwidth(share, len(runs)) <= p.p_precision:
+        if wilson_halfwidth(share, len(runs)) <= p.p_precision or (
+                prune and cannot_rank(dist, runs, p)):
             break
         more = min(len(runs), p.max_repeats - len(runs))
         runs += simulate_many(run_cfg, plan, more, models, first=len(runs))
     return runs
 
 
-def evaluate(cfg: ExperimentConfig, models: SimModels | None = None) -> list[dict[str, Any]]:
-    """Simulate every candidate; one row per candidate (invalid ones are left out). GPU
-    calibrations of this job in the cache replace the speed model's figure for their GPU."""
+def _simulate_one(cfg: ExperimentConfig, c: Candidate, models: SimModels,
+                  deadline_s: float | None, prune: bool
+                  ) -> tuple[ExperimentConfig, RunPlan, list[dict[str, Any]]] | None:
+    """Candidate ``c``'s config, plan and runs; None when it is invalid (left out)."""
     from orchestrator.config.validation import validate
     from orchestrator.plan import make_plan
+
+    run_cfg = configure(cfg, c)
+    try:
+        validate(run_cfg)
+        plan = make_plan(run_cfg)
+        return run_cfg, plan, simulate_candidate(run_cfg, plan, models, deadline_s,
+                                                 cfg.planner, prune)
+    except (ConfigError, NoModelError):
+        return None
+
+
+_JOB: tuple[Any, ...] = ()  # a worker process's (cfg, candidates, models, deadline_s, prune)
+
+
+def _start_worker(job: tuple[Any, ...]) -> None:
+    import signal
+
+    global _JOB
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C: the parent ends the pool
+    _JOB = job
+
+
+def _simulate_index(i: int) -> tuple[ExperimentConfig, RunPlan, list[dict[str, Any]]] | None:
+    cfg, cands, models, deadline_s, prune = _JOB
+    return _simulate_one(cfg, cands[i], models, deadline_s, prune)
+
+
+def default_processes() -> int:
+    """Worker processes of a search: one per CPU this process may use."""
+    import os
+
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
+        os.cpu_count() or 1)
+
+
+def simulated(cfg: ExperimentConfig, cands: list[Candidate], models: SimModels,
+              deadline_s: float | None, prune: bool = True, processes: int | None = None
+              ) -> Iterator[tuple[ExperimentConfig, RunPlan, list[dict[str, Any]]] | None]:
+    """:func:`_simulate_one` of each candidate, in order, over ``processes`` (None: one per
+    CPU this process may use) forked worker processes: the candidates are independent and
+    seeded, so the rows are the same as one process's. Ctrl-C ends the workers with the
+    parent (they ignore SIGINT and leave no traceback of their own)."""
+    import multiprocessing
+
+    processes = min(default_processes() if processes is None else processes, len(cands))
+    if (processes <= 1 or "fork" not in multiprocessing.get_all_start_methods()
+            or multiprocessing.current_process().daemon):  # a pool's worker has no children
+        for c in cands:
+            yield _simulate_one(cfg, c, models, deadline_s, prune)
+        return
+    job = (cfg, cands, models, deadline_s, prune)
+    with multiprocessing.get_context("fork").Pool(processes, _start_worker, (job,)) as pool:
+        yield from pool.imap(_simulate_index, range(len(cands)))
+
+
+def evaluate(cfg: ExperimentConfig, models: SimModels | None = None, *, prune: bool = True,
+             processes: int | None = None) -> list[dict[str, Any]]:
+    """Simulate every candidate; one row per candidate (invalid ones are left out). GPU
+    calibrations of this job in the cache replace the speed model's figure for their GPU.
+    ``prune``, ``processes``: see :func:`simulate_candidate`, :func:`simulated` (False, 1: the
+    unoptimised reference the tests compare the answer with). When nothing meets the limits,
+    every row is refined (the nearest misses print their P)."""
     from orchestrator.simulate.calibrate import with_gpu_calibrations
 
     models = models or with_gpu_calibrations(SimModels.load(), cfg)
     deadline_s = None if cfg.planner.deadline_h is None else cfg.planner.deadline_h * 3600
     rows = []
-    for c in candidates(cfg, models):
-        run_cfg = configure(cfg, c)
-        try:
-            validate(run_cfg)
-            plan = make_plan(run_cfg)
-            runs = simulate_candidate(run_cfg, plan, models, deadline_s, cfg.planner)
-            error = models.step_time_error(cfg.job.hparam_set, c.gpu)
-        except (ConfigError, NoModelError):
+    cands = candidates(cfg, models)
+    for c, done in zip(cands, simulated(cfg, cands, models, deadline_s, prune, processes),
+                       strict=True):
+        if done is None:  # invalid (ConfigError, NoModelError): left out
             continue
+        run_cfg, plan, runs = done
+        error = models.step_time_error(cfg.job.hparam_set, c.gpu)
         policy = str(run_cfg.cluster.recovery.on_revocation)
         rows.append({"candidate": c, "gpu": c.gpu, "workers": c.workers,
                      "transient": c.transient, "zone": c.zone, "sync": c.sync_label,
@@ -198,13 +299,24 @@ def evaluate(cfg: ExperimentConfig, models: SimModels | None = None) -> list[dic
                      "hourly_usd": plan.hourly_usd, "speed_basis": error["basis"],
                      "speed_sigma_log": error["sigma_log"],
                      "extrapolated": models.extrapolated(cfg.job.hparam_set, c.gpu),
+                     "speed_supported": models.supported(cfg.job.hparam_set, c.gpu),
                      **summarize_runs(runs, deadline_s)})
+    if prune and rows and not rank(rows, cfg):  # the nearest misses print P: all refined
+        return evaluate(cfg, models, prune=False, processes=processes)
     return rows
+
+
+def supported(row: dict[str, Any]) -> bool:
+    """Whether anything (a measurement, a calibration, the measured GPUs' range, a public
+    throughput) supports the row's step time (``SimModels.supported``)."""
+    return bool(row.get("speed_supported", (True, ""))[0])
 
 
 def rank(rows: list[dict[str, Any]], cfg: ExperimentConfig) -> list[dict[str, Any]]:
     """Rows meeting the budget and, with a deadline, likely enough to meet it
-    (``planner.min_p_deadline``), best first by ``planner.objective``."""
+    (``planner.min_p_deadline``), best first by ``planner.objective``; a row whose speed
+    nothing supports (:func:`supported`) after every row whose speed is supported, never the
+    answer while another exists."""
     p = cfg.planner
     ok = [r for r in rows if r["p_complete"] > 0
           and (p.budget_usd is None or r["mean_cost_usd"] <= p.budget_usd)
@@ -214,7 +326,7 @@ def rank(rows: list[dict[str, Any]], cfg: ExperimentConfig) -> list[dict[str, An
         Objective.time: lambda r: (r["mean_wall_time_s"], r["mean_cost_usd"]),
         Objective.deadline: lambda r: (-r.get("p_deadline", 0), r["mean_cost_usd"]),
     }
-    return sorted(ok, key=keys[Objective(p.objective)])
+    return sorted(ok, key=lambda r: (not supported(r), keys[Objective(p.objective)](r)))
 
 
 def _hours(seconds: float | None) -> str:
@@ -232,6 +344,103 @@ def _spread(sigma_log: float) -> str:
     return f"×/÷{math.exp(sigma_log):.2f}"
 
 
+#: The GPU every measured accuracy was trained on: ICAC'19's and Sync-Switch's K80 workers.
+ACCURACY_MEASURED_ON = "k80"
+
+#: Which measured lifetimes ``sim.lifetimes`` names, as the planner's notes say them.
+LIFETIME_DATA = {"cmdare": "CM-DARE's 2019–20", "icac19": "ICAC'19's February 2019"}
+
+
+def measured_accuracy(r: dict[str, Any]) -> float | None:
+    """A row's accuracy where measured runs support it: the papers' runs of the same setup on
+    the GPU they trained on (K80). None elsewhere: ASP's staleness, and so its accuracy,
+    follows the GPUs' speed, and a K80 figure copied to a T4 would be a guess."""
+    if r.get("final_accuracy") is None or r["gpu"] != ACCURACY_MEASURED_ON:
+        return None
+    return float(r["final_accuracy"])
+
+
+def samples_of(cfg: ExperimentConfig, r: dict[str, Any]) -> int:
+    """Examples the row's run trains at its planned global steps (the row's ``samples`` when
+    it has them): a switch schedule's budget trains more with more workers, ASP's does not."""
+    if "samples" in r:
+        return int(r["samples"])
+    from orchestrator.plan import plan_phases, samples_trained
+
+    run_cfg = configure(cfg, r["candidate"])
+    return samples_trained(run_cfg.job.batch_size, r["workers"],
+                           plan_phases(run_cfg, r["workers"]))
+
+
+def precision_notes(shown: list[dict[str, Any]], cfg: ExperimentConfig) -> list[str]:
+    """What the table's figures rest on: bounds where every (or no) run met it, where the
+    accuracy comes from or why it is missing, the work each answer trains, and lifetimes
+    borrowed from other GPUs."""
+    notes = []
+    shares = [(r[k], r["runs"]) for r in shown for k in ("p_deadline", "p_complete") if k in r]
+    if any(round(p * n) in (0, n) for p, n in shares):
+        low, high = min(n for _, n in shares), max(n for _, n in shares)
+        notes.append("P(deadline), completes: shares of the row's simulated runs (runs per row: "
+                     f"{low if low == high else f'{low}–{high}'}); "
+                     "\"≥ x%\" (\"≤ x%\"): all (none) of them, said as the 95 % Wilson "
+                     "bound for that many runs, since no number of runs shows a certainty")
+    sources = sorted({r["accuracy_source"] for r in shown
+                      if measured_accuracy(r) is not None and r.get("accuracy_source")})
+    if sources:
+        notes.append(f"accuracy: the mean final test accuracy of measured runs of the same "
+                     f"setup (workers, schedule, budget) on {ACCURACY_MEASURED_ON.upper()}, "
+                     f"to 3 decimals: {'; '.join(sources)}")
+    if any(measured_accuracy(r) is None for r in shown):
+        same = sorted({f"{r['final_accuracy']:.3f} ({r['accuracy_source']})" for r in shown
+                       if r.get("final_accuracy") is not None and r.get("accuracy_source")
+                       and measured_accuracy(r) is None})
+        also = f"; the same setup on K80: {'; '.join(same)}" if same else ""
+        notes.append(f"accuracy -: no measured run supports it (the papers measured "
+                     f"{ACCURACY_MEASURED_ON.upper()} workers only, ICAC'19 ASP 1–8 workers and "
+                     f"Sync-Switch 8 and 16; not carried to other GPUs or setups{also})")
+    counts = {samples_of(cfg, r) for r in shown}
+    schedules = bool(schedule_phases(cfg.sync)) or any(
+        r["candidate"].bsp_fraction is not None for r in shown)
+    if len(counts) > 1 or schedules:
+        b, batch = cfg.job.train_steps, cfg.job.batch_size
+        notes.append(f"samples: examples trained by the planned global steps (an ASP step: one "
+                     f"worker's batch of {batch}; a BSP step: all N workers'); a switch "
+                     f"schedule's budget job.train_steps={b} is in BSP-equivalent steps, "
+                     f"f·{b} BSP + (1−f)·{b}·N ASP = {b}·N·{batch} examples: fewer workers "
+                     f"train fewer (ASP alone trains {b}·{batch} whatever N); compare equal "
+                     "work before cost")
+    lifetime = lifetime_note(shown, cfg)
+    if lifetime:
+        notes.append(lifetime)
+    return notes
+
+
+def lifetime_note(shown: list[dict[str, Any]], cfg: ExperimentConfig) -> str | None:
+    """Whose lifetimes revoke the transient rows: the measured GPUs', and for a GPU nobody
+    measured (T4, L4, A100) those borrowed, pooled (CloudLifetimes); None when no cloud
+    revokes them (the experiment's own revocation model does)."""
+    from orchestrator.config.transient import RevocationModel
+    from provisioning.registry import provider_class
+
+    if cfg.revocation.model != RevocationModel.none or not any(r["transient"] for r in shown):
+        return None
+    market = provider_class("sim").transient_market(cfg.pricing)
+    data = SimModels.load().lifetime_models(str(cfg.sim.lifetimes))
+    measured = sorted(data["gpus"])
+    vms = sum(g.get("all", {}).get("vms", 0) for g in data["gpus"].values())
+    borrowed = sorted({r["gpu"].upper() for r in shown
+                       if r["transient"] and r["gpu"].upper() not in measured})
+    said = (f"lifetimes: revocations drawn from {LIFETIME_DATA.get(str(cfg.sim.lifetimes), '')} "
+            f"measured preemptible {', '.join(measured)} VMs ({vms} VMs, "
+            f"sim.lifetimes={cfg.sim.lifetimes})")
+    if market is not None and market.value != "preemptible":
+        said += f", applied to today's {market.value.capitalize()} VMs"
+    if borrowed:
+        said += (f"; {', '.join(borrowed)}: nobody measured their lifetimes, borrowed from "
+                 f"{', '.join(measured)} pooled")
+    return said
+
+
 def header(cfg: ExperimentConfig, shown: int, total: int) -> str:
     """What the table answers: the limits (the minimum P(deadline) included), the ranking and
     how many runs stand behind each row."""
@@ -245,7 +454,7 @@ def header(cfg: ExperimentConfig, shown: int, total: int) -> str:
             else f"{p.repeats} simulated runs each")
     return (f"Plan: {cfg.name}, {shown} of {total} configurations meet "
             f"{', '.join(limits) or 'no limit'}; ranked by {p.objective} ({runs}, "
-            f"{draws(cfg)}; prices {cfg.pricing.name})")
+            f"{draws(cfg)}; prices {cfg.pricing.name} {cfg.pricing.date or 'undated'})")
 
 
 def print_table(ranked: list[dict[str, Any]], cfg: ExperimentConfig, total: int,
@@ -260,20 +469,25 @@ def print_table(ranked: list[dict[str, Any]], cfg: ExperimentConfig, total: int,
     table = Table(title=header(cfg, len(ranked), total), title_justify="left")
     for col in ("#", "cluster", "zone", "sync", "on revocation", "P(deadline)", "completes",
                 "time h (p10–p90)", "cost $ (mean)", "cost $ (p10–p90)", "revocations",
-                "accuracy"):
+                "samples", "accuracy"):
         table.add_column(col, justify="left" if col in ("cluster", "zone", "sync",
                                                         "on revocation") else "right")
     shown = ranked[:p.top]
     for i, r in enumerate(shown, 1):
         c = r["candidate"]
         w, cost = r["time_to_result_s"], r["cost_usd"]
+        if not supported(r):  # no figure nothing supports: the row, its reason in the notes
+            table.add_row(str(i), c.label + " ‡", c.zone, c.sync_label, r["recovery"],
+                          *["‡"] * 2, *["—"] * 4, f"{samples_of(cfg, r) / 1e6:.3g}M", "-")
+            continue
         table.add_row(str(i), c.label + (" †" if r["extrapolated"] else ""), c.zone,
                       c.sync_label, r["recovery"] + (" *" if r["recovery_changed"] else ""),
-                      "-" if "p_deadline" not in r else f"{r['p_deadline']:.0%}",
-                      f"{r['p_complete']:.0%}", f"{_hours(w['p10'])}–{_hours(w['p90'])}",
+                      "-" if "p_deadline" not in r else share_text(r["p_deadline"], r["runs"]),
+                      share_text(r["p_complete"], r["runs"]),
+                      f"{_hours(w['p10'])}–{_hours(w['p90'])}",
                       f"{r['mean_cost_usd']:.2f}", f"{cost['p10']:.2f}–{cost['p90']:.2f}",
-                      f"{r['mean_revocations']:.2f}",
-                      "-" if r["final_accuracy"] is None else f"{r['final_accuracy']:.4f}")
+                      f"{r['mean_revocations']:.2f}", f"{samples_of(cfg, r) / 1e6:.3g}M",
+                      "-" if measured_accuracy(r) is None else f"{measured_accuracy(r):.3f}")
     if not console.is_terminal:  # a file or a pipe: whole rows, no zone cut to "europe-west4…"
         from rich.measure import Measurement
 
@@ -282,11 +496,19 @@ def print_table(ranked: list[dict[str, Any]], cfg: ExperimentConfig, total: int,
     console.print(table)
     notes = ["time: to the result over every run (\"never\": the share that fails, see "
              "completes); cost: what a run costs, completed or failed"]
-    extrapolated = sorted({(r["gpu"], r["speed_sigma_log"]) for r in shown if r["extrapolated"]})
+    unsupported = sorted({(r["gpu"], r["speed_supported"][1]) for r in shown
+                          if not supported(r)})
+    for gpu, why in unsupported:
+        notes.append(f"‡ {gpu}: no figure shown: {why}; ranked after every supported row. A "
+                     f"measured step time replaces the estimate: python -m "
+                     f"orchestrator.simulate.calibrate +experiment={cfg.name} --gpu {gpu} "
+                     "--step-s SECONDS")
+    extrapolated = sorted({(r["gpu"], r["speed_sigma_log"]) for r in shown
+                           if r["extrapolated"] and supported(r)})
     if extrapolated:
         spread = ", ".join(f"{g} {_spread(s)}" for g, s in extrapolated)
-        notes.append(f"† step time extrapolated by TFLOPS to a GPU the speed model was not "
-                     f"fitted on (its held-out error, 1σ: {spread}); a calibration on that GPU "
+        notes.append(f"† step time scaled by TFLOPS and memory bandwidth to a GPU no paper "
+                     f"measured (its held-out error, 1σ: {spread}); a calibration on that GPU "
                      f"replaces it: python -m orchestrator.simulate.calibrate "
                      f"+experiment={cfg.name} [--gpu G --step-s S]")
     narrow = [r for r in shown if _narrow(r["time_to_result_s"])]
@@ -302,6 +524,7 @@ def print_table(ranked: list[dict[str, Any]], cfg: ExperimentConfig, total: int,
         notes.append(f"* planned with replace: on_revocation="
                      f"{cfg.cluster.recovery.on_revocation} would end a lone transient "
                      "worker's run at its first revocation")
+    notes += precision_notes(shown, cfg)
     for note in notes:
         console.print(note, highlight=False)
 
@@ -351,7 +574,8 @@ def pareto_plot(rows: list[dict[str, Any]], cfg: ExperimentConfig, path: Path) -
     ax.set_xlabel("time to result, hours (median; bars: 10th–90th percentile of every run, "
                   "a failed run never finishing)")
     ax.set_ylabel("cost, USD (median; bars: 10th–90th percentile)")
-    ax.set_title(f"{cfg.name}: simulated time vs cost (≥ {cfg.planner.repeats} runs per cluster, "
+    least = min((r["runs"] for r in rows), default=cfg.planner.repeats)  # a ruled-out one: fewer
+    ax.set_title(f"{cfg.name}: simulated time vs cost (≥ {least} runs per cluster, "
                  f"prices {cfg.pricing.name}); labelled: Pareto-optimal", fontsize=9)
     ax.legend(fontsize=8)
     ax.grid(True, which="both", alpha=0.3)
@@ -363,17 +587,23 @@ def pareto_plot(rows: list[dict[str, Any]], cfg: ExperimentConfig, path: Path) -
 
 def write_csv(rows: list[dict[str, Any]], path: Path) -> None:
     """The ranked table; time bands over every run (empty = never), ``wall_*`` over the
-    completed runs only (``band_share`` of them)."""
+    completed runs only (``band_share`` of them); ``samples`` (set by plan_experiment) as in
+    the table; ``final_accuracy`` only where measured (:func:`measured_accuracy`), with its
+    ``accuracy_source``."""
     cols = ["gpu", "workers", "transient", "zone", "sync", "recovery", "hourly_usd", "runs",
             "p_complete", "p_deadline", "mean_wall_time_s", "mean_cost_usd", "mean_revocations",
-            "final_accuracy", "speed_basis", "speed_sigma_log", "extrapolated", "band_share"]
+            "samples", "final_accuracy", "accuracy_source", "speed_basis", "speed_sigma_log",
+            "extrapolated", "band_share"]
     with open(path, "w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow([*cols, "time_p10", "time_p50", "time_p90", "wall_completed_p10",
                          "wall_completed_p90", "cost_p10", "cost_p90"])
         for r in rows:
             t = r["time_to_result_s"]
-            writer.writerow([r.get(k, "") for k in cols] + [
+            measured = measured_accuracy(r)
+            shown = {**r, "final_accuracy": "" if measured is None else measured,
+                     "accuracy_source": "" if measured is None else r.get("accuracy_source")}
+            writer.writerow([shown.get(k, "") for k in cols] + [
                 "" if t[k] is None else t[k] for k in ("p10", "p50", "p90")] + [
                 r["wall_time_s"]["p10"], r["wall_time_s"]["p90"], r["cost_usd"]["p10"],
                 r["cost_usd"]["p90"]])
@@ -411,6 +641,94 @@ def nearest_misses(rows: list[dict[str, Any]], cfg: ExperimentConfig, n: int = 3
     return "nothing meets the limits; closest: " + "; ".join(parts)
 
 
+def nothing_to_plan(cfg: ExperimentConfig) -> ConfigError:
+    """Why a question has no configuration to simulate, as one config error line: the job
+    has no GPU speed figure (a CPU-only job), none of its GPUs can be rented under this
+    pricing or ``planner.gpus``, or every configuration fails validation."""
+    from orchestrator.simulate.calibrate import with_gpu_calibrations
+
+    hparam = cfg.job.hparam_set
+    known = sorted(with_gpu_calibrations(SimModels.load(), cfg)
+                   .params["step_time_s"].get(hparam, {}))
+    if not known:
+        return ConfigError("job.hparam_set", f"{hparam}: the speed model has no GPU figure for "
+                           "this job, so there is no GPU cluster to plan (a CPU-only job; the "
+                           "planner rents GPU workers)", "record one measured on a GPU: python "
+                           f"-m orchestrator.simulate.calibrate +experiment={cfg.name} "
+                           "--gpu G --step-s S")
+    rentable_known = [g for g in known if g in cfg.pricing.gpus and rentable(cfg, g)]
+    if cfg.planner.gpus:
+        def why(gpu: str) -> str:
+            if gpu not in known:
+                return f"no speed figure for job.hparam_set={hparam}"
+            if gpu in cfg.pricing.gpus and machine_type_for(cfg, gpu) is not None:
+                return f"retired under pricing={cfg.pricing.name}"
+            return f"not rented under pricing={cfg.pricing.name}"
+
+        return ConfigError("planner.gpus", "no GPU to plan: " + "; ".join(
+            f"{g}: {why(g)}" for g in cfg.planner.gpus), "rentable, with a speed figure: "
+            + (", ".join(rentable_known) or "none"))
+    if not rentable_known:
+        return ConfigError("pricing", f"{cfg.pricing.name} rents none of the GPUs the speed "
+                           f"model knows for job.hparam_set={hparam} ({', '.join(known)}: "
+                           "retired, or on no catalog machine type)",
+                           "pricing=papers_2019 keeps the 2019 GPUs")
+    return ConfigError("planner.workers", "no configuration of "
+                       f"{', '.join(rentable_known)} × workers {list(cfg.planner.workers)} "
+                       "passes validation", "python -m orchestrator "
+                       f"+experiment={cfg.name} dry_run=true names the first problem")
+
+
+def answer_overrides(cfg: ExperimentConfig, r: dict[str, Any]) -> list[str]:
+    """The Hydra overrides that make the experiment row ``r``'s cluster, as :func:`configure`
+    plans it: GPU, workers, zone, machine type, transient, parameter servers, the recovery
+    the row was planned with, and its schedule where the row sets one."""
+    run_cfg = configure(cfg, r["candidate"])
+    cluster, group = run_cfg.cluster, run_cfg.cluster.worker_groups[0]
+    transient = str(group.transient).lower()
+    if len(cfg.cluster.worker_groups) == 1:
+        out = [f"cluster.workers={group.count}", f"cluster.worker_groups.0.gpu={group.gpu}",
+               f"cluster.worker_groups.0.zone={group.zone}",
+               f"cluster.worker_groups.0.machine_type={group.machine_type}",
+               f"cluster.worker_groups.0.transient={transient}"]
+    else:  # one group replaces the experiment's several
+        out = [f"cluster.workers={group.count}",
+               f"cluster.worker_groups=[{{count:{group.count},gpu:{group.gpu},zone:{group.zone},"
+               f"machine_type:{group.machine_type},transient:{transient}}}]"]
+    out += [f"cluster.ps_zone={cluster.ps_zone}",
+            f"cluster.parameter_servers={cluster.parameter_servers}"]
+    if cluster.recovery.on_revocation != cfg.cluster.recovery.on_revocation:
+        out.append(f"cluster.recovery.on_revocation={cluster.recovery.on_revocation}")
+    if r["candidate"].bsp_fraction is not None:
+        phases = ",".join(f"{{protocol:{ph.protocol.value},fraction:{ph.fraction:g}}}"
+                          for ph in run_cfg.sync.phases)
+        out += [f"sync.phases=[{phases}]", "sync.switch_order=", "sync.fractions=[]",
+                "sync.phase_hparams=[]"]
+    return out
+
+
+def dry_run_command(overrides: list[str], cfg: ExperimentConfig, r: dict[str, Any]) -> str:
+    """The one command that dry-runs row ``r``: the question's own overrides but the
+    planner's and those the row sets (a schedule of its own replaces the question's ``sync``),
+    then the row's (:func:`answer_overrides`)."""
+    import shlex
+
+    from orchestrator.version import prog_name
+
+    answer = answer_overrides(cfg, r)
+    keys = {o.split("=", 1)[0] for o in answer} | {
+        "planner", "dry_run", "cluster.worker_groups.0.count"}
+    if r["candidate"].bsp_fraction is not None:
+        keys.add("sync")
+
+    def own(o: str) -> bool:
+        key = o.split("=", 1)[0].lstrip("+~")
+        return not any(key == k or key.startswith(k + ".") for k in keys)
+
+    return " ".join([prog_name("orchestrator"), *map(shlex.quote, [
+        *(o for o in overrides if own(o)), *answer, "dry_run=true"])])
+
+
 def plan_experiment(overrides: list[str], out_dir: Path | None = None
                     ) -> tuple[list[dict[str, Any]], Path]:
     """Compose, search, print, write the CSV and the plot; returns (ranked rows, out dir)."""
@@ -420,12 +738,18 @@ def plan_experiment(overrides: list[str], out_dir: Path | None = None
     cfg = compose(overrides)
     validate(cfg)
     rows = evaluate(cfg)
+    if not rows:
+        raise nothing_to_plan(cfg)
     ranked = rank(rows, cfg)
+    for r in ranked:
+        r["samples"] = samples_of(cfg, r)
     out = out_dir or Path("outputs") / "plan" / cfg.name / time.strftime("%Y-%m-%d_%H-%M-%S")
     out.mkdir(parents=True, exist_ok=True)
     print_table(ranked, cfg, len(rows))
-    if not ranked and rows:
+    if not ranked:
         print(nearest_misses(rows, cfg))
+    else:
+        print(f"dry run of #1: {dry_run_command(overrides, cfg, ranked[0])}")
     write_csv(ranked, out / "plan.csv")
     if rows:
         pareto_plot(rows, cfg, out / "pareto.png")
@@ -466,5 +790,8 @@ def main(argv: list[str] | None = None) -> None:
         return
     try:
         plan_experiment(parse_args(args))
+    except KeyboardInterrupt:  # the search's worker processes end with this one
+        print("interrupted: nothing was planned", file=sys.stderr)
+        sys.exit(130)
     except Exception as ex:  # ConfigError or Hydra/OmegaConf errors: one line naming the field
         exit_on_config_error(ex, args)

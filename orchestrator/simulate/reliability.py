@@ -49,7 +49,7 @@ def check(overrides: list[str], fresh: int = 1000) -> list[dict[str, Any]]:
     deadline_s = cfg.planner.deadline_h * 3600
     models = with_gpu_calibrations(SimModels.load(), cfg)
     out = []
-    for row in evaluate(cfg, models):
+    for row in evaluate(cfg, models, prune=False):  # every row refined, shown or not
         c = row["candidate"]
         run_cfg = configure(cfg, c)
         plan = make_plan(run_cfg)
@@ -116,21 +116,35 @@ def speed_error_markdown(hparam_set: str = "resnet_cifar_32") -> list[str]:
     models = SimModels.load()
     error = models.params["step_time_error"]
     model = error["model"]
-    lines = ["| held-out GPU | fitted on | TFLOPS outside the fitted range (log) | rows | "
+    lines = ["| held-out GPU | fitted on | outside the fitted TFLOPS/bandwidth (log) | rows | "
              "MAPE | mean log error | RMS log error |", "|---|---|---|---|---|---|---|"]
     for gpu, f in model["folds"].items():
         lines.append(f"| {gpu} | {', '.join(f['fitted_on'])} | {f['distance']:.2f} | {f['n']} | "
                      f"{f['mape']:.1f} % | {f['mean_log_error']:+.3f} | "
                      f"{f['rms_log_error']:.3f} |")
     lines += ["", f"measured {model['measured']:.3f}, architecture {model['architecture']:.3f}, "
-              f"inside {model['inside']:.3f}, per log-TFLOPS outside {model['per_log_tflops']:.3f}"
-              f" (fitted range {model['tflops_range'][0]:g}–{model['tflops_range'][1]:g} TFLOPS)",
+              f"inside {model['inside']:.3f}, per log-unit outside {model['per_log_tflops']:.3f}"
+              f" (measured {model['tflops_range'][0]:g}–{model['tflops_range'][1]:g} TFLOPS, "
+              f"{model['mem_bw_range'][0]:g}–{model['mem_bw_range'][1]:g} GB/s); "
+              f"w = {model['hardware_exponent']:.2f}",
               "", f"| GPU | {hparam_set} step (s, batch 128) | steps/s | basis | σ (log) | "
-              "1σ factor |", "|---|---|---|---|---|---|"]
+              "1σ factor | supported |", "|---|---|---|---|---|---|---|"]
     for gpu, e in sorted(error["by_job"][hparam_set].items()):
         step = models.step_time_s(hparam_set, gpu, 128)
+        ok, why = models.supported(hparam_set, gpu)
         lines.append(f"| {gpu} | {step:.4f} | {1 / step:.1f} | {e['basis']} | "
-                     f"{e['sigma_log']:.3f} | ×/÷{math.exp(e['sigma_log']):.2f} |")
+                     f"{e['sigma_log']:.3f} | ×/÷{math.exp(e['sigma_log']):.2f} | "
+                     f"{'yes' if ok else 'no'}: {why} |")
+    lines += ["", "| GPU | public ratio to V100 | model (ResNet-32) | log error | 2σ | agrees | "
+              "source |", "|---|---|---|---|---|---|---|"]
+    for c in model.get("public_checks", []):
+        if c["ratio"] is None:
+            lines.append(f"| {c['gpu']} | none found | {c['predicted_ratio']:.2f} | | "
+                         f"{2 * c['sigma_log']:.2f} | unchecked | |")
+            continue
+        lines.append(f"| {c['gpu']} | {c['ratio']:.2f} | {c['predicted_ratio']:.2f} | "
+                     f"{c['log_error']:+.2f} | {2 * c['sigma_log']:.2f} | "
+                     f"{'yes' if c['within'] else 'no'} | [{c['what']}]({c['url']}) |")
     return lines
 
 

@@ -40,8 +40,8 @@ def test_headline_plan_is_spot_t4_at_gce_list_prices() -> None:
     workers = [h for h in plan.hosts if h.role == "worker"]
     assert len(workers) == 4
     assert all(h.gpu == "t4" and h.zone == "us-west1-b" and h.transient for h in workers)
-    # conf/pricing/gce.yaml: Spot n1-standard-4 + Spot T4 per worker, on-demand n1-standard-4 PS
-    assert plan.hourly_usd == pytest.approx(4 * (0.04 + 0.11) + 0.19)
+    # conf/pricing/gce.yaml, us-west1: Spot n1-standard-4 + Spot T4 per worker, on-demand PS
+    assert plan.hourly_usd == pytest.approx(4 * (0.04815 + 0.14) + 0.19)
     # no paper measured a T4: the estimate exists, marked as the speed model's extrapolation
     assert plan.est_train_time_s is not None and plan.extrapolated_gpus == ["t4"]
     measured = SimModels.load().step_time_error("resnet_cifar_32", "k80")["sigma_log"]
