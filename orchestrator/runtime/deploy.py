@@ -77,6 +77,12 @@ LEASE_RENEW_S = 5.0
 LEASE_S = 45.0
 
 
+#: The newest deployment's lease token per machine in this process: an older deployment's
+#: renewals must not write its token back over a newer generation's (which ends its roles).
+_generation_of: dict[HostId, str] = {}
+_generations_lock = threading.Lock()
+
+
 def role_lease_s(contact_grace_s: float) -> float:
     """The roles' lease for a provider that waits `contact_grace_s` for a machine it cannot
     reach (`ProviderConfig.contact_grace_s`): that grace plus LEASE_S, so roles outlive every
@@ -369,6 +375,8 @@ class Deployment:
         started, sent = time.monotonic(), runner.bytes_sent()
         runner.setup()
         runner.write_text(Path(layout.SPEC_FILE), self.spec_text)
+        with _generations_lock:  # this generation holds the machine now: an older one stops
+            _generation_of[host.machine] = self.lease_token  # renewing its token over ours
         runner.write_text(Path(layout.LEASE_FILE), self.lease_token)
         staged = None
         if (self._stager is not None and not runner.shares_orchestrator_fs
@@ -399,6 +407,9 @@ class Deployment:
         while not self._tearing_down.wait(LEASE_RENEW_S):
             if all(h.machine != machine for h in self.cluster.hosts) or not runner.alive():
                 return  # replaced or lost: what it still runs ends when the lease lapses
+            with _generations_lock:
+                if _generation_of.get(machine) != self.lease_token:
+                    return  # a newer deployment took the machine: its roles end ours at once
             with contextlib.suppress(Exception):  # a lost or cut machine: renewed when back
                 runner.write_text(Path(layout.LEASE_FILE), self.lease_token)
 
