@@ -197,6 +197,10 @@ def main() -> None:
 
         print(version_line("orchestrator"))
         return
+    from orchestrator.controller import submit as detach
+
+    if detach.requested(sys.argv):  # --detach: the same command on a controller VM
+        sys.exit(detach.main(sys.argv))
     from orchestrator.config.hydra_errors import (
         blame_interpolated_field,
         check_group_overrides,

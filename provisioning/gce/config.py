@@ -120,6 +120,10 @@ class GceConfig(ProviderConfig):
     boot_preemptions: int = 3  # a VM preempted while booting or checked is re-created this often
     max_parallel: int = 32  # concurrent API calls while creating or deleting
     preflight_checks: bool = True  # quotas, image, bucket, OS Login read before any VM
+    #: `--detach`: the sweep runs on one on-demand controller VM of this type (no GPU) in
+    #: `controller_zone` (None: the first of `zones`), sharing its state through `storage`
+    controller_machine_type: str = "e2-standard-2"
+    controller_zone: str | None = None
 
     def ssh_key_path(self) -> str:
         """The private key the VMs are logged into with: `ssh_key`, or the tool's own."""

@@ -234,6 +234,29 @@ class GcsStore:
         _check_results("download", url, names, results)
         return names
 
+    def read_bytes(self, url: GcsUrl, start: int = 0) -> bytes | None:
+        """The object at `url` from byte `start` on (b"" when it has no more), None when there
+        is no such object: a small record (a detached sweep's state) or a growing log's tail."""
+        from google.api_core import exceptions as api_exceptions
+
+        blob = self._bucket(url).blob(url.prefix)
+        try:
+            return blob.download_as_bytes(start=start or None)
+        except api_exceptions.NotFound:
+            return None
+        except api_exceptions.RequestRangeNotSatisfiable:
+            return b""
+        except Exception as error:
+            raise StorageError(f"cannot read {url}: {type(error).__name__}: {error}") from error
+
+    def write_bytes(self, url: GcsUrl, data: bytes) -> None:
+        """Write the object at `url` whole (a reader sees the old or the new bytes, never a
+        mix: Cloud Storage objects are replaced atomically)."""
+        try:
+            self._bucket(url).blob(url.prefix).upload_from_string(data)
+        except Exception as error:
+            raise StorageError(f"cannot write {url}: {type(error).__name__}: {error}") from error
+
     def delete(self, url: GcsUrl, names: Sequence[str]) -> None:
         bucket = self._bucket(url)
         for name in names:

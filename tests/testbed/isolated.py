@@ -184,7 +184,7 @@ class IsolatedTestBed(HostSignals):
         self.known_hosts.touch()
         self.hosts: list[IsolatedHost] = []
         self._links: list[str] = []
-        self._index: subprocess.Popen[bytes] | None = None
+        self._indexes: dict[Path, tuple[subprocess.Popen[bytes], str]] = {}
         self._lock = threading.Lock()  # hosts may start from several threads (a fake cloud)
         self._closed = False
         # Hosts die with the *thread* that started them (PR_SET_PDEATHSIG), so one long-lived
@@ -442,24 +442,27 @@ class IsolatedTestBed(HostSignals):
 
     def serve_index(self, wheel_dir: Path) -> str:
         """Serve `wheel_dir` as a PyPI-compatible index (pypiserver) on the bridge; return the
-        URL hosts give pip as `--index-url`. One index per bed; it ends with the bed."""
-        if self._index is not None:
-            raise RuntimeError("this bed already serves an index")
+        URL hosts give pip as `--index-url`. One index per folder (asking again for the same
+        folder returns its URL: the session's hosts' index and a controller's index live side
+        by side); they end with the bed."""
+        wheel_dir = Path(wheel_dir).resolve()
+        if wheel_dir in self._indexes:
+            return self._indexes[wheel_dir][1]
         with socket.socket() as s:
             s.bind((self.gateway, 0))
             port = s.getsockname()[1]
         argv = ["setpriv", "--pdeathsig", "KILL", sys.executable, "-m", "pypiserver", "run",
                 "-i", self.gateway, "-p", str(port), "-a", ".", "-P", ".",
                 "--disable-fallback", "--server", "auto", str(wheel_dir)]
+        url = f"http://{self.gateway}:{port}/simple/"
 
         def launch() -> subprocess.Popen[bytes]:
             with open(self.dir / "index.log", "ab") as log:
-                self._index = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log,
-                                               stderr=log)
-            return self._index
+                proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+            self._indexes[wheel_dir] = (proc, url)
+            return proc
 
         index = self._launcher.submit(launch).result()
-        url = f"http://{self.gateway}:{port}/simple/"
         deadline = time.monotonic() + 60
         while True:
             with contextlib.suppress(OSError), urllib.request.urlopen(url, timeout=2) as reply:
@@ -480,11 +483,11 @@ class IsolatedTestBed(HostSignals):
         self._launcher.shutdown(wait=True)  # nothing starts from now on (a fake cloud's threads)
         for host in self.hosts:
             self.stop(host)
-        if self._index is not None:
+        for index, _ in self._indexes.values():
             with contextlib.suppress(ProcessLookupError):
-                self._index.kill()
-            self._index.wait()
-            self._index = None
+                index.kill()
+            index.wait()
+        self._indexes.clear()
         for host in self.hosts:
             _ip("netns", "del", host.netns, check=False)
         for link in reversed(self._links):

@@ -1,0 +1,192 @@
+"""The controller's side of a detached sweep: ``python -m orchestrator.controller.agent URL``.
+
+Started by the controller VM's startup script (`provisioning/gce/controller.py`) once the tool is
+installed. It unpacks the user's ``experiments/`` and ``conf/``, runs the submitted command,
+unchanged but for what only made sense on the user's machine (``submit/command.json``), as a
+child process (the orchestrator of an attached sweep, with every guarantee it has: leases,
+recovery, clean-up on Ctrl-C), and keeps the bucket in step while it runs:
+
+- ``sweep/``: the sweep folder, pushed every ``PUSH_S`` (only what changed) and once more at
+  the end, so ``pull`` gets the files an attached sweep would have written;
+- ``console.log``: what the orchestrator printed;
+- ``controller.json``: the phase and a heartbeat every ``layout.HEARTBEAT_S``;
+- ``cancel``: polled; when it appears the orchestrator gets SIGTERM (its Ctrl-C: every VM
+  released, runs recorded as interrupted) and the phase becomes ``cancelled``.
+
+When the orchestrator has ended (done, failed or cancelled) the agent deletes its own VM: the
+controller costs nothing after its sweep. If the controller dies instead, the sweep's state is
+in the bucket (launch journal, run folders, checkpoints) and ``python -m
+orchestrator.controller resume`` continues it; the workers' VMs end within their lease.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+from orchestrator.controller import layout
+
+#: Seconds between two pushes of the sweep folder (what a controller's death can lose of it).
+PUSH_S = 5.0
+WORK_ENV = "TRANSIENT_CONTROLLER_DIR"  # where the agent works (default below)
+DEFAULT_WORK = "/var/tmp/transient-controller"
+#: How long the orchestrator may take to release everything after SIGTERM before SIGKILL.
+STOP_GRACE_S = 600.0
+
+
+class Agent:
+    """One detached sweep on this controller."""
+
+    def __init__(self, urls: layout.SweepUrls, work: Path) -> None:
+        from provisioning.gce.storage import GcsUrl, store_for_provider
+
+        self.urls = urls
+        self.work = work
+        self._url = GcsUrl.parse
+        bootstrap = _storage_for_command()
+        text = bootstrap.read_bytes(GcsUrl.parse(urls.child(layout.SUBMIT, layout.COMMAND_FILE)))
+        if text is None:
+            raise SystemExit(f"agent: no {layout.COMMAND_FILE} under {urls.submit}")
+        self.command = layout.Command.from_json(text.decode())
+        self.store = store_for_provider(self.command.provider)
+        self.repo = work / "repo"
+        self.sweep_dir = self.repo / self.command.sweep_dir
+        self.console_path = work / layout.CONSOLE_FILE
+        self.started = time.time()
+        self.cancelled = False
+
+    # the bucket ----------------------------------------------------------------------------
+    def state(self, phase: str, **fields: object) -> None:
+        record = layout.ControllerState(phase, time.time(), vm=self.command.controller_vm,
+                                        zone=self.command.controller_zone,
+                                        started=self.started, **fields)  # type: ignore[arg-type]
+        self.store.write_bytes(self._url(self.urls.child(layout.STATE_FILE)),
+                               record.to_json().encode())
+
+    def cancel_requested(self) -> bool:
+        return self.store.read_bytes(self._url(self.urls.child(layout.CANCEL_FILE))) is not None
+
+    def push(self, mirror: object) -> None:
+        mirror.push()  # type: ignore[attr-defined]
+        if self.console_path.exists():
+            self.store.write_bytes(self._url(self.urls.child(layout.CONSOLE_FILE)),
+                                   self.console_path.read_bytes())
+
+    # the sweep -----------------------------------------------------------------------------
+    def unpack(self) -> None:
+        data = self.store.read_bytes(self._url(self.urls.child(layout.SUBMIT,
+                                                                layout.REPO_ARCHIVE)))
+        self.repo.mkdir(parents=True, exist_ok=True)
+        if data:
+            with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
+                tar.extractall(self.repo, filter="data")
+
+    def argv(self) -> list[str]:
+        if self.command.resume:
+            return [sys.executable, "-m", "orchestrator", "--resume", str(self.sweep_dir)]
+        return [sys.executable, "-m", "orchestrator", *self.command.overrides,
+                f"hydra.sweep.dir={self.command.sweep_dir}"]
+
+    def run(self) -> int:
+        from orchestrator.controller.mirror import SweepMirror
+
+        self.unpack()
+        mirror = SweepMirror(self.store, self.sweep_dir, self._url(self.urls.mirror))
+        if self.command.resume:  # a new controller goes on from what the bucket holds
+            mirror.pull(self.sweep_dir)
+        self.sweep_dir.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, **self.command.env, "TRANSIENT_REPO": str(self.repo),
+               "PYTHONUNBUFFERED": "1"}
+        with open(self.console_path, "ab") as console:
+            proc = subprocess.Popen(self.argv(), cwd=self.repo, env=env, stdout=console,
+                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        self.state(layout.RUNNING, message=f"orchestrator pid {proc.pid}")
+        stop_sent: float | None = None
+        last_push = 0.0
+        while True:
+            try:
+                code = proc.wait(timeout=1.0)
+                break
+            except subprocess.TimeoutExpired:
+                pass
+            now = time.monotonic()
+            if now - last_push >= PUSH_S:
+                last_push = now
+                with contextlib.suppress(Exception):  # a storage hiccup: the next push
+                    if not self.cancelled and self.cancel_requested():
+                        self.cancelled, stop_sent = True, now
+                        proc.send_signal(signal.SIGTERM)  # the orchestrator's Ctrl-C
+                    self.push(mirror)
+                    self.state(layout.CANCELLING if self.cancelled else layout.RUNNING)
+            if stop_sent is not None and now - stop_sent > STOP_GRACE_S:
+                proc.kill()
+        phase = (layout.CANCELLED if self.cancelled
+                 else layout.DONE if code == 0 else layout.FAILED)
+        for attempt in range(5):  # the final push: the record the user pulls
+            try:
+                self.push(mirror)
+                self.state(phase, exit_code=code)
+                break
+            except Exception as error:
+                print(f"agent: final push failed ({error}); retrying", file=sys.stderr)
+                time.sleep(2.0 * (attempt + 1))
+        return code
+
+
+def _storage_for_command():  # -> GcsStore
+    """The bucket client before command.json is read: the VM's own identity (Application
+    Default Credentials: its service account), or a local emulator the environment names."""
+    from provisioning.gce.storage import GcsStore
+
+    return GcsStore()
+
+
+def delete_own_vm(command: layout.Command) -> None:
+    """The controller's last act: delete its VM (its service account may; the cloud's
+    maxRunDuration ends it anyway)."""
+    from dataclasses import fields
+
+    from provisioning.gce.api import ComputeApi
+    from provisioning.gce.config import GceConfig
+
+    known = {f.name for f in fields(GceConfig) if f.init}
+    cfg = GceConfig(**{k: v for k, v in command.provider.items() if k in known})
+    api = ComputeApi(cfg, project=cfg.project)
+    api.delete(command.controller_zone, command.controller_vm)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if not args or args[0] in ("-h", "--help"):
+        print(__doc__)
+        return 0 if args else 2
+    urls = layout.SweepUrls.parse(args[0])
+    work = Path(os.environ.get(WORK_ENV, DEFAULT_WORK)) / urls.sweep_id
+    work.mkdir(parents=True, exist_ok=True)
+    agent = Agent(urls, work)
+    try:
+        code = agent.run()
+    except BaseException as error:  # the record says why the controller stopped
+        with contextlib.suppress(Exception):
+            agent.state(layout.FAILED, message=f"agent: {type(error).__name__}: {error}")
+        raise
+    if os.environ.get("TRANSIENT_CONTROLLER_KEEP_VM") != "1":
+        try:
+            delete_own_vm(agent.command)
+        except Exception as error:
+            print(f"agent: could not delete the controller VM: {error}; the cloud ends it at "
+                  "its maxRunDuration", file=sys.stderr)
+    print(json.dumps({"exit_code": code}))
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,257 @@
+"""``--detach``: the user's side of a detached sweep.
+
+The same command a user would run attached, plus ``--detach``, runs on a small on-demand
+controller VM in the cluster's zone instead of on this machine (SkyPilot's managed-jobs
+controller, and the seeds' own XML-RPC master, did the same): the sweep then outlives the
+laptop. Before anything is created here, every point is checked exactly as an attached sweep
+checks it (a dry run of the whole command: configs, plans, the cloud's pre-flight) and the job
+trains one step locally (``preflight``). Then, under ``<provider.storage>/sweeps/<id>/``
+(:mod:`orchestrator.controller.layout`):
+
+- ``submit/``: the command (its overrides, as the controller must run them), the user
+  repository's ``experiments/`` and ``conf/`` as this command saw them (the controller needs no
+  access to the user's git) and this tool's wheel;
+- ``data/``: a ``job.data_dir`` of this machine, uploaded once (the VMs read it from there:
+  the data crosses this machine's link once, not once per VM);
+- ``controller.json``: ``submitted``.
+
+The controller VM gets no key or credential of the user's: it acts as its service account, and
+logs into the workers' VMs with a key it makes itself. The command returns after printing where
+the sweep runs and how to follow it (``python -m orchestrator.controller ...``).
+"""
+
+from __future__ import annotations
+
+import getpass
+import io
+import os
+import socket
+import sys
+import tarfile
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from orchestrator.config.errors import CONFIG_ERROR_EXIT_CODE, ConfigError
+from orchestrator.controller import layout
+
+FLAG = "--detach"
+#: Variables of the Google client libraries that point them at a local stand-in (an emulator,
+#: tests' fakes): passed to the controller so it talks to the same services. Never credentials.
+STAND_IN_ENV = ("STORAGE_EMULATOR_HOST",)
+#: Overrides that only make sense on this machine: the controller uses its own key and folder.
+_LOCAL_ONLY = ("provider.ssh_key=", "provider.credentials=", "hydra.sweep.dir=",
+               "hydra.run.dir=", "job.data_dir=", "preflight=")
+_SWEEP_FLAGS = ("-m", "--multirun")
+#: A controller VM's life without a prediction: the cloud ends it after this (7 days).
+CONTROLLER_MAX_S = 7 * 24 * 3600
+
+
+def requested(argv: Sequence[str]) -> bool:
+    return FLAG in argv[1:]
+
+
+def main(argv: Sequence[str]) -> int:
+    """``python -m orchestrator ... --detach``: check, upload, start the controller, print how
+    to follow. Exit 0 when the controller VM was created, 2 for a config error (one line)."""
+    args = [a for a in argv[1:] if a != FLAG]
+    if any(a.startswith("--resume") for a in args):
+        print(f"config error: {FLAG}: a detached sweep is resumed with python -m "
+              "orchestrator.controller resume SWEEP (not --resume)", file=sys.stderr)
+        return CONFIG_ERROR_EXIT_CODE
+    try:
+        return _submit(args)
+    except ConfigError as err:
+        print(err.line(), file=sys.stderr)
+        return CONFIG_ERROR_EXIT_CODE
+
+
+def first_point(overrides: Sequence[str]) -> list[str]:
+    """The overrides of the sweep's first point (each sweep override's first value): what one
+    composition checks the provider section on."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parsed = OverridesParser.create().parse_overrides(list(overrides))
+    out = []
+    for text, override in zip(overrides, parsed, strict=True):
+        if override.is_sweep_override():
+            first = next(iter(override.sweep_string_iterator()))
+            out.append(f"{override.get_key_element()}={first}")
+        else:
+            out.append(text)
+    return out
+
+
+def _submit(args: list[str]) -> int:
+    import subprocess
+
+    from omegaconf import OmegaConf
+
+    from orchestrator.config.compose import compose_config
+    from orchestrator.plan.load import load_and_plan
+
+    flags = [a for a in args if a.startswith("-")]
+    overrides = [a for a in args if not a.startswith("-")]
+    cfg = compose_config(first_point(overrides))
+    experiment, _ = load_and_plan(cfg)
+    provider = experiment.provider
+    if provider.name != "gce":
+        raise ConfigError("provider", f"{FLAG} runs the sweep on a controller VM in Google "
+                          f"Cloud: it needs provider=gce (not {provider.name})")
+    storage = getattr(provider, "storage", None)
+    if not storage:
+        raise ConfigError("provider.storage", f"{FLAG} keeps the sweep's state in Cloud Storage,"
+                          " where the controller and this machine both reach it: set "
+                          "provider.storage=gs://BUCKET/PREFIX")
+    sweep_dir = next((a.split("=", 1)[1] for a in overrides
+                      if a.startswith("hydra.sweep.dir=")), None)
+    sweep_id, sweep_dir = _sweep_names(str(cfg.get("name") or "sweep"), sweep_dir)
+    urls = layout.SweepUrls(storage, sweep_id)
+
+    # 1. every point, as the attached command would check it: nothing is created yet
+    with tempfile.TemporaryDirectory(prefix="transient-detach-") as tmp:
+        check = subprocess.run([sys.executable, "-m", "orchestrator", *flags, *overrides,
+                                "dry_run=true", "progress=false",
+                                f"hydra.sweep.dir={tmp}/sweep", f"hydra.run.dir={tmp}/run"],
+                               stdout=subprocess.PIPE, text=True)
+        if check.returncode != 0:
+            sys.stdout.write(check.stdout)
+            return check.returncode
+        sys.stdout.write(check.stdout)
+    if experiment.preflight:
+        from orchestrator.preflight import PreflightError, run_preflight
+
+        try:
+            run_preflight(experiment)
+        except PreflightError as err:
+            print(str(err), file=sys.stderr)
+            return 1
+
+    # 2. what the controller needs, in the bucket
+    from provisioning.gce.api import ComputeApi, resolve_credentials
+    from provisioning.gce.controller import (
+        controller_body,
+        controller_vm_name,
+        create_controller,
+        tool_wheel,
+    )
+    from provisioning.gce.keys import public_key_line
+    from provisioning.gce.storage import GcsStore, GcsUrl
+
+    _, project = resolve_credentials(provider)
+    project = provider.project or project
+    store = GcsStore(cfg=provider)
+    kept = [a for a in overrides if not a.startswith(_LOCAL_ONLY)]
+    data_dir = experiment.job.data_dir
+    if data_dir and not str(data_dir).startswith("gs://"):
+        folder = Path(data_dir).expanduser()
+        store.upload(folder, GcsUrl.parse(urls.data))
+        kept.append(f"job.data_dir={urls.data}")
+        print(f"data: {folder} uploaded to {urls.data} (the VMs read it there)")
+    elif data_dir:
+        kept.append(f"job.data_dir={data_dir}")
+    zone = provider.controller_zone or provider.zones[0]
+    vm = controller_vm_name(sweep_id)
+    # the controller acts as its service account (ADC on a VM), never with the user's key file
+    from provisioning.gce.config import CREDENTIALS_ADC, CREDENTIALS_ANONYMOUS
+
+    creds = (CREDENTIALS_ANONYMOUS if provider.credentials == CREDENTIALS_ANONYMOUS
+             else CREDENTIALS_ADC)
+    section = {**OmegaConf.to_container(cfg.provider, resolve=True), "credentials": creds,
+               "ssh_key": None, "project": project}
+    hourly = _controller_price(experiment, provider.controller_machine_type, zone)
+    command = layout.Command(
+        sweep_id=sweep_id,
+        overrides=[*flags, *kept, f"provider.project={project}", f"provider.credentials={creds}",
+                   "provider.ssh_key=null", "preflight=false"],
+        sweep_dir=sweep_dir, provider=section,
+        env={k: os.environ[k] for k in STAND_IN_ENV if os.environ.get(k)},
+        submitted_by=f"{getpass.getuser()}@{socket.gethostname()}", submitted_at=time.time(),
+        controller_vm=vm, controller_zone=zone, controller_usd_per_hour=hourly)
+    with tempfile.TemporaryDirectory(prefix="transient-detach-") as tmp:
+        wheel = tool_wheel(Path(tmp))
+        command.wheel = wheel.name
+        store.upload(wheel.parent, GcsUrl.parse(urls.submit), [wheel.name])
+    store.write_bytes(GcsUrl.parse(urls.child(layout.SUBMIT, layout.REPO_ARCHIVE)),
+                      repo_archive())
+    store.write_bytes(GcsUrl.parse(urls.child(layout.SUBMIT, layout.COMMAND_FILE)),
+                      command.to_json().encode())
+    store.write_bytes(GcsUrl.parse(urls.child(layout.STATE_FILE)),
+                      layout.ControllerState(layout.SUBMITTED, time.time(), vm=vm,
+                                             zone=zone).to_json().encode())
+
+    # 3. the controller VM: on-demand, its own service account, a life the cloud bounds
+    api = ComputeApi(provider, project=project)
+    points = max(1, _points(overrides))
+    life = min(CONTROLLER_MAX_S, points * (provider.run_duration_s() or CONTROLLER_MAX_S))
+    body = controller_body(provider, project, zone, vm, urls.root,
+                           public_key_line(provider.ssh_key_path()) if provider.ssh_key
+                           else None, command.env, life)
+    create_controller(api, zone, body, provider.operation_timeout_s)
+    from orchestrator.controller import index
+
+    index.remember(urls, Path.cwd())
+    follow = f"python -m orchestrator.controller {{}} {sweep_id}"
+    print(f"detached: sweep {sweep_id} runs on controller VM {vm} ({zone}, "
+          f"{provider.controller_machine_type}, about ${hourly:.3f}/h), its state in {urls.root}")
+    for verb, what in (("status", "points, steps and cost so far"),
+                       ("attach", "the live progress (Ctrl-C detaches; the sweep goes on)"),
+                       ("logs -f", "the console"), ("cancel", "stop it and release every VM"),
+                       ("pull", f"the results into {sweep_dir}")):
+        print(f"  {follow.format(verb):<60} {what}")
+    return 0
+
+
+def _sweep_names(name: str, sweep_dir: str | None) -> tuple[str, str]:
+    """(sweep id, sweep folder relative to the command's folder). The folder is
+    ``multirun/<name>/<stamp>-<hex>`` unless the command names one, and the id is what
+    :func:`orchestrator.sweep.sweep_id` makes of that folder: the ``sweep-id`` label of every
+    VM the sweep creates is then the detached sweep's id."""
+    if sweep_dir is None:
+        sweep_id = layout.new_sweep_id(name)
+        slug = sweep_id.rsplit("-", 3)[0]
+        return sweep_id, f"multirun/{slug}/{sweep_id[len(slug) + 1:]}"
+    from provisioning.gce.body import label_value
+
+    path = Path(sweep_dir)
+    sweep_id = label_value(f"{path.parent.name}-{path.name}")
+    problem = layout.sweep_id_problem(sweep_id)
+    if problem:
+        raise ConfigError("hydra.sweep.dir", f"{sweep_dir}: names the detached sweep, and "
+                          f"{problem}")
+    return sweep_id, sweep_dir
+
+
+def _points(overrides: Sequence[str]) -> int:
+    """How many points the sweep has (the product of its sweep overrides' lengths)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    count = 1
+    for override in OverridesParser.create().parse_overrides(list(overrides)):
+        if override.is_sweep_override():
+            count *= len(list(override.sweep_string_iterator()))
+    return count
+
+
+def _controller_price(experiment: Any, machine_type: str, zone: str) -> float:
+    """The controller VM's on-demand price per hour from the catalog (0.0 when it has none)."""
+    try:
+        return float(experiment.pricing.hourly_price(machine_type, None, False, zone=zone))
+    except Exception:  # a machine type the catalog does not price: the plan says so
+        return 0.0
+
+
+def repo_archive(root: Path | None = None) -> bytes:
+    """The user repository's ``experiments/`` and ``conf/`` (only those: the controller needs
+    nothing else of it) as a gzip'd tar; empty when the command runs outside a repository."""
+    from orchestrator import user_repo
+
+    root = root or user_repo.user_root()
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+        for part in (user_repo.EXPERIMENTS, user_repo.CONF):
+            if root is not None and (root / part).is_dir():
+                tar.add(root / part, arcname=part)
+    return buffer.getvalue()
