@@ -92,8 +92,9 @@ class Agent:
     def argv(self) -> list[str]:
         if self.command.resume:
             return [sys.executable, "-m", "orchestrator", "--resume", str(self.sweep_dir)]
+        folder = "sweep" if is_sweep(self.command.overrides) else "run"
         return [sys.executable, "-m", "orchestrator", *self.command.overrides,
-                f"hydra.sweep.dir={self.command.sweep_dir}"]
+                f"hydra.{folder}.dir={self.command.sweep_dir}"]
 
     def run(self) -> int:
         from orchestrator.controller.mirror import SweepMirror
@@ -110,7 +111,8 @@ class Agent:
                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         self.state(layout.RUNNING, message=f"orchestrator pid {proc.pid}")
         stop_sent: float | None = None
-        last_push = 0.0
+        last_push = last_renewal = 0.0
+        lease = Lease(self.command)
         while True:
             try:
                 code = proc.wait(timeout=1.0)
@@ -126,6 +128,12 @@ class Agent:
                         proc.send_signal(signal.SIGTERM)  # the orchestrator's Ctrl-C
                     self.push(mirror)
                     self.state(layout.CANCELLING if self.cancelled else layout.RUNNING)
+            if now - last_renewal >= min(layout.HEARTBEAT_S, lease.lease_s / 3):
+                last_renewal = now
+                try:
+                    lease.renew()
+                except Exception as error:  # the VM ends itself lease_s after the last one
+                    print(f"agent: lease renewal failed: {error}", file=sys.stderr)
             if stop_sent is not None and now - stop_sent > STOP_GRACE_S:
                 proc.kill()
         phase = (layout.CANCELLED if self.cancelled
@@ -141,6 +149,12 @@ class Agent:
         return code
 
 
+def is_sweep(overrides: list[str]) -> bool:
+    """Whether the command is a sweep (Hydra's -m): its folder is hydra.sweep.dir, else
+    hydra.run.dir."""
+    return any(a in ("-m", "--multirun") for a in overrides)
+
+
 def _storage_for_command():  # -> GcsStore
     """The bucket client before command.json is read: the VM's own identity (Application
     Default Credentials: its service account), or a local emulator the environment names."""
@@ -152,15 +166,35 @@ def _storage_for_command():  # -> GcsStore
 def delete_own_vm(command: layout.Command) -> None:
     """The controller's last act: delete its VM (its service account may; the cloud's
     maxRunDuration ends it anyway)."""
-    from dataclasses import fields
-
     from provisioning.gce.api import ComputeApi
-    from provisioning.gce.config import GceConfig
 
-    known = {f.name for f in fields(GceConfig) if f.init}
-    cfg = GceConfig(**{k: v for k, v in command.provider.items() if k in known})
-    api = ComputeApi(cfg, project=cfg.project)
-    api.delete(command.controller_zone, command.controller_vm)
+    cfg = command.gce_config()
+    ComputeApi(cfg, project=cfg.project).delete(command.controller_zone, command.controller_vm)
+
+
+class Lease:
+    """The controller VM's lease (`provider.lease_s`), renewed with every heartbeat: a VM whose
+    agent died (the VM still up) ends itself, as the workers' VMs do when their orchestrator
+    dies (`provisioning/gce/body.py`'s lease watcher, started by the controller's startup
+    script)."""
+
+    def __init__(self, command: layout.Command) -> None:
+        from provisioning.gce.api import ComputeApi
+
+        self.command = command
+        cfg = command.gce_config()
+        self.lease_s = cfg.lease_s
+        self.api = ComputeApi(cfg, project=cfg.project) if cfg.lease_s > 0 else None
+        self._stamp = 0.0
+
+    def renew(self) -> None:
+        from provisioning.gce.body import LEASE_KEY, lease_value
+
+        if self.api is None or not self.command.controller_vm:
+            return
+        self._stamp = max(time.time() + self.lease_s, self._stamp + 1)  # always a new value
+        self.api.set_metadata_value(self.command.controller_zone, self.command.controller_vm,
+                                    LEASE_KEY, lease_value(self._stamp))
 
 
 def main(argv: list[str] | None = None) -> int:

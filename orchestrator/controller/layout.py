@@ -141,6 +141,14 @@ class Command:
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1, sort_keys=True)
 
+    def gce_config(self):  # -> provisioning.gce.config.GceConfig (no Google import)
+        """The provider section as the typed config: the Compute and Storage settings of
+        everything acting on the controller's VM and the bucket."""
+        from provisioning.gce.config import GceConfig
+
+        known = {f.name for f in fields(GceConfig) if f.init}
+        return GceConfig(**{k: v for k, v in self.provider.items() if k in known})
+
     @classmethod
     def from_json(cls, text: str) -> Command:
         data = json.loads(text)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
-from dataclasses import fields, replace
+from dataclasses import replace
 from pathlib import Path
 
 from orchestrator.controller import layout
@@ -46,14 +46,6 @@ def read_state(store, urls: layout.SweepUrls) -> layout.ControllerState | None:
     return layout.ControllerState.from_json(text.decode()) if text else None
 
 
-def gce_config(command: layout.Command):  # -> GceConfig
-    """The controller's provider section as the typed config (the Compute API's settings)."""
-    from provisioning.gce.config import GceConfig
-
-    known = {f.name for f in fields(GceConfig) if f.init}
-    return GceConfig(**{k: v for k, v in command.provider.items() if k in known})
-
-
 def take_over(store, urls: layout.SweepUrls, now: float | None = None) -> layout.Command:
     """Check the old controller is gone (refuse while it lives or when the sweep is done),
     delete its VM if the cloud still lists it, and return the sweep's command."""
@@ -71,7 +63,7 @@ def take_over(store, urls: layout.SweepUrls, now: float | None = None) -> layout
             "with cancel")
     from provisioning.gce.api import ComputeApi
 
-    cfg = gce_config(command)
+    cfg = command.gce_config()
     api = ComputeApi(cfg, project=cfg.project)
     vm = (state.vm if state is not None and state.vm else command.controller_vm)
     zone = (state.zone if state is not None and state.zone else command.controller_zone)
@@ -114,7 +106,7 @@ def resume_detached(store, urls: layout.SweepUrls) -> int:
     store.write_bytes(GcsUrl.parse(urls.child(layout.STATE_FILE)), layout.ControllerState(
         layout.SUBMITTED, time.time(), vm=vm, zone=command.controller_zone,
         message="resumed by a new controller").to_json().encode())
-    cfg = gce_config(command)
+    cfg = command.gce_config()
     from provisioning.gce.api import ComputeApi
 
     api = ComputeApi(cfg, project=cfg.project)

@@ -36,6 +36,7 @@ from typing import Any
 
 from orchestrator.config.errors import CONFIG_ERROR_EXIT_CODE, ConfigError
 from orchestrator.controller import layout
+from orchestrator.controller.agent import is_sweep
 
 FLAG = "--detach"
 #: Variables of the Google client libraries that point them at a local stand-in (an emulator,
@@ -105,9 +106,10 @@ def _submit(args: list[str]) -> int:
         raise ConfigError("provider.storage", f"{FLAG} keeps the sweep's state in Cloud Storage,"
                           " where the controller and this machine both reach it: set "
                           "provider.storage=gs://BUCKET/PREFIX")
-    sweep_dir = next((a.split("=", 1)[1] for a in overrides
-                      if a.startswith("hydra.sweep.dir=")), None)
-    sweep_id, sweep_dir = _sweep_names(str(cfg.get("name") or "sweep"), sweep_dir)
+    folder_key = "hydra.sweep.dir=" if is_sweep(flags) else "hydra.run.dir="
+    sweep_dir = next((a.split("=", 1)[1] for a in overrides if a.startswith(folder_key)), None)
+    sweep_id, sweep_dir = _sweep_names(str(cfg.get("name") or "sweep"), sweep_dir,
+                                       is_sweep(flags))
     urls = layout.SweepUrls(storage, sweep_id)
 
     # 1. every point, as the attached command would check it: nothing is created yet
@@ -204,15 +206,17 @@ def _submit(args: list[str]) -> int:
     return 0
 
 
-def _sweep_names(name: str, sweep_dir: str | None) -> tuple[str, str]:
-    """(sweep id, sweep folder relative to the command's folder). The folder is
-    ``multirun/<name>/<stamp>-<hex>`` unless the command names one, and the id is what
+def _sweep_names(name: str, sweep_dir: str | None, sweep: bool = True) -> tuple[str, str]:
+    """(sweep id, result folder relative to the command's folder). The folder is
+    ``multirun/<name>/<stamp>-<hex>`` (one run: ``outputs/...``) unless the command names
+    one, and the id is what
     :func:`orchestrator.sweep.sweep_id` makes of that folder: the ``sweep-id`` label of every
     VM the sweep creates is then the detached sweep's id."""
     if sweep_dir is None:
         sweep_id = layout.new_sweep_id(name)
         slug = sweep_id.rsplit("-", 3)[0]
-        return sweep_id, f"multirun/{slug}/{sweep_id[len(slug) + 1:]}"
+        top = "multirun" if sweep else "outputs"
+        return sweep_id, f"{top}/{slug}/{sweep_id[len(slug) + 1:]}"
     from provisioning.gce.body import label_value
 
     path = Path(sweep_dir)

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.controller import layout
+from provisioning.gce.body import LEASE_KEY
 from provisioning.gce.storage import GcsStore, GcsUrl
 from tests.fakes.gce_server import FakeGce
 from tests.provisioning.gce_fixtures import BUCKET, PROJECT, ZONES, storage_emulator
@@ -125,7 +126,7 @@ def test_the_agent_runs_the_users_sweep_mirrors_it_and_deletes_its_vm(submitted,
 
 
 def test_a_bad_sweep_is_recorded_failed_with_its_console(submitted, tmp_path: Path) -> None:
-    fake, urls, store, submit = submitted
+    _, urls, store, submit = submitted
     submit(["+experiment=lab_k80", "provider=sim", "cluster.workers=0"])
     proc = agent(urls, tmp_path)
     out, _ = proc.communicate(timeout=300)
@@ -134,3 +135,32 @@ def test_a_bad_sweep_is_recorded_failed_with_its_console(submitted, tmp_path: Pa
     assert state.phase == layout.FAILED and state.exit_code == 2, state
     console = store.read_bytes(GcsUrl.parse(urls.child(layout.CONSOLE_FILE))) or b""
     assert b"cluster.workers" in console, console
+
+
+@pytest.mark.tf_cluster
+def test_cancel_stops_the_sweep_and_records_it_cancelled(submitted, tmp_path: Path) -> None:
+    """A real local TensorFlow run on the controller (the default experiment), far from done
+    when `cancel` appears: the orchestrator gets its Ctrl-C, releases its processes, and the
+    run is recorded interrupted; the controller says cancelled and deletes its VM."""
+    fake, urls, store, submit = submitted
+    submit(["job.train_steps=1000000", "progress=false", "preflight=false"])
+    proc = agent(urls, tmp_path)
+    try:
+        deadline = time.monotonic() + 300
+        while b'"kind": "step"' not in (store.read_bytes(GcsUrl.parse(
+                f"{urls.mirror}/events.jsonl")) or b""):
+            assert proc.poll() is None, proc.communicate()[0][-3000:]
+            assert time.monotonic() < deadline, "no training step mirrored"
+            time.sleep(1.0)
+        store.write_bytes(GcsUrl.parse(urls.child(layout.CANCEL_FILE)), b"")
+        out, _ = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    state = read_state(store, urls)
+    assert state.phase == layout.CANCELLED, (state, out[-3000:])
+    summary = store.read_bytes(GcsUrl.parse(f"{urls.mirror}/summary.json"))
+    assert summary is not None and b'"interrupted"' in summary, summary
+    # it renewed its own VM's lease while it ran (a dead agent's VM ends itself)
+    assert LEASE_KEY in fake.instances[(ZONES[0], VM)].metadata()
+    assert fake.live_instances() == []
