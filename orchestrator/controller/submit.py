@@ -112,16 +112,23 @@ def _submit(args: list[str]) -> int:
                                        is_sweep(flags))
     urls = layout.SweepUrls(storage, sweep_id)
 
+    zone = provider.controller_zone or provider.zones[0]
+    hourly = _controller_price(experiment, provider.controller_machine_type, zone)
+    points = _points(overrides)
+    life_s = min(CONTROLLER_MAX_S, points * (provider.run_duration_s() or CONTROLLER_MAX_S))
+
     # 1. every point, as the attached command would check it: nothing is created yet
     with tempfile.TemporaryDirectory(prefix="transient-detach-") as tmp:
         check = subprocess.run([sys.executable, "-m", "orchestrator", *flags, *overrides,
                                 "dry_run=true", "progress=false",
-                                f"hydra.sweep.dir={tmp}/sweep", f"hydra.run.dir={tmp}/run"],
-                               stdout=subprocess.PIPE, text=True)
+                                f"hydra.sweep.dir={tmp}/sweep", f"hydra.run.dir={tmp}/run"])
         if check.returncode != 0:
-            sys.stdout.write(check.stdout)
             return check.returncode
-        sys.stdout.write(check.stdout)
+    print(f"controller: 1 on-demand {provider.controller_machine_type} in {zone}, "
+          f"${hourly:.3f}/h while the sweep runs ({points} point(s); the cloud ends it after "
+          f"{life_s / 3600:.0f} h at most); state in {urls.root}")
+    if experiment.dry_run:
+        return 0
     if experiment.preflight:
         from orchestrator.preflight import PreflightError, run_preflight
 
@@ -154,7 +161,6 @@ def _submit(args: list[str]) -> int:
         print(f"data: {folder} uploaded to {urls.data} (the VMs read it there)")
     elif data_dir:
         kept.append(f"job.data_dir={data_dir}")
-    zone = provider.controller_zone or provider.zones[0]
     vm = controller_vm_name(sweep_id)
     # the controller acts as its service account (ADC on a VM), never with the user's key file
     from provisioning.gce.config import CREDENTIALS_ADC, CREDENTIALS_ANONYMOUS
@@ -163,7 +169,6 @@ def _submit(args: list[str]) -> int:
              else CREDENTIALS_ADC)
     section = {**OmegaConf.to_container(cfg.provider, resolve=True), "credentials": creds,
                "ssh_key": None, "project": project}
-    hourly = _controller_price(experiment, provider.controller_machine_type, zone)
     command = layout.Command(
         sweep_id=sweep_id,
         overrides=[*flags, *kept, f"provider.project={project}", f"provider.credentials={creds}",
@@ -186,11 +191,9 @@ def _submit(args: list[str]) -> int:
 
     # 3. the controller VM: on-demand, its own service account, a life the cloud bounds
     api = ComputeApi(provider, project=project)
-    points = max(1, _points(overrides))
-    life = min(CONTROLLER_MAX_S, points * (provider.run_duration_s() or CONTROLLER_MAX_S))
     body = controller_body(provider, project, zone, vm, urls.root,
                            public_key_line(provider.ssh_key_path()) if provider.ssh_key
-                           else None, command.env, life)
+                           else None, command.env, int(life_s))
     create_controller(api, zone, body, provider.operation_timeout_s)
     from orchestrator.controller import index
 

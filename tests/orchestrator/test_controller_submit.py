@@ -1,0 +1,68 @@
+"""`--detach` on the user's side, before anything is created: what it refuses (one line naming
+the field, exit 2, nothing in the bucket or the cloud) and its dry run (the plan of every point
+and the controller's line, nothing created). The submit that creates a controller VM is tested
+on the fake cloud with isolated VMs (tests/provisioning/test_gce_detach.py)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from orchestrator.controller import layout
+from orchestrator.controller.submit import _sweep_names, first_point
+from provisioning.gce.storage import GcsStore, GcsUrl
+from tests.fakes.gce_server import FakeGce
+from tests.provisioning.gce_fixtures import BUCKET, PROJECT, storage_emulator
+
+REPO = Path(__file__).resolve().parents[2]
+HEADLINE = ["+experiment=cifar10_res32", "-m", "cluster.workers=4,8"]
+
+
+def orchestrate(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "orchestrator", *args], cwd=cwd,
+                          env={**os.environ, "XDG_CACHE_HOME": str(cwd / "cache")},
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_first_point_and_the_folder_names() -> None:
+    assert first_point(["cluster.workers=4,8", "seed=1", "sync=asp,bsp"]) == [
+        "cluster.workers=4", "seed=1", "sync=asp"]
+    sweep_id, folder = _sweep_names("cifar10_res32", None)
+    assert layout.sweep_id_problem(sweep_id) is None
+    assert folder.startswith("multirun/cifar10-res32/")
+    # the VMs' sweep-id label (orchestrator/sweep.py sweep_id: parent and own name) is the id
+    assert "-".join(Path(folder).parts[-2:]) == sweep_id
+    assert _sweep_names("x", "multirun/lab/run-7")[0] == "lab-run-7"
+    assert _sweep_names("x", None, sweep=False)[1].startswith("outputs/x/")
+
+
+@pytest.mark.parametrize(("extra", "field"), [
+    (["provider=local"], "provider"),
+    (["provider.project=p"], "provider.storage"),
+])
+def test_detach_refuses_in_one_line_before_anything(tmp_path: Path, extra: list[str],
+                                                    field: str) -> None:
+    done = orchestrate(*HEADLINE, *extra, "--detach", cwd=tmp_path)
+    assert done.returncode == 2, done.stdout + done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"config error: {field}:"), done.stderr
+    assert "--detach" in lines[0]
+
+
+def test_detach_dry_run_plans_every_point_and_the_controller_creating_nothing(
+        tmp_path: Path) -> None:
+    with storage_emulator(), FakeGce(project=PROJECT) as fake:
+        done = orchestrate(*HEADLINE, f"provider.api_endpoint={fake.endpoint}",
+                           "provider.credentials=anonymous", f"provider.project={PROJECT}",
+                           f"provider.storage=gs://{BUCKET}/lab", "dry_run=true",
+                           "--detach", cwd=tmp_path)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        assert done.stdout.count("cifar10_res32") >= 2  # each point's plan
+        line = next(ln for ln in done.stdout.splitlines() if ln.startswith("controller: "))
+        assert "e2-standard-2" in line and "2 point(s)" in line, line
+        assert fake.instances == {}
+        assert GcsStore().list(GcsUrl.parse(f"gs://{BUCKET}/lab")) == {}
