@@ -96,6 +96,22 @@ class Agent:
         return [sys.executable, "-m", "orchestrator", *self.command.overrides,
                 f"hydra.{folder}.dir={self.command.sweep_dir}"]
 
+    def record_cost(self, phase: str) -> None:
+        """``<sweep folder>/controller.json``: what the controller itself cost (its VM at the
+        catalog's on-demand price from its start to now), beside the runs' own costs: the
+        detached sweep's bill is the runs' plus this."""
+        from provisioning.catalog import cost_usd
+
+        seconds = time.time() - self.started
+        record = {"vm": self.command.controller_vm, "zone": self.command.controller_zone,
+                  "machine_type": self.command.provider.get("controller_machine_type"),
+                  "usd_per_hour": self.command.controller_usd_per_hour,
+                  "seconds": round(seconds, 1), "phase": phase,
+                  "cost_usd": round(cost_usd([self.command.controller_usd_per_hour],
+                                             seconds), 6)}
+        self.sweep_dir.mkdir(parents=True, exist_ok=True)
+        (self.sweep_dir / layout.STATE_FILE).write_text(json.dumps(record, indent=1) + "\n")
+
     def run(self) -> int:
         from orchestrator.controller.mirror import SweepMirror
 
@@ -138,6 +154,7 @@ class Agent:
                 proc.kill()
         phase = (layout.CANCELLED if self.cancelled
                  else layout.DONE if code == 0 else layout.FAILED)
+        self.record_cost(phase)
         for attempt in range(5):  # the final push: the record the user pulls
             try:
                 self.push(mirror)

@@ -62,11 +62,20 @@ def main(argv: Sequence[str]) -> int:
         print(f"config error: {FLAG}: a detached sweep is resumed with python -m "
               "orchestrator.controller resume SWEEP (not --resume)", file=sys.stderr)
         return CONFIG_ERROR_EXIT_CODE
+    stage: dict[str, str] = {}
     try:
-        return _submit(args)
+        return _submit(args, stage)
     except ConfigError as err:
         print(err.line(), file=sys.stderr)
         return CONFIG_ERROR_EXIT_CODE
+    except KeyboardInterrupt:
+        if "vm" in stage:  # the insert may have reached the cloud: the sweep may be running
+            print(f"interrupted while creating controller VM {stage['vm']}: it may run the "
+                  f"sweep; python -m orchestrator.controller status {stage['sweep']} says, "
+                  "cancel stops it", file=sys.stderr)
+        else:
+            print("interrupted: no controller VM was created", file=sys.stderr)
+        return 130
 
 
 def first_point(overrides: Sequence[str]) -> list[str]:
@@ -85,7 +94,7 @@ def first_point(overrides: Sequence[str]) -> list[str]:
     return out
 
 
-def _submit(args: list[str]) -> int:
+def _submit(args: list[str], stage: dict[str, str]) -> int:
     import subprocess
 
     from omegaconf import OmegaConf
@@ -194,10 +203,11 @@ def _submit(args: list[str]) -> int:
     body = controller_body(provider, project, zone, vm, urls.root,
                            public_key_line(provider.ssh_key_path()) if provider.ssh_key
                            else None, command.env, int(life_s))
-    create_controller(api, zone, body, provider.operation_timeout_s)
     from orchestrator.controller import index
 
-    index.remember(urls, Path.cwd())
+    index.remember(urls, Path.cwd())  # known by id from here on, whatever happens next
+    stage.update(vm=vm, sweep=sweep_id)
+    create_controller(api, zone, body, provider.operation_timeout_s)
     follow = f"python -m orchestrator.controller {{}} {sweep_id}"
     print(f"detached: sweep {sweep_id} runs on controller VM {vm} ({zone}, "
           f"{provider.controller_machine_type}, about ${hourly:.3f}/h), its state in {urls.root}")

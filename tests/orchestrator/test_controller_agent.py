@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 import subprocess
 import sys
 import tarfile
@@ -103,6 +104,8 @@ def test_the_agent_runs_the_users_sweep_mirrors_it_and_deletes_its_vm(submitted,
     local = tmp_path / "controller" / SWEEP_ID / "repo" / command.sweep_dir
     assert (local / "runs.csv").is_file()
     assert "lab_k80" in (local / "0" / "config.yaml").read_text()
+    cost = json.loads((local / layout.STATE_FILE).read_text())  # the controller's own bill
+    assert cost["usd_per_hour"] == 0.067 and cost["cost_usd"] > 0 and cost["phase"] == "done"
     console = store.read_bytes(GcsUrl.parse(urls.child(layout.CONSOLE_FILE)))
     assert console and b"completed" in console, console
     # pull: the very files the controller wrote
