@@ -133,9 +133,12 @@ def _submit(args: list[str], stage: dict[str, str]) -> int:
                                 f"hydra.sweep.dir={tmp}/sweep", f"hydra.run.dir={tmp}/run"])
         if check.returncode != 0:
             return check.returncode
+    account_fits = _check_account(provider)
     print(f"controller: 1 on-demand {provider.controller_machine_type} in {zone}, "
           f"${hourly:.3f}/h while the sweep runs ({points} point(s); the cloud ends it after "
           f"{life_s / 3600:.0f} h at most); state in {urls.root}")
+    for line in account_fits:
+        print(f"controller: {line}")
     if experiment.dry_run:
         return 0
     if experiment.preflight:
@@ -217,6 +220,24 @@ def _submit(args: list[str], stage: dict[str, str]) -> int:
                        ("pull", f"the results into {sweep_dir}")):
         print(f"  {follow.format(verb):<60} {what}")
     return 0
+
+
+def _check_account(provider: Any) -> list[str]:
+    """The controller's service account may do what the sweep needs (create and delete VMs,
+    act as the VMs' account, write the bucket): the lines that fit; ConfigError for the first
+    that does not (`provisioning/gce/access.py`). Skipped with `provider.preflight_checks`."""
+    if not provider.preflight_checks:
+        return ["its account's roles not checked (provider.preflight_checks=false)"]
+    from provisioning.gce.access import controller_account_lines
+    from provisioning.gce.api import ComputeApi, resolve_credentials
+
+    _, project = resolve_credentials(provider)
+    api = ComputeApi(provider, project=provider.project or project)
+    fits, short = controller_account_lines(api, provider, api.project_info().default_service_account)
+    if short:
+        field, _, problem = short[0].partition(": ")
+        raise ConfigError(field, problem)
+    return fits
 
 
 def _sweep_names(name: str, sweep_dir: str | None, sweep: bool = True) -> tuple[str, str]:

@@ -108,6 +108,14 @@ def account_lines(api: Any, cfg: GceConfig, info: Any, os_login: bool
 def _deleting_roles(api: Any, account: str) -> tuple[list[str] | None, list[str]]:
     """(roles of the project's policy that let `account` delete VMs, None when the policy
     cannot be read; roles whose permissions could not be read, or why the policy could not)."""
+    return _granting_roles(api, account, DELETE_PERMISSION, DELETING_ROLES)
+
+
+def _granting_roles(api: Any, account: str, permission: str, known: frozenset[str]
+                    ) -> tuple[list[str] | None, list[str]]:
+    """(roles of the project's policy that grant `account` `permission` (`known`: predefined
+    roles that do, not asked), None when the policy cannot be read; roles whose permissions
+    could not be read, or why the policy could not)."""
     try:
         roles = api.project_roles(f"serviceAccount:{account}")
     except ProvisionError as error:
@@ -115,12 +123,77 @@ def _deleting_roles(api: Any, account: str) -> tuple[list[str] | None, list[str]
     granted: list[str] = []
     unread: list[str] = []
     for role, _conditional in roles:  # a condition is not evaluated: it may grant
-        if role in DELETING_ROLES:
+        if role in known:
             granted.append(role)
             continue
         try:
-            if DELETE_PERMISSION in api.role_permissions(role):
+            if permission in api.role_permissions(role):
                 granted.append(role)
         except ProvisionError:
             unread.append(role)
     return granted, unread
+
+
+_BASIC = frozenset({"roles/owner", "roles/editor"})
+#: What a detached sweep's controller does as its service account, and the role to grant for
+#: each: create and delete the sweep's VMs (and renew their leases), attach the VMs' own
+#: account to them, and write its state to the bucket.
+CONTROLLER_NEEDS: dict[str, tuple[frozenset[str], str]] = {
+    "compute.instances.create": (DELETING_ROLES, GRANT_ROLE),
+    DELETE_PERMISSION: (DELETING_ROLES, GRANT_ROLE),
+    "compute.instances.setMetadata": (DELETING_ROLES, GRANT_ROLE),
+    "iam.serviceAccounts.actAs": (_BASIC | {"roles/iam.serviceAccountUser"},
+                                  "roles/iam.serviceAccountUser"),
+    "storage.objects.create": (_BASIC | {"roles/storage.admin", "roles/storage.objectAdmin"},
+                               "roles/storage.objectAdmin"),
+}
+#: Permissions that may be granted on the bucket instead of the project (not seen here).
+_BUCKET_LEVEL = frozenset({"storage.objects.create"})
+
+
+def controller_account_lines(api: Any, cfg: GceConfig, default_account: str
+                             ) -> tuple[list[str], list[str]]:
+    """(fits, short) for a detached sweep's controller account (`provider.service_account`,
+    else the default compute account): it exists and its project roles grant
+    CONTROLLER_NEEDS. A storage permission not seen on the project may be granted on the
+    bucket: said, not refused; a policy that cannot be read is said, never refused."""
+    account = (cfg.service_account if cfg.service_account and cfg.service_account != "default"
+               else default_account)
+    if not account:
+        return [], ["provider.service_account: the project has no default compute account "
+                    "for the controller VM; name one that may create and delete VMs and write "
+                    "the bucket"]
+    try:
+        if not api.service_account_exists(account):
+            return [], [f"provider.service_account: {account}, the controller's account, does "
+                        f"not exist or is disabled in project {api.project}"]
+    except ProvisionError as error:
+        return [f"not checked: the controller's account {account} "
+                f"({' '.join(str(error).split())})"], []
+    fits: list[str] = []
+    missing: list[tuple[str, str]] = []
+    for permission, (known, grant) in CONTROLLER_NEEDS.items():
+        granted, unread = _granting_roles(api, account, permission, known)
+        if granted is None:
+            return [f"the controller's account {account}: roles not checked ({unread[0]})"], []
+        if granted:
+            continue
+        if unread:
+            fits.append(f"the controller's account {account}: {permission} not checked (roles "
+                        f"{', '.join(unread)} could not be read)")
+        elif permission in _BUCKET_LEVEL:
+            fits.append(f"the controller's account {account}: {permission} not granted on the "
+                        "project; it must be on the bucket (roles/storage.objectAdmin), or the "
+                        "controller cannot record the sweep")
+        else:
+            missing.append((permission, grant))
+    if not missing:
+        return [*fits, f"the controller's account {account} may create and delete the sweep's "
+                       "VMs"], []
+    grants = sorted({grant for _, grant in missing})
+    return fits, [
+        f"provider.service_account: {account}, the controller's account, lacks "
+        f"{', '.join(p for p, _ in missing)} on project {api.project}, so the controller could "
+        f"not run the sweep; grant {' and '.join(grants)} (gcloud projects "
+        f"add-iam-policy-binding {api.project} --member=serviceAccount:{account} "
+        f"--role=ROLE), or name an account that has them"]

@@ -64,5 +64,25 @@ def test_detach_dry_run_plans_every_point_and_the_controller_creating_nothing(
         assert done.stdout.count("cifar10_res32") >= 2  # each point's plan
         line = next(ln for ln in done.stdout.splitlines() if ln.startswith("controller: "))
         assert "e2-standard-2" in line and "2 point(s)" in line, line
+        assert "may create and delete the sweep's VMs" in done.stdout  # Editor, on the fake
+        assert fake.instances == {}
+        assert GcsStore().list(GcsUrl.parse(f"gs://{BUCKET}/lab")) == {}
+
+
+def test_a_controller_account_that_cannot_create_vms_is_refused_before_anything(
+        tmp_path: Path) -> None:
+    """The default compute account only views VMs (a hardened project): the controller could
+    not run the sweep, said in one line naming the setting and the roles to grant."""
+    with storage_emulator(), FakeGce(project=PROJECT) as fake:
+        fake.iam_policy = {"roles/compute.viewer": [
+            f"serviceAccount:{fake.default_service_account}"]}
+        done = orchestrate(*HEADLINE, f"provider.api_endpoint={fake.endpoint}",
+                           "provider.credentials=anonymous", f"provider.project={PROJECT}",
+                           f"provider.storage=gs://{BUCKET}/lab", "provider.lease_s=0",
+                           "--detach", cwd=tmp_path)
+        assert done.returncode == 2, done.stdout[-3000:] + done.stderr[-3000:]
+        line = done.stderr.strip().splitlines()[-1]
+        assert line.startswith("config error: provider.service_account: "), line
+        assert "compute.instances.create" in line and "roles/compute.instanceAdmin.v1" in line
         assert fake.instances == {}
         assert GcsStore().list(GcsUrl.parse(f"gs://{BUCKET}/lab")) == {}
