@@ -76,9 +76,9 @@ class Agent:
 
     def push(self, mirror: object) -> None:
         mirror.push()  # type: ignore[attr-defined]
-        if self.console_path.exists():
-            self.store.write_bytes(self._url(self.urls.child(layout.CONSOLE_FILE)),
-                                   self.console_path.read_bytes())
+        if self.console_path.exists():  # only when it grew
+            mirror.push_file(self.console_path,  # type: ignore[attr-defined]
+                             self._url(self.urls.child(layout.CONSOLE_FILE)))
 
     # the sweep -----------------------------------------------------------------------------
     def unpack(self) -> None:
