@@ -190,7 +190,8 @@ def test_a_user_repository_with_the_installed_tool(installed: Installed, user_re
     docs = Path(proc.stdout.split("shipped with the tool in ", 1)[1].split(":", 1)[0])
     assert docs.is_relative_to(installed.venv) and (docs / "configuration.md").is_file(), docs
     assert "  transient-validate [FILES]" in proc.stdout
-    for script in ("transient-orchestrator", "transient-validate", "transient-init"):
+    for script in ("transient-orchestrator", "transient-validate", "transient-init",
+                   "transient-controller"):
         proc = run(script, "--version", cwd=user_repo)
         _check(proc, "--version")
         assert proc.stdout.startswith(f"{script} "), proc.stdout
