@@ -117,7 +117,10 @@ class Agent:
 
         self.unpack()
         mirror = SweepMirror(self.store, self.sweep_dir, self._url(self.urls.mirror))
-        if self.command.resume:  # a new controller goes on from what the bucket holds
+        # a new controller, or this one rebooted: go on from what the bucket holds
+        if not self.command.resume and mirror.store.list(mirror.url):
+            self.command.resume = True
+        if self.command.resume:
             mirror.pull(self.sweep_dir)
         self.sweep_dir.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, **self.command.env, "TRANSIENT_REPO": str(self.repo),

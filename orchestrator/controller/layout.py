@@ -129,7 +129,8 @@ class Command:
     overrides: list[str]
     sweep_dir: str
     provider: dict[str, Any]
-    wheel: str | None = None  # the tool's wheel in submit/, None: the image has the tool
+    wheel: str | None = None  # the tool's wheel in submit/; None: `version` from the index
+    version: str = ""  # the submitting tool's version (an installed tool's controller gets it)
     env: dict[str, str] = field(default_factory=dict)
     resume: bool = False
     submitted_by: str = ""  # user@host of the submitting machine, for status

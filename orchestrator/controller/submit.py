@@ -151,6 +151,7 @@ def _submit(args: list[str], stage: dict[str, str]) -> int:
             return 1
 
     # 2. what the controller needs, in the bucket
+    from orchestrator.version import tool_version
     from provisioning.gce.api import ComputeApi, resolve_credentials
     from provisioning.gce.controller import (
         controller_body,
@@ -165,12 +166,13 @@ def _submit(args: list[str], stage: dict[str, str]) -> int:
     project = provider.project or project
     store = GcsStore(cfg=provider)
     kept = [a for a in overrides if not a.startswith(_LOCAL_ONLY)]
+    sent: dict[str, int] = {}  # what crosses this machine's link, by what it is
     data_dir = experiment.job.data_dir
     if data_dir and not str(data_dir).startswith("gs://"):
         folder = Path(data_dir).expanduser()
         store.upload(folder, GcsUrl.parse(urls.data))
+        sent["data"] = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
         kept.append(f"job.data_dir={urls.data}")
-        print(f"data: {folder} uploaded to {urls.data} (the VMs read it there)")
     elif data_dir:
         kept.append(f"job.data_dir={data_dir}")
     vm = controller_vm_name(sweep_id)
@@ -188,13 +190,17 @@ def _submit(args: list[str], stage: dict[str, str]) -> int:
         sweep_dir=sweep_dir, provider=section,
         env={k: os.environ[k] for k in STAND_IN_ENV if os.environ.get(k)},
         submitted_by=f"{getpass.getuser()}@{socket.gethostname()}", submitted_at=time.time(),
-        controller_vm=vm, controller_zone=zone, controller_usd_per_hour=hourly)
+        controller_vm=vm, controller_zone=zone, controller_usd_per_hour=hourly,
+        version=tool_version())
     with tempfile.TemporaryDirectory(prefix="transient-detach-") as tmp:
-        wheel = tool_wheel(Path(tmp))
-        command.wheel = wheel.name
-        store.upload(wheel.parent, GcsUrl.parse(urls.submit), [wheel.name])
-    store.write_bytes(GcsUrl.parse(urls.child(layout.SUBMIT, layout.REPO_ARCHIVE)),
-                      repo_archive())
+        wheel = tool_wheel(Path(tmp))  # None: an installed tool, the same version installs
+        if wheel is not None:
+            command.wheel = wheel.name
+            store.upload(wheel.parent, GcsUrl.parse(urls.submit), [wheel.name])
+            sent["this tool's wheel"] = wheel.stat().st_size
+    archive = repo_archive()
+    sent["your experiments and conf"] = len(archive)
+    store.write_bytes(GcsUrl.parse(urls.child(layout.SUBMIT, layout.REPO_ARCHIVE)), archive)
     store.write_bytes(GcsUrl.parse(urls.child(layout.SUBMIT, layout.COMMAND_FILE)),
                       command.to_json().encode())
     store.write_bytes(GcsUrl.parse(urls.child(layout.STATE_FILE)),
@@ -212,6 +218,9 @@ def _submit(args: list[str], stage: dict[str, str]) -> int:
     stage.update(vm=vm, sweep=sweep_id)
     create_controller(api, zone, body, provider.operation_timeout_s)
     follow = f"python -m orchestrator.controller {{}} {sweep_id}"
+    print(f"uploaded {_size(sum(sent.values()))} to {urls.root} ("
+          + ", ".join(f"{what} {_size(n)}" for what, n in sent.items())
+          + "): all that crosses this machine's link; the VMs read the data from the bucket")
     print(f"detached: sweep {sweep_id} runs on controller VM {vm} ({zone}, "
           f"{provider.controller_machine_type}, about ${hourly:.3f}/h), its state in {urls.root}")
     for verb, what in (("status", "points, steps and cost so far"),
@@ -238,6 +247,10 @@ def _check_account(provider: Any) -> list[str]:
         field, _, problem = short[0].partition(": ")
         raise ConfigError(field, problem)
     return fits
+
+
+def _size(n: int) -> str:
+    return f"{n / 1e6:.1f} MB" if n >= 100_000 else f"{n / 1e3:.0f} kB"
 
 
 def _sweep_names(name: str, sweep_dir: str | None, sweep: bool = True) -> tuple[str, str]:

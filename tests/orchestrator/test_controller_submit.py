@@ -16,7 +16,7 @@ from orchestrator.controller import layout
 from orchestrator.controller.submit import _sweep_names, first_point
 from provisioning.gce.storage import GcsStore, GcsUrl
 from tests.fakes.gce_server import FakeGce
-from tests.provisioning.gce_fixtures import BUCKET, PROJECT, storage_emulator
+from tests.provisioning.gce_fixtures import BUCKET, PROJECT, storage_emulator, write_ssh_key
 
 REPO = Path(__file__).resolve().parents[2]
 HEADLINE = ["+experiment=cifar10_res32", "-m", "cluster.workers=4,8"]
@@ -86,3 +86,51 @@ def test_a_controller_account_that_cannot_create_vms_is_refused_before_anything(
         assert "compute.instances.create" in line and "roles/compute.instanceAdmin.v1" in line
         assert fake.instances == {}
         assert GcsStore().list(GcsUrl.parse(f"gs://{BUCKET}/lab")) == {}
+
+
+@pytest.mark.slow
+def test_detach_uploads_what_the_controller_needs_and_creates_it(tmp_path: Path) -> None:
+    """The submit itself, on the fake Compute API (loopback: no VM boots here): the user's
+    repository, this tool's wheel and the data folder in the bucket, the command as the
+    controller must run it (the data's upload, no local key, no preflight), controller.json
+    `submitted`, one on-demand controller VM, the id remembered, and how to follow printed."""
+    lab = tmp_path / "lab"
+    (lab / "experiments").mkdir(parents=True)
+    (lab / "experiments" / "mine.yaml").write_text(
+        (REPO / "experiments" / "cifar10_res32.yaml").read_text().replace(
+            "name: cifar10_res32", "name: mine"))
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "a.bin").write_bytes(b"x" * 1000)
+    with storage_emulator(), FakeGce(project=PROJECT) as fake:
+        done = orchestrate("+experiment=mine", "-m", "cluster.workers=4,8",
+                           f"provider.api_endpoint={fake.endpoint}",
+                           "provider.credentials=anonymous", f"provider.project={PROJECT}",
+                           f"provider.storage=gs://{BUCKET}/lab", f"job.data_dir={data}",
+                           f"provider.ssh_key={write_ssh_key(tmp_path)}", "preflight=false",
+                           "--detach", cwd=lab)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        line = next(ln for ln in done.stdout.splitlines() if ln.startswith("detached: "))
+        urls = layout.SweepUrls.parse(line.rsplit("its state in ", 1)[1])
+        assert urls.sweep_id.startswith("mine-")
+        objects = GcsStore().list(GcsUrl.parse(urls.root))
+        assert {"submit/command.json", "submit/repo.tar.gz", "data/a.bin",
+                "controller.json"} <= set(objects), objects
+        assert any(n.startswith("submit/transient_orchestrator-") for n in objects), objects
+        command = layout.Command.from_json(GcsStore().read_bytes(GcsUrl.parse(
+            urls.child("submit", "command.json"))).decode())  # type: ignore[union-attr]
+        assert f"job.data_dir={urls.data}" in command.overrides
+        assert "preflight=false" in command.overrides
+        assert not any(str(tmp_path) in a for a in command.overrides)  # nothing of this machine
+        assert command.provider["ssh_key"] is None
+        assert command.sweep_dir.startswith("multirun/mine/")
+        (vm,) = fake.live_instances()
+        assert vm.name == command.controller_vm and vm.body["labels"]["role"] == "controller"
+        assert "uploaded " in done.stdout and "status " + urls.sweep_id in done.stdout
+        # the index: the sweep by its id, from where it was submitted
+        status = subprocess.run([sys.executable, "-m", "orchestrator.controller", "status",
+                                 urls.sweep_id], cwd=lab, capture_output=True, text=True,
+                                env={**os.environ, "XDG_CACHE_HOME": str(lab / "cache")},
+                                timeout=120)
+        assert status.returncode == 0, status.stderr
+        assert "submitted" in status.stdout, status.stdout
