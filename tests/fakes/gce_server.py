@@ -367,8 +367,12 @@ class FakeGce:
                  guest_attr_delay_s: float = 0.0, ip_pool: list[str] | None = None,
                  host_keys_for: Callable[[str], list[tuple[str, str]]] | None = None,
                  on_gone: Callable[[str], None] | None = None, login_refused_s: float = 0.0,
-                 on_boot: Callable[[str, float], None] | None = None) -> None:
+                 on_boot: Callable[[str, float], None] | None = None,
+                 address: str = "127.0.0.1") -> None:
         self.project = project
+        #: where the API listens: loopback, or a test bed's gateway where VMs reach it too (a
+        #: detached sweep's controller VM calls the Compute API itself)
+        self.address = address
         self.zones = list(zones)
         self.provision_s, self.staging_s = provision_s, staging_s
         self.insert_op_s, self.delete_op_s, self.stop_s = insert_op_s, delete_op_s, stop_s
@@ -448,7 +452,7 @@ class FakeGce:
 
     def start(self) -> FakeGce:
         handler = type("Handler", (_Handler,), {"fake": self})
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self._server = ThreadingHTTPServer((self.address, 0), handler)
         self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever, name="fake-gce",
                                         daemon=True)
@@ -470,7 +474,7 @@ class FakeGce:
     @property
     def endpoint(self) -> str:
         assert self._server is not None, "start() the fake first"
-        return f"http://127.0.0.1:{self._server.server_address[1]}"
+        return f"http://{self.address}:{self._server.server_address[1]}"
 
     def metadata_url(self, zone: str, name: str) -> str:
         """Base URL of the fake metadata server of one instance (…/computeMetadata/v1)."""

@@ -76,6 +76,48 @@ def wheelhouse(requirements: Sequence[str] = HOST_REQUIREMENTS, python: str = "3
     return _cached(final, download)
 
 
+#: Dependencies of the tool that PyPI has only as source archives (hydra-core 1.3's pinned
+#: ANTLR runtime, lifelines' autograd-gamma): pure Python, so their wheels are built here once
+#: (`pip wheel`) and a controller's index serves them beside the downloaded ones.
+SDIST_ONLY = ("antlr4-python3-runtime==4.9.3", "autograd-gamma")
+
+
+def tool_requirements() -> list[str]:
+    """The tool's own dependencies (pyproject.toml's [project] dependencies): what a detached
+    sweep's controller installs with the tool (no TensorFlow: it runs no role)."""
+    import tomllib
+
+    from provisioning.checkout import PROJECT_ROOT
+
+    with open(PROJECT_ROOT / "pyproject.toml", "rb") as fh:
+        return list(tomllib.load(fh)["project"]["dependencies"])
+
+
+def controller_wheelhouse(python: str = "3.13", glibc: str = GLIBC) -> Path:
+    """The wheels a controller VM of `python` installs the tool with: its dependencies and
+    pip, the source-only ones built into wheels first (SDIST_ONLY); cached like `wheelhouse`."""
+    requirements = tool_requirements()
+    final = path(requirements, python, glibc, ("pip", *SDIST_ONLY))
+
+    def download(tmp: Path) -> str:
+        started = time.monotonic()
+        built = tmp / "built"
+        subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps",
+                        "--disable-pip-version-check", "-w", str(built), *SDIST_ONLY],
+                       check=True, timeout=DOWNLOAD_TIMEOUT_S, stdin=subprocess.DEVNULL)
+        subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check",
+             "--only-binary=:all:", "--implementation", "cp", "--python-version", python,
+             *(a for p in platforms(glibc) for a in ("--platform", p)), "--find-links",
+             str(built), "-d", str(tmp), *requirements, "pip"],
+            check=True, timeout=DOWNLOAD_TIMEOUT_S, stdin=subprocess.DEVNULL)
+        shutil.rmtree(built)
+        return (f"the tool's dependencies for cp{python}, glibc {glibc}; downloaded in "
+                f"{time.monotonic() - started:.0f} s")
+
+    return _cached(final, download)
+
+
 def merged(requirements: Sequence[str] = HOST_REQUIREMENTS,
            pythons: Sequence[str] = ("3.11", "3.13"), glibc: str = GLIBC,
            extra_wheels: Sequence[str] = ()) -> Path:
