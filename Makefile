@@ -89,11 +89,13 @@ test-fast: setup
 	$(PY) -m pytest -m "$(FAST_TIER)" -n $(FAST_JOBS) --durations=10 $(PYTEST_ARGS)
 
 # The headline sweep (+experiment=cifar10_res32 -m cluster.workers=4,8,16) end to end against
-# the fake Compute API, isolated hosts from a baked image as its VMs and the GCS emulator (root)
+# the fake Compute API, isolated hosts from a baked image as its VMs and the GCS emulator (root);
+# the same sweep detached on a controller VM (tests/provisioning/test_gce_detach.py)
 gce-fake: bytecode
 	bash .ci/testbed-deps
 	$(MAKE) --no-print-directory isolated-images
-	$(PY) -m pytest -m headline tests/provisioning/test_gce_headline.py tests/orchestrator/test_resume.py -s $(PYTEST_ARGS)
+	$(PY) -m pytest -m headline tests/provisioning/test_gce_headline.py tests/provisioning/test_gce_detach.py \
+	  tests/orchestrator/test_resume.py -s $(PYTEST_ARGS)
 
 validate: setup
 	$(PY) -m orchestrator.validate

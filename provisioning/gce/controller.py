@@ -153,7 +153,7 @@ def startup_script(leased: bool = True) -> str:
 BOOTSTRAP = r'''
 """transient-orchestrator: a detached sweep's controller installs the tool and starts its agent
 (provisioning/gce/controller.py)."""
-import json, os, shlex, subprocess, sys, time, urllib.error, urllib.request
+import json, os, shlex, subprocess, sys, time, urllib.error, urllib.parse, urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gcs  # noqa: E402
@@ -191,7 +191,6 @@ def read(bucket, name):
 
 
 def write(bucket, name, data):
-    import urllib.parse
     root = gcs.storage_root()
     url = (f"{root}/upload/storage/v1/b/{urllib.parse.quote(bucket, safe='')}/o?uploadType=media"
            f"&name={urllib.parse.quote(name, safe='')}")
@@ -240,8 +239,19 @@ def main():
                     f.write(read(bucket, f"{prefix}/submit/{command['wheel']}"))
             else:
                 target = f"transient-orchestrator=={command['version']}"
-            host_setup._pip(python, pip_wheel, "install", "--no-cache-dir", "--index-url",
-                            index, target)
+            pip = [python, os.path.join(pip_wheel, "pip")] if pip_wheel else [python, "-m", "pip"]
+            host = urllib.parse.urlsplit(index)  # an http:// index as host_setup trusts it
+            trust = ["--trusted-host", host.hostname] if host.scheme == "http" else []
+            done = subprocess.run([*pip, "install", "--no-cache-dir", "--no-input",
+                                   "--disable-pip-version-check", "--index-url", index, *trust,
+                                   # pip too: the orchestrator builds the hosts' wheel with it
+                                   target, "pip"],
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            print(done.stdout)  # the whole of pip's account, in the bootstrap's log
+            if done.returncode != 0:
+                lines = [ln for ln in done.stdout.splitlines() if ln.strip()]
+                raise SystemExit(f"pip install from {index} failed: "
+                                 f"{lines[-1] if lines else done.returncode}")
             open(ready, "w").close()
         custom = metadata("instance/attributes/transient-controller-command")
         argv = shlex.split(custom) if custom else [

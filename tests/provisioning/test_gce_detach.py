@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import csv
 import json
+import os
 import subprocess
 import sys
 import time
@@ -111,14 +112,35 @@ def mirrored_events(urls: layout.SweepUrls, point: int) -> list[dict]:
     return out
 
 
-def wait_for(what: str, check, urls: layout.SweepUrls, timeout: float = SWEEP_TIMEOUT_S):
+def controller_logs(fake, urls: layout.SweepUrls) -> str:
+    """The controller VM's bootstrap and agent logs, read from its disk (for a failure)."""
+    current = state(urls)
+    slot = next((h for ip, h in fake.slots.items()
+                 if current is not None and any(i.name == current.vm and i.ip == ip
+                                                for i in fake.instances.values())), None)
+    if slot is None:
+        return "(no controller VM)"
+    out = []
+    for name in ("var/log/transient-controller.log", "opt/transient-controller/agent.log",
+                 f"var/tmp/transient-controller/{urls.sweep_id}/console.log"):
+        path = slot.upper / name
+        out.append(f"--- {name}\n" + (path.read_text(errors="replace")[-4000:]
+                                       if path.exists() else "(none)"))
+    text = "\n".join(out)
+    (Path(os.environ.get("TMPDIR", "/tmp")) / "transient-controller-debug.log").write_text(text)
+    return text
+
+
+def wait_for(what: str, check, urls: layout.SweepUrls, timeout: float = SWEEP_TIMEOUT_S,
+             fake=None):
     deadline = time.monotonic() + timeout
     while True:
         value = check()
         if value:
             return value
         current = state(urls)
-        assert current is None or current.phase != layout.FAILED, (what, current)
+        assert current is None or current.phase != layout.FAILED, (
+            what, current, controller_logs(fake, urls) if fake is not None else "")
         assert time.monotonic() < deadline, f"timed out waiting for {what}; state {current}"
         time.sleep(2.0)
 
@@ -135,7 +157,7 @@ def test_the_headline_detached_survives_its_user_and_a_preemption(cloud) -> None
     assert "scheduling" not in controller.body or \
         controller.body["scheduling"].get("provisioningModel") != "SPOT"
 
-    wait_for("the 8-worker point to train", lambda: training(urls, 1), urls)
+    wait_for("the 8-worker point to train", lambda: training(urls, 1), urls, fake=fake)
     status = ctl(lab, env, "status", urls.sweep_id)
     assert status.returncode == 0, status.stderr
     assert "running" in status.stdout, status.stdout
@@ -172,7 +194,7 @@ def test_the_headline_detached_survives_its_user_and_a_preemption(cloud) -> None
 def test_cancel_stops_a_detached_sweep_and_leaves_no_vm(cloud) -> None:
     fake, lab, env, args = cloud
     urls = detach(lab, env, args, "2")
-    wait_for("the point to train", lambda: training(urls, 0), urls)
+    wait_for("the point to train", lambda: training(urls, 0), urls, fake=fake)
     done = ctl(lab, env, "cancel", urls.sweep_id)
     assert done.returncode == 0, done.stdout + done.stderr
     assert state(urls).phase == layout.CANCELLED, state(urls)  # type: ignore[union-attr]
@@ -182,7 +204,7 @@ def test_cancel_stops_a_detached_sweep_and_leaves_no_vm(cloud) -> None:
 def test_a_deleted_controller_is_resumed_from_the_users_machine(cloud) -> None:
     fake, lab, env, args = cloud
     urls = detach(lab, env, args, "2,4")
-    wait_for("the first point to train", lambda: training(urls, 0), urls)
+    wait_for("the first point to train", lambda: training(urls, 0), urls, fake=fake)
     vm = state(urls).vm  # type: ignore[union-attr]
     fake.delete(ZONES[1], vm, None)  # an operator, or a crash: the controller is gone
     wait_for("the controller's heartbeat to go stale",
