@@ -215,13 +215,19 @@ def main():
                   "message": message}
         write(bucket, f"{prefix}/controller.json", json.dumps(record).encode())
 
+    def need(name):  # an object of the sweep's folder the user's side uploaded
+        data = read(bucket, f"{prefix}/{name}")
+        if data is None:
+            raise SystemExit(f"{sweep}/{name} is not in the bucket")
+        return data
+
     previous = read(bucket, f"{prefix}/controller.json")
     if previous and json.loads(previous).get("phase") in ("done", "failed", "cancelled"):
         print("the sweep has ended: nothing to start")
         return
     try:
         state("booting", "installing the tool")
-        command = json.loads(read(bucket, f"{prefix}/submit/command.json"))
+        command = json.loads(need("submit/command.json"))
         index = metadata("instance/attributes/transient-index-url") or \
             command["provider"].get("index_url")
         venv = os.path.join(HOME, "venv")
@@ -236,7 +242,7 @@ def main():
             if command.get("wheel"):
                 target = os.path.join(HOME, command["wheel"])
                 with open(target, "wb") as f:
-                    f.write(read(bucket, f"{prefix}/submit/{command['wheel']}"))
+                    f.write(need(f"submit/{command['wheel']}"))
             else:
                 target = f"transient-orchestrator=={command['version']}"
             pip = [python, os.path.join(pip_wheel, "pip")] if pip_wheel else [python, "-m", "pip"]
