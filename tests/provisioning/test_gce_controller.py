@@ -101,6 +101,7 @@ def vm_logs(fake: IsolatedFakeGce, zone: str, name: str) -> str:
 
 
 @pytest.mark.slow
+@pytest.mark.headline  # make gce-fake: a VM boots and installs the tool (about a minute)
 def test_the_controller_vm_installs_the_tool_and_starts_its_command(
         gce_isolated_bed: IsolatedTestBed, tmp_path: Path) -> None:
     """Two controller VMs: one finds its sweep's command and wheel in the bucket, installs the
