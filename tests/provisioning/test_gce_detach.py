@@ -43,7 +43,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.headline, pytest.mark.isolated,
               pytest.mark.tf_cluster, pytest.mark.timeout(3000)]
 
 REPO = Path(__file__).resolve().parents[2]
-TRAIN_STEPS = 60
+TRAIN_STEPS = 200
 SWEEP_TIMEOUT_S = 1800
 
 
@@ -77,8 +77,10 @@ def cloud(gce_isolated_bed: IsolatedTestBed, baked_gce_image: BakedImage, tmp_pa
                 f"job.checkpoint_frequency={TRAIN_STEPS // 3}", "job.eval_frequency=0",
                 "preflight=false", "progress=false"]
         yield fake, lab, env, args
-        # nothing left: no VM, no host running
+        # nothing left: no VM, no host running (a failed test's VMs are deleted, then named)
         leftover = [i.name for i in fake.live_instances()]
+        for vm in fake.live_instances():
+            fake.delete(vm.zone, vm.name, None)
         assert not leftover, leftover
 
 
@@ -145,8 +147,8 @@ def wait_for(what: str, check, urls: layout.SweepUrls, timeout: float = SWEEP_TI
         time.sleep(2.0)
 
 
-def training(urls: layout.SweepUrls, point: int) -> bool:
-    return any(e.get("kind") == "step" for e in mirrored_events(urls, point))
+def training(urls: layout.SweepUrls, point: int, kind: str = "step") -> bool:
+    return any(e.get("kind") == kind for e in mirrored_events(urls, point))
 
 
 def test_the_headline_detached_survives_its_user_and_a_preemption(cloud) -> None:
@@ -157,13 +159,18 @@ def test_the_headline_detached_survives_its_user_and_a_preemption(cloud) -> None
     assert "scheduling" not in controller.body or \
         controller.body["scheduling"].get("provisioningModel") != "SPOT"
 
-    wait_for("the 8-worker point to train", lambda: training(urls, 1), urls, fake=fake)
+    wait_for("the 8-worker point to start training",
+             lambda: training(urls, 1, "train_start"), urls, fake=fake)
     status = ctl(lab, env, "status", urls.sweep_id)
     assert status.returncode == 0, status.stderr
     assert "running" in status.stdout, status.stdout
     logs = ctl(lab, env, "logs", urls.sweep_id)
     assert logs.returncode == 0 and logs.stdout.strip(), logs.stderr
-    worker = next(i for i in fake.live_instances() if i.body["labels"].get("role") == "worker")
+    # a Spot worker of the training 8-worker cluster (the mirror is seconds behind: its VMs
+    # are looked up in the cloud, and the point must still be short of its budget)
+    worker = wait_for("a live worker VM", lambda: next(
+        (i for i in fake.live_instances() if i.body["labels"].get("role") == "worker"), None),
+        urls, timeout=60, fake=fake)
     fake.preempt(worker.zone, worker.name)
 
     wait_for("the controller to finish", lambda: (s := state(urls)) and s.terminal, urls)
