@@ -262,6 +262,35 @@ def startup_script(watcher: str, remote_root: str, lease_watcher: str | None = N
     return "\n".join(lines) + "\n"
 
 
+def base_body(cfg: GceConfig, name: str, zone: str, machine_type: str,
+              labels: Mapping[str, str], metadata: list[dict[str, str]],
+              network_ip: str | None = None) -> dict[str, object]:
+    """What every VM of this tool shares (a run's host or a sweep's controller): its name,
+    machine type, labels (`provider.labels` first), firewall tags, boot disk from
+    `provider.image` or the image family, network interface and metadata."""
+    source_image = cfg.image or (f"projects/{cfg.image_project}/global/images/family/"
+                                 f"{cfg.image_family}")
+    nic: dict[str, object] = {"network": cfg.network}
+    if cfg.subnetwork:
+        nic["subnetwork"] = cfg.subnetwork
+    if network_ip:
+        nic["networkIP"] = network_ip
+    if cfg.external_ip:
+        nic["accessConfigs"] = [{"name": "External NAT", "type": "ONE_TO_ONE_NAT"}]
+    return {
+        "name": name,
+        "machineType": f"zones/{zone}/machineTypes/{machine_type}",
+        "labels": {**{k: label_value(v) for k, v in cfg.labels.items()},
+                   **{k: label_value(v) for k, v in labels.items()}},
+        "tags": {"items": list(cfg.tags)},
+        "disks": [{"boot": True, "autoDelete": True, "initializeParams": {
+            "sourceImage": source_image, "diskSizeGb": str(cfg.boot_disk_gb),
+            "diskType": f"zones/{zone}/diskTypes/{cfg.boot_disk_type}"}}],
+        "networkInterfaces": [nic],
+        "metadata": {"items": metadata},
+    }
+
+
 def instance_body(cfg: GceConfig, project: str, vm: VmRequest, run_id: str,
                   ssh_public_key: str, lease_expires: float | None = None) -> dict[str, object]:
     """The REST `Instance` for `vm` (gce-notes §A1, §C). `lease_expires` (unix time): the
@@ -281,15 +310,6 @@ def instance_body(cfg: GceConfig, project: str, vm: VmRequest, run_id: str,
     if limit:
         scheduling["maxRunDuration"] = {"seconds": str(limit)}
         scheduling.setdefault("instanceTerminationAction", "DELETE")
-    source_image = cfg.image or (f"projects/{cfg.image_project}/global/images/family/"
-                                 f"{cfg.image_family}")
-    nic: dict[str, object] = {"network": cfg.network}
-    if cfg.subnetwork:
-        nic["subnetwork"] = cfg.subnetwork
-    if vm.network_ip:
-        nic["networkIP"] = vm.network_ip
-    if cfg.external_ip:
-        nic["accessConfigs"] = [{"name": "External NAT", "type": "ONE_TO_ONE_NAT"}]
     machine = vm.host_ids[0]
     watcher = watcher_script({machine: notice_path(cfg, run_id, machine)}, cfg.ssh_user)
     metadata = [
@@ -305,18 +325,7 @@ def instance_body(cfg: GceConfig, project: str, vm: VmRequest, run_id: str,
                      {"key": LEASE_S_KEY, "value": lease_seconds(cfg.lease_s)}]
     if gpu_vm:
         metadata.append({"key": "install-nvidia-driver", "value": "True"})
-    body: dict[str, object] = {
-        "name": vm.name,
-        "machineType": f"zones/{zone}/machineTypes/{vm.machine_type}",
-        "labels": {**{k: label_value(v) for k, v in cfg.labels.items()},
-                   **{k: label_value(v) for k, v in vm.labels.items()}},
-        "tags": {"items": list(cfg.tags)},
-        "disks": [{"boot": True, "autoDelete": True, "initializeParams": {
-            "sourceImage": source_image, "diskSizeGb": str(cfg.boot_disk_gb),
-            "diskType": f"zones/{zone}/diskTypes/{cfg.boot_disk_type}"}}],
-        "networkInterfaces": [nic],
-        "metadata": {"items": metadata},
-    }
+    body = base_body(cfg, vm.name, zone, vm.machine_type, vm.labels, metadata, vm.network_ip)
     # Least privilege for the default account: the VM's token lets its lease watcher delete
     # the VM itself, and with `storage` set read objects (a dataset staged there, `python -m
     # trainer data fetch-gcs`); nothing else on a VM calls a Google API. Neither: no account.

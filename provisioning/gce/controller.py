@@ -44,6 +44,7 @@ from provisioning.base import BadRequestError, ProvisionError
 from provisioning.gce.body import (
     LEASE_KEY,
     LEASE_S_KEY,
+    base_body,
     label_value,
     lease_seconds,
     lease_value,
@@ -77,13 +78,6 @@ def controller_body(cfg: GceConfig, project: str, zone: str, name: str, sweep_ur
     bootstrap reads, a life the cloud enforces (`run_duration_s`) and its first lease
     (`lease_expires`, default `provider.lease_s` from now; none with `lease_s` 0)."""
     sweep_id = sweep_url.rstrip("/").rsplit("/", 1)[-1]
-    source_image = cfg.image or (f"projects/{cfg.image_project}/global/images/family/"
-                                 f"{cfg.image_family}")
-    nic: dict[str, Any] = {"network": cfg.network}
-    if cfg.subnetwork:
-        nic["subnetwork"] = cfg.subnetwork
-    if cfg.external_ip:  # its own way out to the package index and Google's APIs
-        nic["accessConfigs"] = [{"name": "External NAT", "type": "ONE_TO_ONE_NAT"}]
     leased = cfg.lease_s > 0
     if leased and lease_expires is None:
         lease_expires = time.time() + cfg.lease_s
@@ -104,17 +98,9 @@ def controller_body(cfg: GceConfig, project: str, zone: str, name: str, sweep_ur
     if run_duration_s:
         scheduling.update(maxRunDuration={"seconds": str(int(run_duration_s))},
                           instanceTerminationAction="DELETE")
+    labels = {"tool": TOOL_LABEL, "role": ROLE, "sweep-id": sweep_id}
     return {
-        "name": name,
-        "machineType": f"zones/{zone}/machineTypes/{cfg.controller_machine_type}",
-        "labels": {**{k: label_value(v) for k, v in cfg.labels.items()},
-                   "tool": TOOL_LABEL, "role": ROLE, "sweep-id": label_value(sweep_id)},
-        "tags": {"items": list(cfg.tags)},
-        "disks": [{"boot": True, "autoDelete": True, "initializeParams": {
-            "sourceImage": source_image, "diskSizeGb": str(cfg.boot_disk_gb),
-            "diskType": f"zones/{zone}/diskTypes/{cfg.boot_disk_type}"}}],
-        "networkInterfaces": [nic],
-        "metadata": {"items": metadata},
+        **base_body(cfg, name, zone, cfg.controller_machine_type, labels, metadata),
         "serviceAccounts": [{"email": cfg.service_account or "default",
                              "scopes": list(cfg.scopes if cfg.service_account
                                             else DEFAULT_SCOPES)}],
