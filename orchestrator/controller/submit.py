@@ -37,6 +37,7 @@ from typing import Any
 from orchestrator.config.errors import CONFIG_ERROR_EXIT_CODE, ConfigError
 from orchestrator.controller import layout
 from orchestrator.controller.agent import is_sweep
+from provisioning.base import ProvisionError
 
 FLAG = "--detach"
 #: Variables of the Google client libraries that point them at a local stand-in (an emulator,
@@ -68,6 +69,9 @@ def main(argv: Sequence[str]) -> int:
     except ConfigError as err:
         print(err.line(), file=sys.stderr)
         return CONFIG_ERROR_EXIT_CODE
+    except ProvisionError as err:  # the cloud refused the controller: nothing runs
+        print(f"controller: not created: {err}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         if "vm" in stage:  # the insert may have reached the cloud: the sweep may be running
             print(f"interrupted while creating controller VM {stage['vm']}: it may run the "
@@ -105,7 +109,7 @@ def _submit(args: list[str], stage: dict[str, str]) -> int:
     flags = [a for a in args if a.startswith("-")]
     overrides = [a for a in args if not a.startswith("-")]
     cfg = compose_config(first_point(overrides))
-    experiment, _ = load_and_plan(cfg)
+    experiment, plan = load_and_plan(cfg)
     provider = experiment.provider
     if provider.name != "gce":
         raise ConfigError("provider", f"{FLAG} runs the sweep on a controller VM in Google "
@@ -121,7 +125,8 @@ def _submit(args: list[str], stage: dict[str, str]) -> int:
                                        is_sweep(flags))
     urls = layout.SweepUrls(storage, sweep_id)
 
-    zone = provider.controller_zone or provider.zones[0]
+    zones = controller_zones(provider, [h.zone for h in plan.hosts])
+    zone = zones[0]
     hourly = _controller_price(experiment, provider.controller_machine_type, zone)
     points = _points(overrides)
     life_s = min(CONTROLLER_MAX_S, points * (provider.run_duration_s() or CONTROLLER_MAX_S))
@@ -207,16 +212,34 @@ def _submit(args: list[str], stage: dict[str, str]) -> int:
                       layout.ControllerState(layout.SUBMITTED, time.time(), vm=vm,
                                              zone=zone).to_json().encode())
 
-    # 3. the controller VM: on-demand, its own service account, a life the cloud bounds
-    api = ComputeApi(provider, project=project)
-    body = controller_body(provider, project, zone, vm, urls.root,
-                           public_key_line(provider.ssh_key_path()) if provider.ssh_key
-                           else None, command.env, int(life_s))
+    # 3. the controller VM: on-demand, its own service account, a life the cloud bounds; in
+    # the cluster's zone, else the next of provider.zones that has the capacity
     from orchestrator.controller import index
+    from provisioning.gce.errors import ZoneCapacityError
 
+    api = ComputeApi(provider, project=project)
+    key = public_key_line(provider.ssh_key_path()) if provider.ssh_key else None
     index.remember(urls, Path.cwd())  # known by id from here on, whatever happens next
     stage.update(vm=vm, sweep=sweep_id)
-    create_controller(api, zone, body, provider.operation_timeout_s)
+    for attempt, zone in enumerate(zones):
+        body = controller_body(provider, project, zone, vm, urls.root, key, command.env,
+                               int(life_s))
+        try:
+            create_controller(api, zone, body, provider.operation_timeout_s)
+            break
+        except ZoneCapacityError as error:
+            if attempt == len(zones) - 1:
+                raise ConfigError("provider.controller_zone", f"no zone of {', '.join(zones)} "
+                                  f"could create the controller VM ({error}); name one with "
+                                  "provider.controller_zone") from None
+            print(f"controller: {zone} has no capacity for it; trying {zones[attempt + 1]}")
+    if zone != command.controller_zone:  # the agent renews and deletes the VM where it is
+        command.controller_zone = zone
+        store.write_bytes(GcsUrl.parse(urls.child(layout.SUBMIT, layout.COMMAND_FILE)),
+                          command.to_json().encode())
+        store.write_bytes(GcsUrl.parse(urls.child(layout.STATE_FILE)),
+                          layout.ControllerState(layout.SUBMITTED, time.time(), vm=vm,
+                                                 zone=zone).to_json().encode())
     follow = f"python -m orchestrator.controller {{}} {sweep_id}"
     print(f"uploaded {_size(sum(sent.values()))} to {urls.root} ("
           + ", ".join(f"{what} {_size(n)}" for what, n in sent.items())
@@ -229,6 +252,21 @@ def _submit(args: list[str], stage: dict[str, str]) -> int:
                        ("pull", f"the results into {sweep_dir}")):
         print(f"  {follow.format(verb):<60} {what}")
     return 0
+
+
+def controller_zones(provider: Any, plan_zones: Sequence[str | None]) -> list[str]:
+    """Where the controller may go, in order: `provider.controller_zone` alone when set; else
+    the cluster's zone (its first host's), then the other `provider.zones` of that region, then
+    the rest of them (beside its cluster, where a stock-out of GPUs rarely touches a small
+    CPU machine, but not lost to one)."""
+    if provider.controller_zone:
+        return [provider.controller_zone]
+    from provisioning.catalog import region_of
+
+    first = next((z for z in plan_zones if z), None) or provider.zones[0]
+    rest = [z for z in provider.zones if z != first]
+    same = [z for z in rest if region_of(z) == region_of(first)]
+    return [first, *same, *[z for z in rest if z not in same]]
 
 
 def _check_account(provider: Any) -> list[str]:

@@ -13,9 +13,10 @@ from pathlib import Path
 import pytest
 
 from orchestrator.controller import layout
-from orchestrator.controller.submit import _sweep_names, first_point
+from orchestrator.controller.submit import _sweep_names, controller_zones, first_point
 from provisioning.gce.storage import GcsStore, GcsUrl
 from tests.fakes.gce_server import FakeGce
+from tests.fakes.isolated_gce import ZONES  # conf/provider/gce.yaml's order
 from tests.provisioning.gce_fixtures import BUCKET, PROJECT, storage_emulator, write_ssh_key
 
 REPO = Path(__file__).resolve().parents[2]
@@ -26,6 +27,16 @@ def orchestrate(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "orchestrator", *args], cwd=cwd,
                           env={**os.environ, "XDG_CACHE_HOME": str(cwd / "cache")},
                           capture_output=True, text=True, timeout=300)
+
+
+def test_the_controller_goes_beside_its_cluster() -> None:
+    from provisioning.gce.config import GceConfig
+
+    cfg = GceConfig(zones=["us-west1-b", "us-central1-a", "us-west1-a"])
+    assert controller_zones(cfg, [None, "us-west1-b"]) == ["us-west1-b", "us-west1-a",
+                                                           "us-central1-a"]
+    cfg.controller_zone = "europe-west4-a"
+    assert controller_zones(cfg, ["us-west1-b"]) == ["europe-west4-a"]
 
 
 def test_first_point_and_the_folder_names() -> None:
@@ -102,7 +113,8 @@ def test_detach_uploads_what_the_controller_needs_and_creates_it(tmp_path: Path)
     data = tmp_path / "data"
     data.mkdir()
     (data / "a.bin").write_bytes(b"x" * 1000)
-    with storage_emulator(), FakeGce(project=PROJECT) as fake:
+    with storage_emulator(), FakeGce(project=PROJECT, zones=ZONES) as fake:
+        fake.stockout("us-west1-b")  # the cluster's zone has no capacity left
         done = orchestrate("+experiment=mine", "-m", "cluster.workers=4,8",
                            f"provider.api_endpoint={fake.endpoint}",
                            "provider.credentials=anonymous", f"provider.project={PROJECT}",
@@ -126,6 +138,8 @@ def test_detach_uploads_what_the_controller_needs_and_creates_it(tmp_path: Path)
         assert command.sweep_dir.startswith("multirun/mine/")
         (vm,) = fake.live_instances()
         assert vm.name == command.controller_vm and vm.body["labels"]["role"] == "controller"
+        # the next zone of its region, recorded where the agent reads it
+        assert vm.zone == command.controller_zone == "us-west1-a", vm.zone
         assert "uploaded " in done.stdout and "status " + urls.sweep_id in done.stdout
         # the index: the sweep by its id, from where it was submitted
         status = subprocess.run([sys.executable, "-m", "orchestrator.controller", "status",
