@@ -140,7 +140,8 @@ def _submit(args: list[str], stage: dict[str, str]) -> int:
             return check.returncode
     account_fits = _check_account(provider)
     print(f"controller: 1 on-demand {provider.controller_machine_type} in {zone}, "
-          f"${hourly:.3f}/h while the sweep runs ({points} point(s); the cloud ends it after "
+          f"{_price_text(hourly, provider.controller_machine_type)} while the sweep runs "
+          f"({points} point(s); the cloud ends it after "
           f"{life_s / 3600:.0f} h at most); state in {urls.root}")
     for line in account_fits:
         print(f"controller: {line}")
@@ -245,7 +246,8 @@ def _submit(args: list[str], stage: dict[str, str]) -> int:
           + ", ".join(f"{what} {_size(n)}" for what, n in sent.items())
           + "): all that crosses this machine's link; the VMs read the data from the bucket")
     print(f"detached: sweep {sweep_id} runs on controller VM {vm} ({zone}, "
-          f"{provider.controller_machine_type}, about ${hourly:.3f}/h), its state in {urls.root}")
+          f"{provider.controller_machine_type}, "
+          f"{_price_text(hourly, provider.controller_machine_type)}), its state in {urls.root}")
     for verb, what in (("status", "points, steps and cost so far"),
                        ("attach", "the live progress (Ctrl-C detaches; the sweep goes on)"),
                        ("logs -f", "the console"), ("cancel", "stop it and release every VM"),
@@ -285,6 +287,14 @@ def _check_account(provider: Any) -> list[str]:
         field, _, problem = short[0].partition(": ")
         raise ConfigError(field, problem)
     return fits
+
+
+def _price_text(hourly: float, machine_type: str) -> str:
+    """The controller's price per hour, or that the catalog has none (never a silent $0)."""
+    if hourly > 0:
+        return f"about ${hourly:.3f}/h"
+    return (f"price unknown: the pricing catalog has no {machine_type} (machine_types of "
+            "conf/pricing/gce.yaml); its cost is counted as $0")
 
 
 def _size(n: int) -> str:
