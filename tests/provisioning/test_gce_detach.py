@@ -32,6 +32,7 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator import results
 from orchestrator.controller import layout
 from provisioning.gce.storage import GcsStore, GcsUrl
 from tests.provisioning.baked_image import ENV, ZONES, BakedImage, fake_with_image, provider_args
@@ -184,12 +185,17 @@ def test_the_headline_detached_survives_its_user_and_a_preemption(cloud) -> None
         rows = list(csv.DictReader(fh))
     assert sorted(int(r["workers"]) for r in rows) == [4, 8]
     assert all(r["status"] == "completed" for r in rows), rows
+    # an attached sweep's schema: every summary column, the rows naming the pulled folders
+    columns = [*results.SUMMARY_FIELDS, *results.TRANSIENT_SUMMARY_FIELDS]
+    assert set(columns) - {"phases"} <= set(rows[0]), sorted(set(columns) - set(rows[0]))
+    assert {Path(r["run_dir"]).parent for r in rows} == {Path(os.path.abspath(sweep_dir))}
     for point in (0, 1):
         run_dir = sweep_dir / str(point)
         for name in ("config.yaml", "plan.json", "events.jsonl", "metrics.csv", "summary.json"):
             assert (run_dir / name).is_file(), (run_dir, name)
         summary = json.loads((run_dir / "summary.json").read_text())
         assert summary["status"] == "completed" and summary["global_steps"] >= TRAIN_STEPS
+        assert set(results.SUMMARY_FIELDS) <= set(summary), run_dir
     revoked = [e for e in events(sweep_dir / "1") + events(sweep_dir / "0")
                if e["kind"] == "revocation" and e["role"] == "worker"]
     assert revoked, "the preempted worker was not seen"
