@@ -119,6 +119,11 @@ def _submit(args: list[str], stage: dict[str, str]) -> int:
         raise ConfigError("provider.storage", f"{FLAG} keeps the sweep's state in Cloud Storage,"
                           " where the controller and this machine both reach it: set "
                           "provider.storage=gs://BUCKET/PREFIX")
+    from provisioning.gce.config import controller_problems
+
+    for field, problem in controller_problems(provider, experiment.pricing):
+        # its cost belongs in the plan and the summary
+        raise ConfigError(field, f"{FLAG} prices its controller VM: {problem}")
     folder_key = "hydra.sweep.dir=" if is_sweep(flags) else "hydra.run.dir="
     sweep_dir = next((a.split("=", 1)[1] for a in overrides if a.startswith(folder_key)), None)
     sweep_id, sweep_dir = _sweep_names(str(cfg.get("name") or "sweep"), sweep_dir,

@@ -185,12 +185,19 @@ class GceConfig(ProviderConfig):
             problem = storage_url_problem(self.storage)
             if problem:
                 problems.append(("provider.storage", problem))
+        problem = controller_machine_type_problem(self.controller_machine_type)
+        if problem:
+            problems.append(("provider.controller_machine_type", problem))
         return problems
 
     def check_plan(self, hosts: Sequence[HostSpec], catalog: PricingConfig) -> list[tuple[str, str]]:
         """`provider.zones`: not empty (a host whose plan names no zone takes the first) and
         only zones the catalog knows (the plan's zones are checked against it too)."""
         known = catalog.all_zones()
+        if self.controller_zone is not None and self.controller_zone not in known:
+            return [("provider.controller_zone", f"unknown zone {self.controller_zone!r} in "
+                     f"catalog '{catalog.name}' (one of: {', '.join(known)}; null = the first "
+                     "of provider.zones)")]
         if not self.zones:
             return [("provider.zones", "is empty: list the zones VMs may fall back to, in order "
                      f"(e.g. [{known[0] if known else 'us-west1-b'}])")]
@@ -232,6 +239,36 @@ class GceConfig(ProviderConfig):
         return (f"predicted train time {planned:.0f} s x {RUN_SAFETY_FACTOR:g} + "
                 f"{RUN_SETUP_ALLOWANCE_S} s setup, within [{RUN_MIN_S}, {RUN_MAX_S}] s; "
                 "provider.max_run_duration_s overrides")
+
+
+#: A Compute Engine machine type name: lowercase family and parts joined by `-`
+#: (e2-standard-2, n2-custom-4-8192, custom-2-4096).
+_MACHINE_TYPE = re.compile(r"[a-z][a-z0-9]*(-[a-z0-9]+)+")
+
+
+def controller_machine_type_problem(machine_type: str) -> str | None:
+    """Why `machine_type` cannot be the controller's (it runs only the orchestrator, so a GPU
+    shape would bill GPUs for nothing), or None."""
+    from provisioning.machine_shapes import BUILT_IN_GPUS, FIXED_GPU_SHAPES
+
+    if not isinstance(machine_type, str) or not _MACHINE_TYPE.fullmatch(machine_type):
+        return (f"{machine_type!r} is not a Compute Engine machine type (e.g. e2-standard-2)")
+    if machine_type in FIXED_GPU_SHAPES or machine_type.split("-", 1)[0] in BUILT_IN_GPUS:
+        return (f"{machine_type!r} has GPUs built in; the controller runs only the "
+                "orchestrator: use a machine type without GPUs (e.g. e2-standard-2)")
+    return None
+
+
+def controller_problems(cfg: GceConfig, catalog: PricingConfig) -> list[tuple[str, str]]:
+    """(field, problem) of a `--detach` submit's controller VM: its machine type must be priced
+    in `catalog` (its cost is in the plan and the summary). Apart from `check_plan` because an
+    attached run creates no controller, so an unpriced type is no error there."""
+    if cfg.controller_machine_type not in catalog.machine_types:
+        return [("provider.controller_machine_type",
+                 f"{cfg.controller_machine_type!r} is not priced in catalog '{catalog.name}' "
+                 f"(priced: {', '.join(sorted(catalog.machine_types))}); add it to the "
+                 "catalog's machine_types or pick a priced one")]
+    return []
 
 
 def derived_run_duration_s(predicted_run_s: float | None) -> int:

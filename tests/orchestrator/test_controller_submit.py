@@ -54,6 +54,8 @@ def test_first_point_and_the_folder_names() -> None:
 @pytest.mark.parametrize(("extra", "field"), [
     (["provider=local"], "provider"),
     (["provider.project=p"], "provider.storage"),
+    (["provider.storage=gs://my-bucket/p", "provider.controller_machine_type=n2-standard-2"],
+     "provider.controller_machine_type"),
 ])
 def test_detach_refuses_in_one_line_before_anything(tmp_path: Path, extra: list[str],
                                                     field: str) -> None:

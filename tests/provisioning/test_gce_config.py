@@ -117,3 +117,41 @@ def test_a_vm_lease_shorter_than_the_unreachable_grace_is_refused() -> None:
         "the run waits out; make it at least that")
     for ok in ("provider.lease_s=300", "provider.lease_s=0"):
         compose_experiment("cifar10_res32", [ok, "provider.unreachable_grace_s=300"])
+
+
+@pytest.mark.parametrize(("override", "expected"), [
+    ("provider.controller_zone=mars-north1-a",
+     "config error: provider.controller_zone: unknown zone 'mars-north1-a' in catalog 'gce'"),
+    ("provider.controller_machine_type=g2-standard-4",
+     "config error: provider.controller_machine_type: 'g2-standard-4' has GPUs built in"),
+    ("provider.controller_machine_type=a3-highgpu-8g",
+     "config error: provider.controller_machine_type: 'a3-highgpu-8g' has GPUs built in"),
+    ("provider.controller_machine_type='E2 standard'",
+     "config error: provider.controller_machine_type: 'E2 standard' is not a Compute Engine "
+     "machine type"),
+])
+def test_bad_controller_settings_are_refused_in_one_line(override: str, expected: str) -> None:
+    """The controller's zone and machine type are checked before anything is provisioned."""
+    with pytest.raises(ConfigError) as info:
+        compose_experiment("cifar10_res32", ["provider=gce", override])
+    line = info.value.line()
+    assert line.startswith(expected), line
+    assert "\n" not in line
+
+
+def test_the_controller_is_priced_only_where_a_detached_submit_asks() -> None:
+    """The default controller (e2-standard-2) is priced per region; an unpriced controller type
+    is no error for an attached run, only for `--detach` (controller_problems)."""
+    from provisioning.gce.config import controller_problems
+
+    cfg = compose_experiment("cifar10_res32", ["provider=gce"])
+    assert controller_problems(cfg.provider, cfg.pricing) == []
+    for zone, on_demand in (("us-central1-a", 0.06701), ("europe-west4-a", 0.07377)):
+        assert cfg.pricing.hourly_price("e2-standard-2", None, False, zone) == on_demand
+    assert cfg.pricing.hourly_price("e2-standard-4", None, True, "us-west1-b") == 0.05358
+    unpriced = compose_experiment("cifar10_res32", [
+        "provider=gce", "provider.controller_machine_type=n2-standard-2",
+        "provider.controller_zone=us-west1-b"])  # attached: valid
+    (problem,) = controller_problems(unpriced.provider, unpriced.pricing)
+    assert problem[0] == "provider.controller_machine_type"
+    assert problem[1].startswith("'n2-standard-2' is not priced in catalog 'gce'"), problem
