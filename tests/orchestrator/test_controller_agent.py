@@ -26,6 +26,10 @@ from provisioning.gce.storage import GcsStore, GcsUrl
 from tests.fakes.gce_server import FakeGce
 from tests.provisioning.gce_fixtures import BUCKET, PROJECT, ZONES, storage_emulator
 
+# with the detached sweeps (make gce-fake): a real agent process per test, one of them over a
+# TensorFlow run; kept out of make test's 25 minutes
+pytestmark = [pytest.mark.slow, pytest.mark.headline]
+
 REPO = Path(__file__).resolve().parents[2]
 SWEEP_ID = "lab-k80-20261128-000000-abcd"
 VM = f"tc-{SWEEP_ID}"

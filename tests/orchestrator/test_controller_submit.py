@@ -102,6 +102,7 @@ def test_a_controller_account_that_cannot_create_vms_is_refused_before_anything(
 
 
 @pytest.mark.slow
+@pytest.mark.headline  # make gce-fake, with the detached sweeps (this tool's wheel is built)
 def test_detach_uploads_what_the_controller_needs_and_creates_it(tmp_path: Path) -> None:
     """The submit itself, on the fake Compute API (loopback: no VM boots here): the user's
     repository, this tool's wheel and the data folder in the bucket, the command as the
