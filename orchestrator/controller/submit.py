@@ -52,16 +52,34 @@ CONTROLLER_MAX_S = 7 * 24 * 3600
 
 
 def requested(argv: Sequence[str]) -> bool:
-    return FLAG in argv[1:]
+    """`--detach`, or `--resume gs://.../sweeps/<id>` (a detached sweep, resumed)."""
+    return FLAG in argv[1:] or detached_resume(argv) is not None
+
+
+def detached_resume(argv: Sequence[str]) -> str | None:
+    """The sweep URL of ``--resume gs://BUCKET/PREFIX/sweeps/<id>``, None for anything else
+    (``--resume DIR`` is a local folder: orchestrator/resume.py)."""
+    args = list(argv[1:])
+    for i, arg in enumerate(args):
+        value = arg.split("=", 1)[1] if arg.startswith("--resume=") else (
+            args[i + 1] if arg == "--resume" and i + 1 < len(args) else None)
+        if value is not None and value.startswith("gs://"):
+            return value
+    return None
 
 
 def main(argv: Sequence[str]) -> int:
     """``python -m orchestrator ... --detach``: check, upload, start the controller, print how
     to follow. Exit 0 when the controller VM was created, 2 for a config error (one line)."""
     args = [a for a in argv[1:] if a != FLAG]
+    sweep = detached_resume(argv)
+    if sweep is not None:  # the controller died: go on here, or on a new one with --detach
+        from orchestrator.controller.__main__ import main as controller_main
+
+        return controller_main(["resume", sweep, *([FLAG] if FLAG in argv[1:] else [])])
     if any(a.startswith("--resume") for a in args):
-        print(f"config error: {FLAG}: a detached sweep is resumed with python -m "
-              "orchestrator.controller resume SWEEP (not --resume)", file=sys.stderr)
+        print(f"config error: {FLAG}: --resume {FLAG} takes a detached sweep's gs:// URL; "
+              "a local folder is resumed here, without --detach", file=sys.stderr)
         return CONFIG_ERROR_EXIT_CODE
     stage: dict[str, str] = {}
     try:

@@ -13,7 +13,12 @@ from pathlib import Path
 import pytest
 
 from orchestrator.controller import layout
-from orchestrator.controller.submit import _sweep_names, controller_zones, first_point
+from orchestrator.controller.submit import (
+    _sweep_names,
+    controller_zones,
+    detached_resume,
+    first_point,
+)
 from provisioning.gce.storage import GcsStore, GcsUrl
 from tests.fakes.gce_server import FakeGce
 from tests.fakes.isolated_gce import ZONES  # conf/provider/gce.yaml's order
@@ -151,3 +156,30 @@ def test_detach_uploads_what_the_controller_needs_and_creates_it(tmp_path: Path)
                                 timeout=120)
         assert status.returncode == 0, status.stderr
         assert "submitted" in status.stdout, status.stdout
+
+
+def test_resume_of_a_detached_sweep_by_its_url_refuses_while_its_controller_lives(
+        tmp_path: Path) -> None:
+    """`python -m orchestrator --resume gs://.../sweeps/<id>` is the controller's resume: with a
+    controller heard from a moment ago it refuses in one line (two orchestrators never own
+    one sweep), creating and deleting nothing."""
+    import time as clock
+
+    assert detached_resume(["x", "--resume", "gs://b/p/sweeps/s-1"]) == "gs://b/p/sweeps/s-1"
+    assert detached_resume(["x", "--resume=multirun/a/b"]) is None
+    with storage_emulator(), FakeGce(project=PROJECT) as fake:
+        urls = layout.SweepUrls(f"gs://{BUCKET}/lab", "lab-20261129-000000-abcd")
+        command = layout.Command(urls.sweep_id, ["+experiment=x"], "multirun/lab/x",
+                                 {"name": "gce", "project": PROJECT,
+                                  "api_endpoint": fake.endpoint, "credentials": "anonymous"},
+                                 controller_vm="tc-x", controller_zone="us-west1-b")
+        store = GcsStore()
+        store.write_bytes(GcsUrl.parse(urls.child("submit", "command.json")),
+                          command.to_json().encode())
+        store.write_bytes(GcsUrl.parse(urls.child("controller.json")), layout.ControllerState(
+            layout.RUNNING, clock.time(), vm="tc-x", zone="us-west1-b").to_json().encode())
+        done = orchestrate("--resume", urls.root, cwd=tmp_path)
+        assert done.returncode == 1, done.stdout + done.stderr
+        line = done.stderr.strip().splitlines()[-1]
+        assert "is alive" in line and urls.sweep_id in line, done.stderr
+        assert fake.operations == {} and not (tmp_path / "multirun").exists()
