@@ -96,7 +96,7 @@ gce-fake: bytecode
 	$(MAKE) --no-print-directory isolated-images
 	$(PY) -m pytest -m headline tests/provisioning/test_gce_headline.py tests/provisioning/test_gce_detach.py \
 	  tests/provisioning/test_gce_controller.py tests/orchestrator/test_controller_agent.py \
-	  tests/orchestrator/test_controller_submit.py \
+	  tests/orchestrator/test_controller_submit.py tests/orchestrator/test_controller_cli.py \
 	  tests/orchestrator/test_resume.py -s $(PYTEST_ARGS)
 
 validate: setup

@@ -24,6 +24,10 @@ from tests.fakes.gce_server import FakeGce
 from tests.fakes.isolated_gce import ZONES  # conf/provider/gce.yaml's order
 from tests.provisioning.gce_fixtures import BUCKET, PROJECT, storage_emulator, write_ssh_key
 
+# with the detached sweeps (make gce-fake): each test runs the real command (a dry run of
+# every point), kept out of make test's 25 minutes
+pytestmark = pytest.mark.headline
+
 REPO = Path(__file__).resolve().parents[2]
 HEADLINE = ["+experiment=cifar10_res32", "-m", "cluster.workers=4,8"]
 
@@ -106,8 +110,7 @@ def test_a_controller_account_that_cannot_create_vms_is_refused_before_anything(
         assert GcsStore().list(GcsUrl.parse(f"gs://{BUCKET}/lab")) == {}
 
 
-@pytest.mark.slow
-@pytest.mark.headline  # make gce-fake, with the detached sweeps (this tool's wheel is built)
+@pytest.mark.slow  # this tool's wheel is built
 def test_detach_uploads_what_the_controller_needs_and_creates_it(tmp_path: Path) -> None:
     """The submit itself, on the fake Compute API (loopback: no VM boots here): the user's
     repository, this tool's wheel and the data folder in the bucket, the command as the
