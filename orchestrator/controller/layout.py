@@ -145,10 +145,9 @@ class Command:
     def gce_config(self):  # -> provisioning.gce.config.GceConfig (no Google import)
         """The provider section as the typed config: the Compute and Storage settings of
         everything acting on the controller's VM and the bucket."""
-        from provisioning.gce.config import GceConfig
+        from provisioning.gce.config import from_section
 
-        known = {f.name for f in fields(GceConfig) if f.init}
-        return GceConfig(**{k: v for k, v in self.provider.items() if k in known})
+        return from_section(self.provider)
 
     @classmethod
     def from_json(cls, text: str) -> Command:

@@ -271,6 +271,15 @@ def controller_problems(cfg: GceConfig, catalog: PricingConfig) -> list[tuple[st
     return []
 
 
+def from_section(provider: dict) -> GceConfig:
+    """A saved provider section (a run's config.yaml, a detached sweep's command.json) as the
+    typed config; keys GceConfig does not have are ignored."""
+    from dataclasses import fields
+
+    known = {f.name for f in fields(GceConfig) if f.init}
+    return GceConfig(**{k: v for k, v in provider.items() if k in known})
+
+
 def derived_run_duration_s(predicted_run_s: float | None) -> int:
     """maxRunDuration for a plan predicted to train in `predicted_run_s` (module constants)."""
     if predicted_run_s is None:

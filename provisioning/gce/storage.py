@@ -148,12 +148,9 @@ def bucket_problem(url: str, client: Any = None, cfg: Any = None) -> str | None:
 def store_for_provider(provider: dict[str, Any]) -> GcsStore:
     """A `GcsStore` acting as the `credentials` of a saved `provider` config (a resume reads
     the bucket as the run wrote it); keys GceConfig does not have are ignored."""
-    from dataclasses import fields
+    from provisioning.gce.config import from_section
 
-    from provisioning.gce.config import GceConfig
-
-    known = {f.name for f in fields(GceConfig) if f.init}
-    return GcsStore(cfg=GceConfig(**{k: v for k, v in provider.items() if k in known}))
+    return GcsStore(cfg=from_section(provider))
 
 
 class GcsStore:
