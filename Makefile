@@ -6,7 +6,7 @@
 #                   nothing slow (markers in pyproject.toml; docs/contributing.md)
 #   make ci         what CI runs (.ci/run): dry-run every committed experiment, lint, test, test-resume,
 #                   test-outage, gce-fake
-#   make test-outage  the orchestrator's own network dropped mid-run (SSH hosts, fake cloud)
+#   make test-outage  the orchestrator's own network dropped mid-run (SSH hosts, fake cloud), hosts lost
 #   make gce-fake   the headline sweep on a fake Google Cloud, and a sweep killed and resumed there (docs/gce.md)
 PYTHON ?= python3
 VENV ?= .venv
@@ -72,7 +72,8 @@ test-resume: bytecode
 	$(PY) -m pytest -m resume_matrix tests/orchestrator/test_resume.py --durations=10 $(PYTEST_ARGS)
 
 # The orchestrator's own network dropped for 20 s and 120 s mid-training, over SSH on isolated
-# hosts and on the fake cloud (about 10 min): kept out of `make test` for its 25 minutes;
+# hosts and on the fake cloud, and an SSH host's link cut or its machine frozen or killed
+# (about 15 min): kept out of `make test` for its 25 minutes;
 # `make ci` runs it
 test-outage: bytecode
 	bash .ci/testbed-deps

@@ -215,6 +215,7 @@ def test_digits_over_ssh_matches_a_local_run(repo_root: Path, bed: IsolatedTestB
     assert_nothing_left(bed, bed.hosts[:4])
 
 
+@pytest.mark.outage  # a host's link cut or its machine frozen: minutes, run by make test-outage
 @pytest.mark.parametrize("fault", ["cut_link", "freeze"])
 def test_lost_worker_machine_shrinks_and_completes(repo_root: Path, bed: IsolatedTestBed,
                                                    baked_runtime: BakedRuntime,
@@ -324,6 +325,7 @@ def test_an_outage_past_the_grace_stops_resumable_and_resume_completes(
     assert_nothing_left(bed, bed.hosts[:4])
 
 
+@pytest.mark.outage
 @pytest.mark.parametrize("fault", ["killed", "freeze"])
 def test_lost_ps_machine_restarts_from_checkpoint_on_the_spare(
         repo_root: Path, bed: IsolatedTestBed, baked_runtime: BakedRuntime, tmp_path: Path,

@@ -22,7 +22,7 @@ from trainer_harness import (
     wait_for_step,
 )
 
-from trainer.spec import PhaseSpec
+from trainer.spec import PhaseSpec, StragglerSpec
 
 pytestmark = [pytest.mark.slow, pytest.mark.tf_cluster]
 
@@ -42,6 +42,9 @@ def test_a_hung_sole_worker_mid_group_loses_no_step_and_applies_none_twice(
     phases = [PhaseSpec("asp", 151), PhaseSpec("bsp", 1150), PhaseSpec("asp", 1250)]
     spec = make_spec(tmp_path / "sole", 1, phases, checkpoint_frequency=400)
     spec.cluster = cluster.spec.cluster
+    # BSP's steps take >= 10 ms each (>= 10 s in all), so the hang, sent as soon as BSP's
+    # closures are traced, falls inside BSP's groups however fast or loaded the machine is
+    spec.stragglers = [StragglerSpec(workers=[0], delay_s=0.01, start_step=151, end_step=1150)]
     path = spec.to_json(tmp_path / "sole" / "trainer_spec.json")
     chief = cluster.start("chief", 0, path)
     evaluator = cluster.start("evaluator", 0, path)
@@ -50,8 +53,10 @@ def test_a_hung_sole_worker_mid_group_loses_no_step_and_applies_none_twice(
     groups_before = len(chief.of_kind("step"))
     # held 4 s past its naming, not HUNG_S: with its only worker stopped the chief has no
     # other work to time out on; what is tested is the group abandoned once it is named
-    silent, _, resumed = hang(chief, cluster.servers[1], 0, 4.0)
+    silent, stopped, resumed = hang(chief, cluster.servers[1], 0, 4.0)
     assert silent["worker"] == 0
+    before = [e["step"] for e in chief.of_kind("step") if e["time"] < stopped]
+    assert before and before[-1] < 1150, f"the hang missed BSP's groups: {before[-3:]}"
     cluster.finish(chief, evaluator, timeout=240)
     ends = chief.of_kind("phase_end")
     assert [e["step"] for e in ends] == [151, 1150, 1250], ends
