@@ -27,6 +27,12 @@ def config_error_from_hydra(ex: BaseException) -> ConfigError | None:
         return from_omegaconf(ex)
     if isinstance(ex, MissingConfigException):
         return _missing_option(ex)
+    if isinstance(ex, UnicodeDecodeError):
+        path = _file_being_read(ex)
+        if path is not None:  # Hydra's own file source (--config-dir, hydra.searchpath)
+            from orchestrator import user_repo
+
+            return user_repo.not_text_error(path, ex)
     m = re.search(r"Invalid defaults list in '([^']+)', defaults must be a list \(got (\w+)\)",
                   str(ex)) if isinstance(ex, ValueError) else None
     if m:  # `defaults:` with nothing under it
@@ -83,6 +89,20 @@ def config_error_from_hydra(ex: BaseException) -> ConfigError | None:
             return ConfigError(m.group(1), "already set", f"use {m.group(1)}=... without '+'")
         return ConfigError(_quoted_field(msg), _first(msg))
     return None
+
+
+def _file_being_read(ex: BaseException) -> Path | None:
+    """The file an exception was raised reading: the innermost frame of its traceback with an
+    open text file ``f`` (Hydra's ``FileConfigSource.load_config`` reads through one), which
+    Hydra's message never names."""
+    tb, path = ex.__traceback__, None
+    while tb is not None:
+        f = tb.tb_frame.f_locals.get("f")
+        name = getattr(f, "name", None)
+        if isinstance(name, str) and name.endswith((".yaml", ".yml")):
+            path = Path(name)
+        tb = tb.tb_next
+    return path
 
 
 def _missing_option(ex: MissingConfigException) -> ConfigError:

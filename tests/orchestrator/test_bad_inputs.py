@@ -621,6 +621,22 @@ def test_a_mapping_field_takes_the_documented_override(ssh_key: Path) -> None:
     assert placed_on(cfg)["ps-0"] == "lab2"
 
 
+@pytest.mark.parametrize("how", ["--config-dir", "hydra.searchpath"])
+def test_cli_binary_experiment_on_hydras_own_file_source_is_one_line(tmp_path: Path,
+                                                                    how: str) -> None:
+    """A binary experiment file read by Hydra's own file source (``--config-dir``,
+    ``hydra.searchpath``), not the user repository's: the file, not a UnicodeDecodeError."""
+    folder = tmp_path / "cd" / "experiment"
+    folder.mkdir(parents=True)
+    (folder / "bin.yaml").write_bytes(HEADER.encode() + b"\x00\xff\xfe\x01")
+    where = (["--config-dir", str(tmp_path / "cd")] if how == "--config-dir"
+             else [f"hydra.searchpath=[file://{tmp_path / 'cd'}]"])
+    proc = _cli("-m", "orchestrator", *where, "+experiment=bin", "dry_run=true", cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    assert_one_line(proc.stderr.strip(), "cd/experiment/bin.yaml")
+    assert "is not UTF-8 text (it holds the byte 0xff)" in proc.stderr, proc.stderr
+
+
 def test_cli_resume_of_a_config_that_is_not_utf8_is_refused_in_one_line(tmp_path: Path) -> None:
     run = tmp_path / "run"
     (run / ".hydra").mkdir(parents=True)
