@@ -246,11 +246,9 @@ def main() -> None:
         overrides = [a for a in sys.argv[1:] if not a.startswith("-")]
         err = _find_config_error(ex, config_error_from_hydra) or path_too_long(ex, overrides)
         if err is None:
-            from trainer.events import disk_full_fields, is_disk_full
+            from trainer.events import disk_full_fields, disk_full_line, is_disk_full
 
             if is_disk_full(ex) and not user_full_error:  # e.g. the run folder's disk
-                from orchestrator.runtime.supervisor import disk_full_line
-
                 folders = [os.getcwd()] + [a.split("=", 1)[1] for a in overrides
                                            if a.startswith(("hydra.run.dir=", "hydra.sweep.dir="))]
                 full = disk_full_fields(ex, folders)

@@ -113,3 +113,13 @@ def disk_full_fields(exc: BaseException, folders: Iterable[str]) -> dict[str, An
     if free:
         fields["free_bytes"] = next((b for b, f in free if f == fields.get("path")), min(free)[0])
     return fields
+
+
+def disk_full_line(who: str, folder: str | None, free_bytes: int | None = None) -> str:
+    """The run's error when a disk filled up: who could not write, where, and why no restart
+    was tried (another attempt writes to the same disk)."""
+    where = f" in {folder}" if folder else ""
+    free = f" ({free_bytes / 1e6:.1f} MB free)" if isinstance(free_bytes, int) else ""
+    return (f"disk full: {who} could not write{where}{free}: No space left on device; "
+            f"stopped without a restart (it would write to the same disk): free space there "
+            f"and run again")

@@ -26,14 +26,14 @@ from orchestrator.runtime.control import ControlChannel
 from orchestrator.runtime.deploy import TF_EXTRAS, role_lease_s
 from orchestrator.runtime.fleet import Fleet, gpu_tasks
 from orchestrator.runtime.progress import RunProgress
-from orchestrator.runtime.supervisor import Supervisor, disk_full_line
+from orchestrator.runtime.supervisor import Supervisor
 from orchestrator.transient.revocation import RevocationSchedule
 from orchestrator.transient.stragglers import InjectionSchedule
 from provisioning import catalog
 from provisioning.base import Cluster, ClusterRequest, ContactLostError
 from provisioning.journal import JOURNAL_FILE, Journal
 from provisioning.registry import get_provider, provider_class
-from trainer.events import disk_full_fields, is_disk_full
+from trainer.events import disk_full_fields, disk_full_line, is_disk_full
 from trainer.layout import CHECKPOINT_DIR, CLUSTER_JOBS, CONTROL_FILE
 from trainer.spec import PhaseSpec, StragglerSpec, TrainerSpec
 

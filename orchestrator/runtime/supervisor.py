@@ -66,7 +66,7 @@ from orchestrator.transient.stragglers import (
     judge_trainer_event,
 )
 from provisioning.base import Cluster, Host, HostId, HostState, ProvisionError, Role
-from trainer.events import DISK_FULL
+from trainer.events import DISK_FULL, disk_full_line
 from trainer.layout import EXIT_PS_UNAVAILABLE
 
 TICK_S = 0.2  # longest wait for a trainer event before the periodic checks run
@@ -81,16 +81,6 @@ PS_LOSS_EXIT_CODE = EXIT_PS_UNAVAILABLE  # the chief's exit code when it lost a 
 NOTICE_MARGIN_S = 1.0
 # A run preempted by its sweep's queue waits this long for the checkpoint it asks for
 STOP_CHECKPOINT_TIMEOUT_S = 60.0
-
-
-def disk_full_line(who: str, folder: str | None, free_bytes: int | None = None) -> str:
-    """The run's error when a disk filled up: who could not write, where, and why no restart
-    was tried (another attempt writes to the same disk)."""
-    where = f" in {folder}" if folder else ""
-    free = f" ({free_bytes / 1e6:.1f} MB free)" if isinstance(free_bytes, int) else ""
-    return (f"disk full: {who} could not write{where}{free}: No space left on device; "
-            f"stopped without a restart (it would write to the same disk): free space there "
-            f"and run again")
 
 
 @dataclass
