@@ -457,25 +457,6 @@ class Deployment:
         while (event := self.next_event(timeout_s)) is not None:
             yield event
 
-    def chief_exit_code(self) -> int | None:
-        """The chief's exit code; None while it runs or if no chief was started."""
-        task = self.tasks.get((Role.CHIEF, 0))
-        return None if task is None else task.process.poll()
-
-    def wait_for_completion(self, timeout_s: float | None = None) -> bool:
-        """Block until the chief and every evaluator have exited (any exit code); False on
-        timeout (None = wait forever). Does not consume events."""
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        with self._lock:
-            clients = [t for t in self.tasks.values() if t.role in _CLIENT_ROLES]
-        for task in clients:
-            left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            try:
-                task.process.wait(left)
-            except TimeoutError:
-                return False
-        return True
-
     def teardown(self) -> None:
         """Stop every process on every host (chief and evaluator first, then workers and
         parameter servers) and wait for the readers to drain. Idempotent; does not release the hosts (that is the provider's)."""

@@ -24,6 +24,25 @@ from provisioning.local import LocalProvider
 
 EVENT_WAIT_S = 10.0
 
+
+def chief_exit_code(deployment: Deployment) -> int | None:
+    """The chief's exit code; None while it runs or if no chief was started."""
+    task = deployment.tasks.get((Role.CHIEF, 0))
+    return None if task is None else task.process.poll()
+
+
+def wait_for_completion(deployment: Deployment, timeout_s: float) -> bool:
+    """Until the chief and every evaluator have exited (any code); False on timeout. Reads no
+    event: the tests read them after."""
+    deadline = time.monotonic() + timeout_s
+    for task in [t for t in list(deployment.tasks.values())
+                 if t.role in (Role.CHIEF, Role.EVALUATOR)]:
+        try:
+            task.process.wait(max(0.0, deadline - time.monotonic()))
+        except TimeoutError:
+            return False
+    return True
+
 # Behaviours, chosen per "role" or "role-index" in the spec's "behavior" map:
 #   serve: ready after a short delay, then block (like a PS);  listen: bind the port, never emit
 #   ready;  stubborn: serve but ignore SIGTERM;  crash: exit 3 at once;  crash_later: ready,
@@ -128,13 +147,13 @@ def test_parse_event_line():
 def test_run_to_completion_events_logs_and_order(deploy, tmp_path):
     deployment = deploy({})
     deployment.start()
-    assert deployment.wait_for_completion(EVENT_WAIT_S)
+    assert wait_for_completion(deployment, EVENT_WAIT_S)
     # every role's ready line too: a server may be taken as ready by its port alone (another
     # test's process on a loaded machine can hold it), and print its line after the clients
     # (which do not wait for the servers) have exited
     events = collect_until(deployment, lambda es: len(exits(es)) == 2 and len(
         {(e.role, e.index) for e in es if e.kind == "ready"}) == 5)
-    assert deployment.chief_exit_code() == 0
+    assert chief_exit_code(deployment) == 0
     ready = {(e.role, e.index): e.time for e in events if e.kind == "ready"}
     assert set(ready) == {("ps", 0), ("worker", 0), ("worker", 1), ("chief", 0), ("evaluator", 0)}
     # start() returns only once every server is ready (the chief overlaps its start-up)
@@ -163,7 +182,7 @@ def test_ready_by_port_without_event(deploy):
     deployment = deploy({"ps": "listen"})
     deployment.start()
     assert deployment.tasks[(Role.PS, 0)].ready.is_set()
-    assert deployment.wait_for_completion(EVENT_WAIT_S)
+    assert wait_for_completion(deployment, EVENT_WAIT_S)
 
 
 def test_crash_before_ready_raises_naming_role_and_log(deploy, tmp_path):
@@ -200,8 +219,8 @@ def test_unexpected_exit_becomes_an_event(deploy):
     events = collect_until(deployment, lambda es: ("worker", 0) in exits(es))
     crash = exits(events)[("worker", 0)]
     assert crash.fields["exit_code"] == 5 and crash.fields["expected"] is False
-    assert deployment.chief_exit_code() is None
-    assert not deployment.wait_for_completion(0.1)
+    assert chief_exit_code(deployment) is None
+    assert not wait_for_completion(deployment, 0.1)
 
 
 def test_revoked_worker_is_reported_and_teardown_kills_stubborn_roles(deploy):
