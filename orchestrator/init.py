@@ -11,18 +11,24 @@ folder), never overwriting a file that exists::
 
 The provider files are copies of the packaged ``provider=ssh`` / ``provider=gce`` files (the
 same keys and documented defaults as the installed version), under names of their own so they
-are found before the packaged ones. Exit code 0, also when every file already existed.
+are found before the packaged ones. The workflow installs the tool from where this installation
+came from (:func:`install_line`): the tool is on no public index. Exit code 0, also when every
+file already existed.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import shlex
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 from orchestrator.paths import CONF_DIR
-from orchestrator.version import add_version_argument, prog_name
+from orchestrator.version import DISTRIBUTION, add_version_argument, prog_name, tool_version
 
 EXPERIMENT = """\
 # @package _global_
@@ -60,7 +66,9 @@ conf/local/
 
 WORKFLOW = """\
 # Every experiment of this repository composed, validated and planned on each push: a bad field
-# fails the job with one line naming it; finding no experiment fails it too.
+# fails the job with one line naming it; finding no experiment fails it too. The tool is
+# installed from where `transient-init`'s own installation came from (validation needs no
+# TensorFlow, so no extra).
 name: validate-experiments
 on: [push, pull_request]
 jobs:
@@ -69,10 +77,76 @@ jobs:
     steps:
       - uses: actions/checkout@v4
       - uses: actions/setup-python@v5
-        with: {python-version: "3.11"}
-      - run: pip install transient-orchestrator   # validation needs no TensorFlow
+        with: {{python-version: "3.11"}}
+      - run: {install}
       - run: transient-validate
 """
+
+#: Starts the comment on the workflow's install line: the one line a user may have to change.
+CHANGE_MARK = "# transient-orchestrator: change this line if"
+
+
+def install_line(direct_url: Mapping[str, Any] | None, version: str | None) -> str:
+    """The workflow's ``pip install`` command with its comment, for an installation that
+    `direct_url` describes (its PEP 610 ``direct_url.json``; None when it has none: installed
+    from a package index, or not installed at all) and its `version`.
+
+    The tool is on no public index, so a bare ``pip install transient-orchestrator`` fails on
+    the first push. A CI runner can reach a VCS repository (installed again at the very commit)
+    and a remote archive (with its recorded hash, which pip checks); a local folder, wheel or
+    editable checkout is a file:// URL only this machine reads, so those and index installs get
+    the index line, pinned to `version`, and a comment saying what to put there instead.
+    """
+    info: Mapping[str, Any] = direct_url or {}
+    url = str(info.get("url") or "")
+    remote = bool(url) and not url.startswith("file:")
+    vcs, archive, folder = info.get("vcs_info"), info.get("archive_info"), info.get("dir_info")
+    fragment = [f"subdirectory={info['subdirectory']}"] if info.get("subdirectory") else []
+    if remote and isinstance(vcs, Mapping) and vcs.get("vcs"):
+        rev = vcs.get("commit_id") or vcs.get("requested_revision")
+        req = f"{DISTRIBUTION} @ {vcs['vcs']}+{url}{f'@{rev}' if rev else ''}"
+        why = ("CI cannot clone this repository (a private one needs a token in the URL) or "
+               "should install another commit")
+    elif remote and isinstance(archive, Mapping):
+        hashes = archive.get("hashes")
+        if isinstance(hashes, Mapping) and hashes.get("sha256"):
+            fragment.insert(0, f"sha256={hashes['sha256']}")
+        elif isinstance(archive.get("hash"), str) and "=" in archive["hash"]:
+            fragment.insert(0, archive["hash"])  # the older "<algorithm>=<digest>" form
+        req = f"{DISTRIBUTION} @ {url}"
+        why = "the archive moves or CI should install another version"
+    else:
+        fragment = []
+        known = version and version != "unknown"
+        req = f"{DISTRIBUTION}=={version}" if known else DISTRIBUTION
+        if isinstance(folder, Mapping):
+            kind = "an editable checkout" if folder.get("editable") else "a local folder"
+        else:
+            kind = "a local archive" if isinstance(archive, Mapping) else "a local clone"
+        source = (f"this tool was installed from {kind} ({url}) that a CI runner cannot reach"
+                  if url else "this installation records no URL: it came from a package index "
+                  "or a source tree")
+        why = (f"no index your CI reads serves {req} ({source}); install it from the tool's "
+               "git repository instead: pip install 'transient-orchestrator @ git+URL@COMMIT'")
+    if fragment and "#" not in req:
+        req += "#" + "&".join(fragment)
+    return f"pip install {shlex.quote(req)}   {CHANGE_MARK} {why}"
+
+
+def this_installation() -> tuple[dict[str, Any] | None, str | None]:
+    """This tool's PEP 610 ``direct_url.json`` (None when it records none) and its version: what
+    :func:`install_line` needs to install the same tool in CI."""
+    try:
+        dist = metadata.distribution(DISTRIBUTION)
+    except metadata.PackageNotFoundError:
+        return None, tool_version()
+    text = dist.read_text("direct_url.json")
+    try:
+        direct = json.loads(text) if text else None
+    except ValueError:
+        direct = None
+    return (direct if isinstance(direct, dict) else None), dist.version
+
 
 _HEADERS = {
     "ssh": ("# Your machines over SSH: replace the example inventory below with yours (addresses, "
@@ -92,7 +166,8 @@ def files_for(providers: Sequence[str]) -> dict[str, str]:
         packaged = (CONF_DIR / "provider" / f"{backend}.yaml").read_text()
         files[f"conf/provider/{PROVIDER_FILES[backend]}"] = _HEADERS[backend] + packaged
     files[".gitignore"] = GITIGNORE
-    files[".github/workflows/validate-experiments.yml"] = WORKFLOW
+    files[".github/workflows/validate-experiments.yml"] = WORKFLOW.format(
+        install=install_line(*this_installation()))
     return files
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import enum
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from provisioning.base import HostSpec, ProviderConfig
@@ -22,6 +22,16 @@ from provisioning.ssh.config import DEFAULT_INDEX_URL, runtime_install_problems
 #: The label every VM of this tool carries (`tool=<TOOL_LABEL>`); `orchestrator.gc` (`orphans.py`)
 #: finds orphans by it. Label values: lowercase letters, digits, `_` and `-`, at most 63 characters.
 TOOL_LABEL = "transient-ps"
+#: The label keys this tool sets on its VMs itself (`body.run_labels` with `vm.owner_labels`; a
+#: controller's are a subset): a `provider.labels` key among them would be overwritten, and
+#: all of them count against Compute Engine's MAX_LABELS per VM.
+TOOL_LABEL_KEYS = ("tool", "run-id", "sweep-id", "role", "host-id", "owner-host", "owner-pid",
+                   "owner-start")
+MAX_LABELS = 64
+#: Compute Engine's label rules (gce-notes, `labels`), ASCII only: GCE also takes international
+#: lowercase letters, which this tool does not.
+_LABEL_KEY = re.compile(r"[a-z][a-z0-9_-]{0,62}")
+_LABEL_VALUE = re.compile(r"[a-z0-9_-]{0,63}")
 DEFAULT_SCOPES = ("https://www.googleapis.com/auth/cloud-platform",)
 #: Credentials values that are not a file path.
 CREDENTIALS_ADC = "adc"  # Application Default Credentials (gcloud auth application-default login)
@@ -135,7 +145,7 @@ class GceConfig(ProviderConfig):
         """(field, problem) known before any VM exists (fields as typed): the hosts' runtime
         install keys, an image family whose Python (its name tells) no wheel of the runtime
         fits, a baked image (`python -m orchestrator.image bake`) made for another dependency
-        set, the login key, internal-IP-only VMs, the timeouts and the lease."""
+        set, the login key, internal-IP-only VMs, the timeouts, the lease and the labels."""
         from provisioning.host_runtime import image_family_problem, stale_image_problem
 
         problems = runtime_install_problems(self.index_url, self.wheelhouse, "cpu",
@@ -188,6 +198,7 @@ class GceConfig(ProviderConfig):
         problem = controller_machine_type_problem(self.controller_machine_type)
         if problem:
             problems.append(("provider.controller_machine_type", problem))
+        problems += labels_problems(self.labels)
         return problems
 
     def check_plan(self, hosts: Sequence[HostSpec], catalog: PricingConfig) -> list[tuple[str, str]]:
@@ -278,6 +289,32 @@ def from_section(provider: dict) -> GceConfig:
 
     known = {f.name for f in fields(GceConfig) if f.init}
     return GceConfig(**{k: v for k, v in provider.items() if k in known})
+
+
+def labels_problems(labels: Mapping[str, str]) -> list[tuple[str, str]]:
+    """(field, problem) for `provider.labels` that Compute Engine would refuse (a 400 on the
+    first VM insert, after the plan and the pre-flight) or that would clash with the tool's own
+    labels; values are used as typed, so a VM's labels are exactly the ones a filter names."""
+    problems: list[tuple[str, str]] = []
+    room = MAX_LABELS - len(TOOL_LABEL_KEYS)
+    if len(labels) > room:
+        problems.append(("provider.labels", f"{len(labels)} labels, but Compute Engine takes "
+                         f"at most {MAX_LABELS} per VM and the tool adds {len(TOOL_LABEL_KEYS)} "
+                         f"of its own ({', '.join(TOOL_LABEL_KEYS)}): at most {room}"))
+    for key, value in labels.items():
+        path = f"provider.labels.{key}"
+        if not _LABEL_KEY.fullmatch(key):
+            problems.append((path, "label keys must start with a lowercase letter and hold only "
+                             "lowercase letters, digits, _ and - (at most 63)"))
+        elif key in TOOL_LABEL_KEYS:
+            problems.append((path, "the tool sets this label on its VMs itself (it finds them "
+                             "by it); pick another key"))
+        elif not _LABEL_VALUE.fullmatch(str(value)):
+            hint = (" (YAML read a true/false as a boolean: quote it, 'true')"
+                    if str(value) in ("True", "False") else "")
+            problems.append((path, f"{str(value)!r}: label values hold only lowercase letters, "
+                             f"digits, _ and - (at most 63){hint}"))
+    return problems
 
 
 def derived_run_duration_s(predicted_run_s: float | None) -> int:

@@ -746,7 +746,11 @@ class FakeGce:
                 raise FakeHttpError(400, f"Invalid value for field 'resource.name': '{name}'. "
                                     "Must be a match of regex '(?:[a-z](?:[-a-z0-9]{0,61}"
                                     "[a-z0-9])?|[1-9][0-9]{0,19})'")
-            for key, value in body.get("labels", {}).items():
+            labels = body.get("labels", {})
+            if len(labels) > 64:  # GCE's limit per resource (gce-notes, `labels`)
+                raise FakeHttpError(400, "Invalid value for field 'resource.labels': "
+                                    f"{len(labels)} labels; a resource takes at most 64")
+            for key, value in labels.items():
                 if not re.fullmatch(r"[a-z][a-z0-9_-]{0,62}", key) or \
                         not re.fullmatch(r"[a-z0-9_-]{0,63}", value):
                     raise FakeHttpError(400, f"Invalid value for field 'resource.labels': "
