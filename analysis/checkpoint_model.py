@@ -11,7 +11,6 @@ failures ``M`` is Young's ``sqrt(2·C·M)`` (Daly's refinement subtracts ``C``).
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import sys
@@ -23,6 +22,7 @@ import pandas as pd
 from sklearn.linear_model import LinearRegression
 from sklearn.svm import SVR
 
+from analysis.cli import command_parser
 from analysis.features import CMDARE_DIR, mape
 
 CKPT_FILE = CMDARE_DIR / "checkpoint" / "ckpt.csv"
@@ -112,8 +112,8 @@ def optimal_checkpoint_interval(
 
 def main(argv: list[str] | None = None) -> int:
     """``checkpoint-model`` subcommand: reproduce the fit, or price a checkpoint plan."""
-    parser = argparse.ArgumentParser(
-        prog="python -m analysis checkpoint-model",
+    parser = command_parser(
+        "checkpoint-model",
         description="Checkpoint duration vs size (CM-DARE) and the checkpoint interval it implies.")
     parser.add_argument("--size-mb", type=float, help="checkpoint size to price")
     parser.add_argument("--mtbf-s", type=float, help="mean time between revocations, seconds")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from typing import Any
 
 # command → (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -35,9 +36,27 @@ EPILOG = """examples:
 Run 'python -m analysis COMMAND --help' for a command's options; --version for the tool's."""
 
 
+def command_prog(command: str = "") -> str:
+    """The words the user ran ``command`` by: ``python -m analysis cost``."""
+    from orchestrator.version import prog_name
+
+    return f"{prog_name('analysis')} {command}".rstrip()
+
+
+def command_parser(command: str, **kwargs: Any) -> argparse.ArgumentParser:
+    """A subcommand's parser: its usage in the user's words, and ``--version``."""
+    from orchestrator.version import tool_version
+
+    parser = argparse.ArgumentParser(prog=command_prog(command), **kwargs)
+    parser.add_argument("--version", action="version",
+                        version=f"{command_prog(command)} {tool_version()}",
+                        help="print the tool's version and exit")
+    return parser
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m analysis",
+        prog=command_prog(),
         description="Analyses of distributed training on transient GPUs: the papers' reference "
         "data (SOURCE 'reference') and our own run/sweep directories.",
         epilog=EPILOG,
@@ -65,6 +84,8 @@ def main(argv: list[str] | None = None) -> int:
     command, rest = argv[0], argv[1:]
     if command not in COMMANDS:
         parser.error(f"unknown command {command!r} (choose from {', '.join(COMMANDS)})")
+    if rest == ["--version"]:  # argparse prints it and exits, before pandas, sklearn... load
+        command_parser(command).parse_args(rest)
     module_name = COMMANDS[command][0]
     try:
         module = importlib.import_module(module_name)

@@ -10,7 +10,6 @@ Run: ``python -m analysis cost [reference | SWEEP_DIR] [--json]``.
 
 from __future__ import annotations
 
-import argparse
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -18,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from analysis.cli import command_parser
 from analysis.reference import load_icac19_experiment
 
 # GCE prices used by ICAC'19 (early 2019, $/h; recovered exactly from its cost.csv files).
@@ -233,8 +233,8 @@ def cost_table(source: str | Path = "reference") -> pd.DataFrame:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m analysis cost``: print the comparison table (and the ICAC'19 headline)."""
-    parser = argparse.ArgumentParser(
-        prog="python -m analysis cost",
+    parser = command_parser(
+        "cost",
         description="Time, cost, accuracy and savings of transient vs on-demand clusters.",
     )
     parser.add_argument("source", nargs="?", default="reference",

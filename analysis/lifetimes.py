@@ -11,7 +11,6 @@ Run: ``python -m analysis lifetimes [--export FILE] [--json]``.
 
 from __future__ import annotations
 
-import argparse
 import functools
 import json
 import math
@@ -22,6 +21,7 @@ import numpy as np
 import pandas as pd
 from lifelines import ExponentialFitter, KaplanMeierFitter, WeibullFitter
 
+from analysis.cli import command_parser
 from analysis.reference import LIFETIME_CAP_H, load_cmdare_lifetimes, load_icac19_lifetimes
 
 MODELS_SCHEMA_VERSION = 1
@@ -257,8 +257,8 @@ def sample_lifetimes(
 # --------------------------------------------------------------------------- CLI
 def main(argv: list[str] | None = None) -> int:
     """``python -m analysis lifetimes``: print the per-GPU (and per-region) summary table."""
-    parser = argparse.ArgumentParser(
-        prog="python -m analysis lifetimes",
+    parser = command_parser(
+        "lifetimes",
         description="Survival analysis of preemptible GPU VM lifetimes (24 h cap = censoring).",
     )
     parser.add_argument("--dataset", choices=("cmdare", "icac19", "both"), default="cmdare")

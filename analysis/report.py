@@ -7,7 +7,6 @@ results without the code. Sections that the source cannot support say why instea
 
 from __future__ import annotations
 
-import argparse
 import html
 import sys
 from collections.abc import Callable
@@ -19,6 +18,7 @@ from typing import TYPE_CHECKING
 import pandas as pd
 
 from analysis import cost, lifetimes, plots, syncswitch
+from analysis.cli import command_parser
 from analysis.reference import reference_path
 
 if TYPE_CHECKING:
@@ -344,8 +344,7 @@ def build_report(source: str | Path, out: str | Path) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m analysis report SOURCE --out DIR``."""
-    parser = argparse.ArgumentParser(prog="python -m analysis report",
-                                     description="Write an HTML report with plots and tables.")
+    parser = command_parser("report", description="Write an HTML report with plots and tables.")
     parser.add_argument("source", help="'reference' or a sweep/run directory of ours")
     parser.add_argument("--out", type=Path, required=True, help="output directory")
     args = parser.parse_args(argv)

@@ -11,7 +11,6 @@ counts in a row (one flat point is noise: the P100 runs vary by ±5 %).
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
 import sys
@@ -21,6 +20,7 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import least_squares
 
+from analysis.cli import command_parser
 from analysis.features import CMDARE_DIR
 
 CLUSTER_DIR = CMDARE_DIR / "speed_and_cluster_size"
@@ -175,8 +175,8 @@ def detect_ps_bottleneck(df: pd.DataFrame | None = None, threshold: float = 0.5)
 
 def main(argv: list[str] | None = None) -> int:
     """``scaling`` subcommand: fitted scaling curves and PS-bottleneck flags."""
-    parser = argparse.ArgumentParser(
-        prog="python -m analysis scaling",
+    parser = command_parser(
+        "scaling",
         description="Cluster-size scaling of asynchronous PS training and PS-bottleneck "
         "detection from CM-DARE's speed_and_cluster_size measurements.")
     parser.add_argument("--source", choices=["derived", "raw"], default="derived",

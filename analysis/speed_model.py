@@ -27,7 +27,6 @@ Method (why each choice):
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import warnings
@@ -42,6 +41,7 @@ from sklearn.gaussian_process import GaussianProcessRegressor
 from sklearn.gaussian_process.kernels import RBF, ConstantKernel, DotProduct, WhiteKernel
 from sklearn.preprocessing import StandardScaler
 
+from analysis.cli import command_parser
 from analysis.features import (
     CMDARE_DIR,
     GPU_SPECS,
@@ -565,8 +565,8 @@ def evaluate_files(train: list[str | Path], test: str | Path) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     """``speed-model`` subcommand: fit on --train CSVs, report MAPE on --test."""
-    parser = argparse.ArgumentParser(
-        prog="python -m analysis speed-model",
+    parser = command_parser(
+        "speed-model",
         description="Predict per-step training time from model complexity and GPU type "
         "(CM-DARE speed model). CSVs have the columns of "
         "reference_data/cmdare/speed_data/0latency_k80_new.csv.",

@@ -12,7 +12,6 @@ Run: ``python -m analysis syncswitch [reference | SWEEP_DIR] [--dataset NAME] [-
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import re
@@ -22,6 +21,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from analysis.cli import command_parser
 from analysis.reference import read_syncswitch_curve, reference_path
 
 # dataset → (workers N, BSP step budget B); from the README's step-budget conversion.
@@ -234,8 +234,8 @@ def own_runs(source: str | Path) -> list[SwitchRun]:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m analysis syncswitch``: table per switch point plus the policy's next step."""
-    parser = argparse.ArgumentParser(
-        prog="python -m analysis syncswitch",
+    parser = command_parser(
+        "syncswitch",
         description="Converged accuracy and time per protocol / BSP→ASP switch point, and the "
         "offline policy's next BSP fraction to try.",
     )

@@ -45,8 +45,11 @@ def _provider_config(overrides: Sequence[str]) -> GceConfig:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m orchestrator.image",
+    from orchestrator.version import add_version_argument, prog_name
+
+    parser = argparse.ArgumentParser(prog=prog_name("orchestrator.image"),
                                      description="Bake a GCE image with the hosts' runtime.")
+    add_version_argument(parser, "orchestrator.image")
     sub = parser.add_subparsers(dest="verb", required=True)
     cmd = sub.add_parser("bake", help="create (or find) the image for this dependency set")
     cmd.add_argument("--gpu", help="GPU type of the baking VM (e.g. t4): the CUDA build")

@@ -12,26 +12,16 @@ from __future__ import annotations
 
 import argparse
 import sys
-import tomllib
 from importlib import metadata
 from pathlib import Path
 
-DISTRIBUTION = "transient-orchestrator"
+# the version is read where the trainer, which a host runs without this package, reads it too
+from trainer.layout import DISTRIBUTION, tool_version
+
+__all__ = ["DISTRIBUTION", "add_version_argument", "docs_path", "prog_name", "tool_version",
+           "version_line"]
+
 _PACKAGE = Path(__file__).resolve().parent
-
-
-def tool_version() -> str:
-    """The installed distribution's version; a source tree that is not installed reads its own
-    pyproject.toml; "unknown" when neither says."""
-    try:
-        return metadata.version(DISTRIBUTION)
-    except metadata.PackageNotFoundError:
-        pass
-    try:
-        with open(_PACKAGE.parent / "pyproject.toml", "rb") as f:
-            return str(tomllib.load(f)["project"]["version"])
-    except (OSError, KeyError, tomllib.TOMLDecodeError):
-        return "unknown"
 
 
 def _scripts() -> dict[str, str]:

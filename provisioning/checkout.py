@@ -21,12 +21,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from trainer.layout import DISTRIBUTION
+
 if TYPE_CHECKING:
     from importlib import metadata
 
 #: Where our packages are: the source checkout, or site-packages for an installed tool.
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
-DISTRIBUTION = "transient-orchestrator"
 #: The project's pyproject.toml as the installed package carries it (a link in the checkout).
 SHIPPED_PYPROJECT = Path(__file__).resolve().parent / "shipped_pyproject.toml"
 

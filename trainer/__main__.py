@@ -3,6 +3,7 @@
     python -m trainer --role {ps,worker,chief,evaluator} --index I --spec PATH
     python -m trainer data ...   (trainer/data.py's CLI: what the deployer runs on a host to
                                   fetch a dataset itself or list what it already holds)
+    python -m trainer --version
 
 Environment set here, before TensorFlow is imported (it reads them once at import):
 quiet C++ logging, and gRPC keepalive within TF's servers' ping policy (a call that never
@@ -55,6 +56,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--index", type=int, default=0,
                         help="task index within the role's list in spec.cluster (default 0)")
     parser.add_argument("--spec", required=True, help="path of the trainer spec JSON")
+    # parsed before anything imports TensorFlow: --version answers at once
+    parser.add_argument("--version", action="version", version=layout.version_line("trainer"),
+                        help="print the tool's version and exit")
     return parser.parse_args(argv)
 
 

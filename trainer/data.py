@@ -513,8 +513,12 @@ def main(argv: list[str] | None = None) -> int:
     from rich.console import Console
     from rich.table import Table
 
+    from trainer.layout import version_line
+
     parser = argparse.ArgumentParser(prog="python -m trainer.data",
                                      description="Fetch and list the cached datasets.")
+    parser.add_argument("--version", action="version", version=version_line("trainer.data"),
+                        help="print the tool's version and exit")
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--cache-dir", help=f"cache folder (default: ${CACHE_ENV} or "
                         f"$XDG_CACHE_HOME/{APP_DIR}/datasets)")

@@ -41,6 +41,39 @@ LEASE_ENV, LEASE_TOKEN_ENV, LEASE_S_ENV = "TRANSIENT_LEASE", "TRANSIENT_LEASE_TO
 #: A role's exit code when its lease lapsed or a newer generation replaced it.
 EXIT_LEASE_LOST = 4
 
+# --- the tool's version -----------------------------------------------------------------------
+#: The tool's distribution, and the hosts' wheel (provisioning/ssh/setup.py builds it from
+#: `trainer` alone, with the same version).
+DISTRIBUTION = "transient-orchestrator"
+HOST_DIST = "transient-orchestrator-host"
+
+
+def tool_version() -> str:
+    """The installed tool's version (on a host: the hosts' wheel's); a source tree that is not
+    installed reads its own pyproject.toml; "unknown" when neither says. Standard library only,
+    so the trainer on a host, without `orchestrator`, says the same version as its tool."""
+    import tomllib
+    from importlib import metadata
+    from pathlib import Path
+
+    for dist in (DISTRIBUTION, HOST_DIST):
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            pass
+    try:
+        with open(Path(__file__).resolve().parent.parent / "pyproject.toml", "rb") as f:
+            return str(tomllib.load(f)["project"]["version"])
+    except (OSError, KeyError, tomllib.TOMLDecodeError):
+        return "unknown"
+
+
+def version_line(module: str) -> str:
+    """``--version`` of a command that only runs as ``python -m module`` (no installed script):
+    the trainer's, and the backends' that cannot import orchestrator/version.py."""
+    return f"python -m {module} {tool_version()}"
+
+
 # --- files of a run on a host -----------------------------------------------------------------
 SPEC_FILE = "trainer_spec.json"
 CONTROL_FILE = "control.json"

@@ -101,7 +101,7 @@ class ExperimentConfig:
     description: str = ""
     tags: list[str] = field(default_factory=list)
     dry_run: bool = False  # validate and print the plan, provision nothing
-    progress: bool = True  # rich progress bars (only when stdout is a terminal)
+    progress: bool = True  # a bar on a terminal, else lines per phase and per 10 % / 30 s
     report_every_s: float = 1.0  # chief's progress-report interval
     data_cache: str | None = None  # downloaded datasets; None = $TRANSIENT_DATA_CACHE or XDG cache
     cluster: ClusterConfig = MISSING

@@ -1,13 +1,18 @@
 """Progress display: a bar of global steps per run with steps/s, loss and latest accuracy.
 
-Quiet when stdout is not a terminal (CI logs, pipes): then only a one-line start and end.
+When stdout is not a terminal (CI logs, ``| tee``, a file): plain lines instead, the start, each
+start-up phase as it changes (provisioning, starting roles, training), a line at each 10 % of
+the global steps or every 30 s of steps (``orchestrator/feedback.py``), and the run's end line.
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from types import TracebackType
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -17,18 +22,25 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
+from orchestrator.feedback import LinePacer, progress_line
+
 
 class RunProgress:
     """Context manager around rich.Progress for one run."""
 
     def __init__(self, title: str, total_steps: int, enabled: bool = True,
-                 console: Console | None = None) -> None:
+                 console: Console | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         if console is None:
             from orchestrator.display import make_console
 
             console = make_console()
         self.console = console
         self.enabled = enabled and self.console.is_terminal
+        self.lines = enabled and not self.console.is_terminal  # plain lines off a terminal
+        self.clock = clock
+        self._pacer: LinePacer | None = None
+        self._phase: str | None = None
         self.title = title
         self.total = total_steps
         self._progress: Progress | None = None
@@ -49,19 +61,27 @@ class RunProgress:
                 transient=False,
             )
             self._progress.start()
-            self._task = self._progress.add_task(self.title, total=self.total, **self._fields)
+            self._task = self._progress.add_task(escape(self.title), total=self.total,
+                                                 **self._fields)
         else:
             self.console.print(f"{self.title}: started ({self.total} global steps)",
                                highlight=False)
+            if self.lines:
+                self._pacer = LinePacer(self.total, self.clock)
         return self
 
     def status(self, text: str) -> None:
         """A phase of the run outside training (provisioning, starting roles, teardown)."""
         if self._progress is not None and self._task is not None:
-            self._progress.update(self._task, description=f"{self.title} [{text}]")
+            # escaped: rich took "[provisioning]" for a style and showed no phase at all
+            self._progress.update(self._task, description=escape(f"{self.title} [{text}]"))
+        elif self.lines and text != self._phase:  # a line per change, not per call
+            self.console.print(f"{self.title}: {text}", highlight=False, markup=False)
+        self._phase = text
 
     def update(self, step: int | None = None, steps_per_sec: float | None = None,
                loss: float | None = None, accuracy: float | None = None) -> None:
+        """The chief's latest figures; off a terminal a line when :class:`LinePacer` says so."""
         if steps_per_sec is not None:
             self._fields["sps"] = f"{steps_per_sec:.1f}"
         if loss is not None:
@@ -70,7 +90,15 @@ class RunProgress:
             self._fields["acc"] = f"{accuracy:.4f}"
         if self._progress is not None and self._task is not None:
             kwargs = {"completed": min(step, self.total)} if step is not None else {}
-            self._progress.update(self._task, description=self.title, **kwargs, **self._fields)
+            self._progress.update(self._task, description=escape(self.title), **kwargs,
+                                  **self._fields)
+        elif step is not None and self._pacer is not None and self._pacer.due(step):
+            said = {"sps": "{} steps/s", "loss": "loss {}", "acc": "acc {}"}
+            note = ", ".join(form.format(self._fields[k]) for k, form in said.items()
+                             if self._fields[k] != "-")  # only the figures known so far
+            self.console.print(progress_line(self.title, min(step, self.total), self.total,
+                                             "global steps" + (f", {note}" if note else "")),
+                               highlight=False, markup=False)
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:

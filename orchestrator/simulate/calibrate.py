@@ -189,12 +189,14 @@ def main(argv: list[str] | None = None) -> int:
     from orchestrator.config.errors import CONFIG_ERROR_EXIT_CODE, ConfigError
     from orchestrator.config.validation import validate
     from orchestrator.simulate.validate import compose
+    from orchestrator.version import add_version_argument, prog_name
 
     parser = argparse.ArgumentParser(
-        prog="python -m orchestrator.simulate.calibrate",
+        prog=prog_name("orchestrator.simulate.calibrate"),
         description="Measure the job's step time on this machine (its GPU when it has one) or "
                     "record one measured on a GPU elsewhere; the planner and the dry run use it "
                     "instead of the speed model's extrapolation.")
+    add_version_argument(parser, "orchestrator.simulate.calibrate")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. +experiment=NAME")
     parser.add_argument("--gpu", help="catalog GPU the --step-s was measured on (e.g. l4)")
     parser.add_argument("--step-s", type=float, help="seconds per step of one worker at "

@@ -292,10 +292,13 @@ def export(path: Path = PARAMS_FILE) -> Path:
 def main(argv: list[str] | None = None) -> int:
     """``python -m orchestrator.simulate.fit [PATH]``: re-fit and write the file, print its path.
     Parsed, so that ``--help`` answers instead of being taken for the file to write."""
+    from orchestrator.version import add_version_argument, prog_name
+
     parser = argparse.ArgumentParser(
-        prog="python -m orchestrator.simulate.fit",
+        prog=prog_name("orchestrator.simulate.fit"),
         description="Re-fit the simulator's parameters from analysis/ on the papers' reference "
                     "data (about 20 s) and write them as JSON.")
+    add_version_argument(parser, "orchestrator.simulate.fit")
     parser.add_argument("path", nargs="?", type=Path, default=PARAMS_FILE,
                         help=f"where to write (default: the committed {PARAMS_FILE.name})")
     print(export(parser.parse_args(argv).path))

@@ -11,7 +11,8 @@ the difference, and what the planner would have printed without the speed model'
 Why fresh seeds: the planner's figure is an estimate from a finite sample; the check is that
 another sample of the same model lands within ±5 points of it. ``--fresh`` runs per
 configuration whose P lies strictly between 2 % and 98 % (where sampling noise is largest), at
-least 200 for the others.
+least 200 for the others. Progress (the planner's search, then the fresh runs per configuration)
+goes to stderr, so that stdout is the table alone.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import math
 from typing import Any
 
 from orchestrator.config.errors import ConfigError
+from orchestrator.feedback import Feedback, plural
 from orchestrator.simulate.band import simulate_many, summarize_runs
 
 #: Seeds of the fresh runs start here: far from the planner's ``sim.seed + 0 …``.
@@ -49,31 +51,30 @@ def check(overrides: list[str], fresh: int = 1000) -> list[dict[str, Any]]:
     deadline_s = cfg.planner.deadline_h * 3600
     models = with_gpu_calibrations(SimModels.load(), cfg)
     out = []
-    for row in evaluate(cfg, models, prune=False):  # every row refined, shown or not
-        c = row["candidate"]
-        run_cfg = configure(cfg, c)
-        plan = make_plan(run_cfg)
-        printed = row["p_deadline"]
-        n = fresh if uncertain(printed) else EXTREME_RUNS
-        share = summarize_runs(simulate_many(run_cfg, plan, n, models, first=FRESH_SEED_OFFSET),
-                               deadline_s)["p_deadline"]
-        point_cfg = copy.deepcopy(run_cfg)
-        point_cfg.sim.speed_error = False
-        point = summarize_runs(simulate_many(point_cfg, plan, row["runs"], models),
-                               deadline_s)["p_deadline"]
-        out.append({"cluster": c.label, "zone": c.zone, "sync": c.sync_label,
-                    "recovery": row["recovery"], "extrapolated": row["extrapolated"],
-                    "printed": printed, "planner_runs": row["runs"], "fresh": share,
-                    "fresh_runs": n, "difference": round(share - printed, 4),
-                    "without_speed_error": point,
-                    "within": abs(share - printed) <= TOLERANCE + 1e-9})
+    rows = evaluate(cfg, models, prune=False)  # every row refined, shown or not
+    doing = f"checking {plural(len(rows), 'configuration')} on fresh seeds"
+    with Feedback(doing, len(rows)) as feedback:
+        for row in rows:
+            c = row["candidate"]
+            run_cfg = configure(cfg, c)
+            plan = make_plan(run_cfg)
+            printed = row["p_deadline"]
+            n = fresh if uncertain(printed) else EXTREME_RUNS
+            share = summarize_runs(simulate_many(run_cfg, plan, n, models,
+                                                 first=FRESH_SEED_OFFSET),
+                                   deadline_s)["p_deadline"]
+            point_cfg = copy.deepcopy(run_cfg)
+            point_cfg.sim.speed_error = False
+            point = summarize_runs(simulate_many(point_cfg, plan, row["runs"], models),
+                                   deadline_s)["p_deadline"]
+            out.append({"cluster": c.label, "zone": c.zone, "sync": c.sync_label,
+                        "recovery": row["recovery"], "extrapolated": row["extrapolated"],
+                        "printed": printed, "planner_runs": row["runs"], "fresh": share,
+                        "fresh_runs": n, "difference": round(share - printed, 4),
+                        "without_speed_error": point,
+                        "within": abs(share - printed) <= TOLERANCE + 1e-9})
+            feedback.advance(note=f"{c.label} {c.zone}: printed {printed:.1%}, fresh {share:.1%}")
     return out
-
-
-def binomial_bound(p: float, n1: int, n2: int, sigmas: float = 5.0) -> float:
-    """``sigmas`` standard deviations of the difference of two independent shares of ``n1``
-    and ``n2`` runs with probability ``p``: the bound a test asserts (5σ cannot flake)."""
-    return sigmas * math.sqrt(max(p * (1 - p), 1e-4) * (1 / n1 + 1 / n2))
 
 
 def uncertain(printed: float) -> bool:
@@ -150,9 +151,11 @@ def speed_error_markdown(hparam_set: str = "resnet_cifar_32") -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     from orchestrator.simulate.planner import exit_on_config_error, parse_args
+    from orchestrator.version import add_version_argument, prog_name
 
-    parser = argparse.ArgumentParser(prog="python -m orchestrator.simulate.reliability",
+    parser = argparse.ArgumentParser(prog=prog_name("orchestrator.simulate.reliability"),
                                      description=__doc__.splitlines()[0])
+    add_version_argument(parser, "orchestrator.simulate.reliability")
     parser.add_argument("overrides", nargs="*", help="the planner's question, e.g. "
                         "+experiment=cifar10_res32 deadline_h=2")
     parser.add_argument("--fresh", type=int, default=1000,

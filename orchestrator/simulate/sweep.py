@@ -177,8 +177,11 @@ def run_sweep(base: list[str], sweep: list[str], out: Path, processes: int = 1
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m orchestrator.simulate.sweep",
+    from orchestrator.version import add_version_argument, prog_name
+
+    parser = argparse.ArgumentParser(prog=prog_name("orchestrator.simulate.sweep"),
                                      description=__doc__.splitlines()[0])
+    add_version_argument(parser, "orchestrator.simulate.sweep")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides; a,b,c sweeps")
     parser.add_argument("--processes", type=int, default=1, help="worker processes (default 1)")
     parser.add_argument("--out", type=Path, default=None,

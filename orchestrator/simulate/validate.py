@@ -180,8 +180,11 @@ def markdown(rows: list[dict[str, Any]]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m orchestrator.simulate.validate",
+    from orchestrator.version import add_version_argument, prog_name
+
+    parser = argparse.ArgumentParser(prog=prog_name("orchestrator.simulate.validate"),
                                      description=__doc__.splitlines()[0])
+    add_version_argument(parser, "orchestrator.simulate.validate")
     parser.add_argument("--repeats", type=int, default=30, help="seeds per transient config")
     parser.add_argument("--mode", choices=("independent", "calibrated"), default="independent")
     args = parser.parse_args(argv)

@@ -42,10 +42,14 @@ def owner_status(labels: dict[str, str], this_host: str | None = None,
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from trainer.layout import version_line  # provisioning/ may not import orchestrator/
+
     parser = argparse.ArgumentParser(
         prog="python -m orchestrator.gc",
         description="Delete VMs labelled tool=transient-ps whose orchestrator is no longer "
         "running (orphans of a killed run), in every zone of the project.")
+    parser.add_argument("--version", action="version", version=version_line("orchestrator.gc"),
+                        help="print the tool's version and exit")
     parser.add_argument("--project", help="GCP project (default: $GOOGLE_CLOUD_PROJECT or ADC)")
     parser.add_argument("--dry-run", action="store_true", help="list, delete nothing")
     parser.add_argument("--any-host", action="store_true",

@@ -472,7 +472,12 @@ class GcsCheckpointStore(CheckpointStore):
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Host-side transfers: stage data, restore or mirror checkpoints, upload results."""
+    from trainer.layout import version_line  # provisioning/ may not import orchestrator/
+
     parser = argparse.ArgumentParser(prog="python -m provisioning.gce.storage")
+    parser.add_argument("--version", action="version",
+                        version=version_line("provisioning.gce.storage"),
+                        help="print the tool's version and exit")
     sub = parser.add_subparsers(dest="verb", required=True)
     up = sub.add_parser("upload", help="upload a directory tree: LOCAL gs://...")
     up.add_argument("src", type=Path)

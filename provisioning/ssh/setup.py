@@ -52,6 +52,7 @@ from provisioning.host_runtime import HostRuntime, platform_tags
 from provisioning.host_runtime import load as load_runtime
 from provisioning.ssh.connection import SshConnection
 from provisioning.ssh.runner import sftp_put
+from trainer.layout import HOST_DIST  # the hosts' distribution, named once
 
 #: What the hosts' wheel is built from: the package that runs there (`python -m trainer`, which
 #: imports nothing of `orchestrator`, `provisioning` or `analysis`: those run on the orchestrator's
@@ -59,8 +60,6 @@ from provisioning.ssh.runner import sftp_put
 #: the rest out made the wheel 334 KB -> ~100 KB and its unpacking, most of a cached host's setup,
 #: less than half as long.
 _SOURCE_ITEMS = ("LICENSE", "trainer")
-#: The hosts' distribution, beside the orchestrator's `transient-orchestrator`.
-HOST_DIST = "transient-orchestrator-host"
 #: One host's setup; a cold venv with TensorFlow from the wheelhouse (450 MB copied, pip, bytecode)
 #: took 14 min on the 2-core test machine under a load of 25-40 (measured once).
 INSTALL_TIMEOUT_S = 1800.0

@@ -122,6 +122,8 @@ CONCRETE: dict[str, tuple[dict[str, Any], str]] = {
     "revocation.events.*.at_step": ({}, "revocation.events.1.at_step"),
     "straggler.injections.*.workers.*": ({}, "straggler.injections.0.workers.0"),
     "planner.bsp_fractions.*": ({"planner.bsp_fractions": [0.5, 0.25]}, "planner.bsp_fractions.1"),
+    "planner.parameter_servers.*": ({"planner.parameter_servers": [1, 2]},
+                                    "planner.parameter_servers.1"),
     **{f"pricing.{kind}.*.regions.*.{price}": ({}, f"pricing.{kind}.{name}.regions.europe-west4."
                                                    f"{price}")
        for kind, name in (("gpus", "t4"), ("machine_types", "n1-standard-4"))

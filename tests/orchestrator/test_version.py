@@ -3,12 +3,15 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import tomllib
 from pathlib import Path
 
 import pytest
+
+from trainer.layout import HOST_DIST
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -29,12 +32,42 @@ def test_every_installed_script_prints_its_own_version(script: str) -> None:
     assert done.stdout.strip() == f"{script} {VERSION}"  # not Hydra's "Hydra 1.3.x"
 
 
-@pytest.mark.parametrize("module", ["orchestrator", "orchestrator.validate", "orchestrator.init",
-                                    "orchestrator.release", "orchestrator.plan", "analysis"])
-def test_every_module_command_prints_its_own_version(module: str) -> None:
-    done = _run(sys.executable, "-m", module, "--version")
+#: Every command a user runs as ``python -m`` (README.md, docs/*.md), with the words it is run by.
+MODULE_COMMANDS = [
+    "orchestrator", "orchestrator.validate", "orchestrator.init", "orchestrator.release",
+    "orchestrator.plan", "orchestrator.gc", "orchestrator.image", "orchestrator.controller",
+    "orchestrator.simulate.calibrate", "orchestrator.simulate.fit",
+    "orchestrator.simulate.reliability", "orchestrator.simulate.sweep",
+    "orchestrator.simulate.validate", "provisioning.gce.storage", "trainer", "trainer.data",
+    "analysis", *(f"analysis {command}" for command in (
+        "speed-model", "scaling", "checkpoint-model", "lifetimes", "cost", "syncswitch",
+        "report")),
+]
+
+
+@pytest.mark.parametrize("command", MODULE_COMMANDS)
+def test_every_module_command_prints_its_own_version(command: str) -> None:
+    """``--version`` answers before any TensorFlow import or Hydra composition: the trainer's
+    and the analysis commands' too (those would take seconds, and fail on a missing GPU
+    library or config)."""
+    done = _run(sys.executable, "-m", *command.split(), "--version")
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == f"python -m {module} {VERSION}"
+    assert done.stdout.strip() == f"python -m {command} {VERSION}"
+    assert "tensorflow" not in done.stderr.lower()
+
+
+def test_the_trainer_on_a_host_says_the_hosts_wheels_version(tmp_path: Path) -> None:
+    """A host has the hosts' wheel (trainer only, no orchestrator): its --version is that
+    wheel's. The host is stood in for by an interpreter without site-packages (-S) whose path
+    holds a copy of `trainer` and the wheel's metadata, as pip installs them."""
+    shutil.copytree(REPO / "trainer", tmp_path / "trainer",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    info = tmp_path / f"{HOST_DIST.replace('-', '_')}-9.8.7.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {HOST_DIST}\nVersion: 9.8.7\n")
+    done = _run(sys.executable, "-S", "-m", "trainer", "--version", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "python -m trainer 9.8.7"
 
 
 def test_help_speaks_the_installed_users_words(tmp_path: Path) -> None:

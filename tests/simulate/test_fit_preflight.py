@@ -42,7 +42,7 @@ def test_fit_command_answers_help_without_fitting_or_writing(tmp_path: Path) -> 
     done = subprocess.run([sys.executable, "-m", "orchestrator.simulate.fit", "--help"],
                           cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    assert "usage: python -m orchestrator.simulate.fit [-h] [path]" in done.stdout
+    assert "usage: python -m orchestrator.simulate.fit [-h] [--version] [path]" in done.stdout
     assert list(tmp_path.iterdir()) == []
 
 

@@ -32,11 +32,17 @@ from orchestrator.simulate.planner import (
     print_table,
     rank,
 )
-from orchestrator.simulate.reliability import FRESH_SEED_OFFSET, binomial_bound
+from orchestrator.simulate.reliability import FRESH_SEED_OFFSET
 from orchestrator.simulate.validate import compose
 
 HEADLINE = ["+experiment=cifar10_res32", "planner.zones=first", "planner.workers=[1,4]",
             "planner.repeats=40", "planner.max_repeats=80"]
+
+
+def binomial_bound(p: float, n1: int, n2: int, sigmas: float = 5.0) -> float:
+    """``sigmas`` standard deviations of the difference of two independent shares of ``n1``
+    and ``n2`` runs with probability ``p``: the bound the test asserts (5σ cannot flake)."""
+    return sigmas * math.sqrt(max(p * (1 - p), 1e-4) * (1 / n1 + 1 / n2))
 
 
 @pytest.fixture(autouse=True)
@@ -88,7 +94,8 @@ def test_a_lone_transient_worker_is_planned_with_replace_and_shown_so() -> None:
 def test_a_band_of_no_width_says_the_parameter_server_holds_it() -> None:
     """Four on-demand A100s (×/÷1.45 each) all finish in 0.46 h: not certainty about the A100,
     but one PS's capacity, which no run perturbs; the table says so. One T4's band is wide."""
-    cfg = question("deadline_h=2", "planner.gpus=[a100,t4]", "planner.transient=[false]")
+    cfg = question("deadline_h=2", "planner.gpus=[a100,t4]", "planner.transient=[false]",
+                   "planner.parameter_servers=[1]")
     rows = {(r["gpu"], r["workers"]): r for r in evaluate(cfg)}
     capped, alone = rows["a100", 4], rows["t4", 1]
     assert capped["time_to_result_s"]["p90"] <= 1.02 * capped["time_to_result_s"]["p10"]
@@ -267,12 +274,16 @@ def test_when_nothing_meets_the_deadline_the_closest_are_named() -> None:
     rows = evaluate(cfg)
     assert rank(rows, cfg) == [] and max(r["p_deadline"] for r in rows) < 0.9
     line = nearest_misses(rows, cfg)
-    assert line.startswith("nothing meets the limits; closest: ") and "t4 transient †" in line
+    assert line.startswith("nothing meets the limits: the parameter servers' capacity bounds "
+                           "every configuration (1 PS serves 44.0 steps/s; ")
+    assert line.splitlines()[1].startswith("closest by time: ") and "t4 transient †" in line
 
 
 def named(line: str) -> list[str]:
     """The candidates a nearest-misses line names, in order ("4× t4 transient † in zone")."""
-    return [part.split(":")[0] for part in line.split("closest: ", 1)[1].split("; ")]
+    closest = line.splitlines()[1]
+    assert closest.startswith("closest by ")
+    return [part.split(":")[0] for part in closest.split(": ", 1)[1].split("; ")]
 
 
 def test_when_nothing_meets_the_budget_the_closest_are_the_cheapest_that_meet_the_rest() -> None:
@@ -284,6 +295,8 @@ def test_when_nothing_meets_the_budget_the_closest_are_the_cheapest_that_meet_th
     assert "P(deadline)" not in line and "completes " in line
     cheapest = min(rows, key=lambda r: r["mean_cost_usd"])
     assert named(line)[0] == f"{cheapest['candidate'].label} † in {cheapest['zone']}"
+    assert line.startswith("nothing meets the limits: over budget: the cheapest configuration "
+                           f"costs ${cheapest['mean_cost_usd']:.2f} (mean; ")
     # a deadline and a budget: what meets the deadline, over the budget by the least, comes
     # before what is cheaper but unlikely to make it (the probability first)
     cfg = question("deadline_h=0.75", "budget_usd=0.05", "planner.gpus=[l4]")
@@ -296,7 +309,10 @@ def test_when_nothing_meets_the_budget_the_closest_are_the_cheapest_that_meet_th
     assert min(r["mean_cost_usd"] for r in unlikely) < best["mean_cost_usd"]
     line = nearest_misses(rows, cfg)
     assert named(line)[0] == f"{best['candidate'].label} † in {best['zone']}"
-    assert "P(deadline) " in line
+    assert "P(deadline) " in line and line.startswith(
+        "nothing meets the limits: over budget: the cheapest configuration that meets the "
+        f"deadline costs ${best['mean_cost_usd']:.2f} (mean; {best['candidate'].label}), "
+        "the budget is $0.05")
 
 
 def test_nvidia_product_names_map_to_catalog_gpus() -> None:

@@ -65,7 +65,7 @@ def test_every_run_is_said_as_its_wilson_bound_never_a_certainty() -> None:
     low, high = wilson_bounds(0.5, 100)
     assert low < 0.5 < high and high - low == pytest.approx(2 * wilson_halfwidth(0.5, 100))
     cfg = question("deadline_h=3", "planner.gpus=[p100]", "planner.workers=[4]",
-                   "planner.transient=[false]")
+                   "planner.transient=[false]", "planner.parameter_servers=[1]")
     rows = rank(evaluate(cfg), cfg)
     assert rows and rows[0]["p_deadline"] == 1.0 and rows[0]["runs"] == 20
     text = table_text(rows, cfg)
