@@ -146,6 +146,7 @@ RANGES: dict[str, Range] = {
     "planner.deadline_h": POSITIVE,
     "planner.budget_usd": POSITIVE,
     "planner.workers.*": AT_LEAST_ONE,
+    "planner.parameter_servers.*": AT_LEAST_ONE,
     "planner.bsp_fractions.*": Range(0, 1, high_open=False),
     "planner.top": AT_LEAST_ONE,
     "planner.min_p_deadline": Range(0, 1, high_open=False),

@@ -66,6 +66,10 @@ class PlannerConfig:
     objective: Objective = Objective.cost  # cost | time | deadline
     gpus: list[str] = field(default_factory=list)  # catalog GPUs to try; [] = all with a model
     workers: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16])  # worker counts
+    parameter_servers: list[int] = field(default_factory=list)  # PS counts to try; [] = the
+    #   experiment's cluster.parameter_servers and, when nothing meets the limits with it, one
+    #   more for the clusters whose ASP workers could outrun it (their 2σ-fast step rate above
+    #   what those PS serve)
     transient: list[bool] = field(default_factory=lambda: [True, False])  # pricing to try
     zones: PlannerZones = PlannerZones.region  # region | first
     bsp_fractions: list[float] = field(default_factory=list)  # [] = the experiment's sync; else

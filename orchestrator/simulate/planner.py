@@ -5,20 +5,25 @@
 argument is a Hydra override of the experiment, e.g. ``pricing=papers_2019``).
 
 For every candidate (GPU types the catalog offers and the speed model knows × worker counts ×
-transient or on-demand × zones × sync schedules) the run is simulated ``planner.repeats`` times
-(more, up to ``planner.max_repeats``, until P(deadline) is known to ``planner.p_precision``),
-each run drawing its revocations *and* how far the speed model is off on that GPU (its held-out
-error: a GPU it was not fitted on is an extrapolation, marked †). With a deadline, configurations
-less likely than ``planner.min_p_deadline`` (0.9) to meet it are dropped (the header says so);
-the rest are ranked by the objective. A lone transient worker whose policy cannot survive its
-first revocation (shrink) is planned with ``replace`` and shown so. Bands cover every run: a
+transient or on-demand × zones × sync schedules × parameter servers: the experiment's count, and
+when nothing meets the limits with it, one more where the workers could outrun it;
+``planner.parameter_servers`` lists them instead)
+the run is simulated ``planner.repeats`` times (more, up to ``planner.max_repeats``, until
+P(deadline) is known to ``planner.p_precision``), each run drawing its revocations *and* how
+far the speed model is off on that GPU (its held-out error: a GPU it was not fitted on is an
+extrapolation, marked †). With a deadline, configurations less likely than
+``planner.min_p_deadline`` (0.9) to meet it are dropped (the header says so); the rest are
+ranked by the objective. A lone transient worker whose policy cannot survive its first
+revocation (shrink) is planned with ``replace`` and shown so. Bands cover every run: a
 run that fails never gives a result ("never"), and the share that completes is its own column.
 The time-vs-cost plot (Pareto-optimal candidates labelled) and the table as CSV go to
 ``outputs/plan/<name>/<time>/``. Figures are said to what is known: a share every run met as
 its Wilson bound ("≥ 98%", never "100%"), accuracy only where measured runs support it (with
 their source), the examples each answer trains, lifetimes borrowed from other GPUs named. After
-the table, the dry-run command of the top answer; a job with nothing to plan (no GPU speed
-figure: a CPU-only job) exits 2 saying why.
+the table, the dry-run command of the top answer; when nothing meets the limits, the limit that
+binds (the parameter servers' capacity, a deadline below the fastest run, the budget) and the
+nearest configurations; a job with nothing to plan (no GPU speed figure: a CPU-only job) exits
+2 saying why.
 """
 
 from __future__ import annotations
@@ -62,6 +67,7 @@ class Candidate:
     transient: bool
     zone: str
     bsp_fraction: float | None  # None = the experiment's own sync
+    parameter_servers: int = 1
 
     @property
     def sync_label(self) -> str:
@@ -76,7 +82,8 @@ class Candidate:
     @property
     def label(self) -> str:
         kind = "transient" if self.transient else "on-demand"
-        return f"{self.workers}× {self.gpu} {kind}"
+        ps = "" if self.parameter_servers == 1 else f", {self.parameter_servers} PS"
+        return f"{self.workers}× {self.gpu} {kind}{ps}"
 
 
 def _zones(cfg: ExperimentConfig, gpu: str) -> list[str]:
@@ -121,14 +128,54 @@ def rentable(cfg: ExperimentConfig, gpu: str) -> bool:
     return retirement(cfg.pricing.name, gpu) is None and machine_type_for(cfg, gpu) is not None
 
 
-def candidates(cfg: ExperimentConfig, models: SimModels) -> list[Candidate]:
+#: How fast, in σ of the speed model's error, a cluster's workers are taken to run when the
+#: default ``planner.parameter_servers`` asks whether they could outrun their parameter
+#: servers: 2σ (a run in ~40 draws that fast), so a cluster that saturates them only in its
+#: fast runs is tried with one more PS too.
+FAST_SIGMAS = 2.0
+
+
+def has_asp(cfg: ExperimentConfig, bsp_fraction: float | None) -> bool:
+    """Whether the run has an ASP phase: only ASP's rate is capped by the parameter servers
+    (a BSP step waits for the slowest worker and the aggregation instead)."""
+    if bsp_fraction is not None:
+        return bsp_fraction < 1
+    phases = schedule_phases(cfg.sync)
+    return (any(ph.protocol == Protocol.asp for ph in phases) if phases
+            else cfg.sync.protocol == Protocol.asp)
+
+
+def could_outrun(cfg: ExperimentConfig, models: SimModels, gpu: str, workers: int,
+                 bsp_fraction: float | None, parameter_servers: int) -> bool:
+    """Whether ``workers`` ASP workers on ``gpu`` could step faster than ``parameter_servers``
+    PS serve (``SimModels.ps_capacity``) in a run whose speed draw is :data:`FAST_SIGMAS` fast:
+    only then can another PS shorten the run, else it adds cost and nothing else. False when
+    the speed model has no capacity or step-time figure for the job."""
+    hparam = cfg.job.hparam_set
+    if hparam not in models.params.get("parameters", {}) or not has_asp(cfg, bsp_fraction):
+        return False
+    try:
+        step_s = models.step_time_s(hparam, gpu, cfg.job.batch_size)
+    except NoModelError:
+        return False
+    fast_s = step_s * math.exp(-FAST_SIGMAS * models.step_time_error(hparam, gpu)["sigma_log"])
+    return workers * models.efficiency(gpu) / fast_s > models.ps_capacity(
+        hparam, parameter_servers)
+
+
+def candidates(cfg: ExperimentConfig, models: SimModels,
+               more_ps: bool = False) -> list[Candidate]:
     """The search space: rentable catalog GPUs with a speed model (or ``planner.gpus``) ×
     workers × transient × zones (transient only: on-demand VMs are not revoked, one zone
-    suffices) × schedules."""
+    suffices) × schedules × parameter servers (``planner.parameter_servers``; by default the
+    experiment's count and, with ``more_ps``, one more where :func:`could_outrun` says the
+    workers could outrun it: elsewhere the extra PS only costs, so the search grows by the
+    clusters it may help, at most twofold)."""
     known = models.params["step_time_s"].get(cfg.job.hparam_set, {})
     gpus = [g for g in (list(cfg.planner.gpus) or [g for g in cfg.pricing.gpus if g in known])
             if g in cfg.pricing.gpus and rentable(cfg, g)]
     fractions: list[float | None] = list(cfg.planner.bsp_fractions) or [None]
+    own = cfg.cluster.parameter_servers
     out = []
     for gpu in gpus:
         for transient in cfg.planner.transient:
@@ -136,7 +183,11 @@ def candidates(cfg: ExperimentConfig, models: SimModels) -> list[Candidate]:
             for zone in zones:
                 for workers in cfg.planner.workers:
                     for fraction in fractions:
-                        out.append(Candidate(gpu, workers, transient, zone, fraction))
+                        counts = list(cfg.planner.parameter_servers) or [own] + (
+                            [own + 1] if more_ps
+                            and could_outrun(cfg, models, gpu, workers, fraction, own) else [])
+                        out += [Candidate(gpu, workers, transient, zone, fraction, ps)
+                                for ps in counts]
     return out
 
 
@@ -153,6 +204,7 @@ def configure(cfg: ExperimentConfig, c: Candidate) -> ExperimentConfig:
     group.machine_type = machine_type_for(cfg, c.gpu) or group.machine_type
     out.cluster.worker_groups = [group]
     out.cluster.ps_zone = c.zone
+    out.cluster.parameter_servers = c.parameter_servers
     if c.bsp_fraction is not None:
         out.sync.switch_order, out.sync.fractions, out.sync.phase_hparams = "", [], []
         phases = [(Protocol.bsp, c.bsp_fraction), (Protocol.asp, 1 - c.bsp_fraction)]
@@ -273,36 +325,49 @@ def simulated(cfg: ExperimentConfig, cands: list[Candidate], models: SimModels,
 
 
 def evaluate(cfg: ExperimentConfig, models: SimModels | None = None, *, prune: bool = True,
-             processes: int | None = None) -> list[dict[str, Any]]:
+             processes: int | None = None, more_ps: bool = False) -> list[dict[str, Any]]:
     """Simulate every candidate; one row per candidate (invalid ones are left out). GPU
     calibrations of this job in the cache replace the speed model's figure for their GPU.
     ``prune``, ``processes``: see :func:`simulate_candidate`, :func:`simulated` (False, 1: the
-    unoptimised reference the tests compare the answer with). When nothing meets the limits,
-    every row is refined (the nearest misses print their P)."""
+    unoptimised reference the tests compare the answer with). When nothing meets the limits
+    with the experiment's parameter servers (and ``planner.parameter_servers`` is not set),
+    the search is run again with one more PS where the workers could outrun them
+    (``more_ps``): the answer a tight deadline needs, without doubling every question's
+    search. When nothing meets the limits still, every row is refined (the nearest misses
+    print their P)."""
+    from orchestrator.feedback import Feedback, plural
     from orchestrator.simulate.calibrate import with_gpu_calibrations
 
     models = models or with_gpu_calibrations(SimModels.load(), cfg)
     deadline_s = None if cfg.planner.deadline_h is None else cfg.planner.deadline_h * 3600
     rows = []
-    cands = candidates(cfg, models)
-    for c, done in zip(cands, simulated(cfg, cands, models, deadline_s, prune, processes),
-                       strict=True):
-        if done is None:  # invalid (ConfigError, NoModelError): left out
-            continue
-        run_cfg, plan, runs = done
-        error = models.step_time_error(cfg.job.hparam_set, c.gpu)
-        policy = str(run_cfg.cluster.recovery.on_revocation)
-        rows.append({"candidate": c, "gpu": c.gpu, "workers": c.workers,
-                     "transient": c.transient, "zone": c.zone, "sync": c.sync_label,
-                     "recovery": policy,
-                     "recovery_changed": policy != str(cfg.cluster.recovery.on_revocation),
-                     "hourly_usd": plan.hourly_usd, "speed_basis": error["basis"],
-                     "speed_sigma_log": error["sigma_log"],
-                     "extrapolated": models.extrapolated(cfg.job.hparam_set, c.gpu),
-                     "speed_supported": models.supported(cfg.job.hparam_set, c.gpu),
-                     **summarize_runs(runs, deadline_s)})
-    if prune and rows and not rank(rows, cfg):  # the nearest misses print P: all refined
-        return evaluate(cfg, models, prune=False, processes=processes)
+    cands = candidates(cfg, models, more_ps)
+    doing = f"simulating {plural(len(cands), 'configuration')}" + (
+        "" if prune else ", each refined")
+    with Feedback(doing, len(cands)) as feedback:  # minutes for a wide question: say so
+        for c, done in zip(cands, simulated(cfg, cands, models, deadline_s, prune, processes),
+                           strict=True):
+            feedback.advance(note=f"{c.label} {c.zone}" + (
+                f" {c.sync_label}" if c.bsp_fraction is not None else ""))
+            if done is None:  # invalid (ConfigError, NoModelError): left out
+                continue
+            run_cfg, plan, runs = done
+            error = models.step_time_error(cfg.job.hparam_set, c.gpu)
+            policy = str(run_cfg.cluster.recovery.on_revocation)
+            rows.append({"candidate": c, "gpu": c.gpu, "workers": c.workers,
+                         "transient": c.transient, "zone": c.zone, "sync": c.sync_label,
+                         "recovery": policy,
+                         "recovery_changed": policy != str(cfg.cluster.recovery.on_revocation),
+                         "hourly_usd": plan.hourly_usd, "speed_basis": error["basis"],
+                         "speed_sigma_log": error["sigma_log"],
+                         "extrapolated": models.extrapolated(cfg.job.hparam_set, c.gpu),
+                         "speed_supported": models.supported(cfg.job.hparam_set, c.gpu),
+                         **summarize_runs(runs, deadline_s)})
+    if rows and not rank(rows, cfg):
+        if not more_ps and not cfg.planner.parameter_servers:  # one more PS, where it helps
+            return evaluate(cfg, models, prune=False, processes=processes, more_ps=True)
+        if prune:  # the nearest misses print P: all refined
+            return evaluate(cfg, models, prune=False, processes=processes, more_ps=more_ps)
     return rows
 
 
@@ -513,7 +578,7 @@ def print_table(ranked: list[dict[str, Any]], cfg: ExperimentConfig, total: int,
                      f"+experiment={cfg.name} [--gpu G --step-s S]")
     narrow = [r for r in shown if _narrow(r["time_to_result_s"])]
     if narrow:
-        n = cfg.cluster.parameter_servers
+        n = narrow[0]["candidate"].parameter_servers
         cap = SimModels.load().ps_capacity(cfg.job.hparam_set, n)
         serve = "one parameter server serves" if n == 1 else f"{n} parameter servers serve"
         notes.append(f"time bands of almost no width ({narrow[0]['candidate'].label}): the "
@@ -590,10 +655,10 @@ def write_csv(rows: list[dict[str, Any]], path: Path) -> None:
     completed runs only (``band_share`` of them); ``samples`` (set by plan_experiment) as in
     the table; ``final_accuracy`` only where measured (:func:`measured_accuracy`), with its
     ``accuracy_source``."""
-    cols = ["gpu", "workers", "transient", "zone", "sync", "recovery", "hourly_usd", "runs",
-            "p_complete", "p_deadline", "mean_wall_time_s", "mean_cost_usd", "mean_revocations",
-            "samples", "final_accuracy", "accuracy_source", "speed_basis", "speed_sigma_log",
-            "extrapolated", "band_share"]
+    cols = ["gpu", "workers", "parameter_servers", "transient", "zone", "sync", "recovery",
+            "hourly_usd", "runs", "p_complete", "p_deadline", "mean_wall_time_s",
+            "mean_cost_usd", "mean_revocations", "samples", "final_accuracy", "accuracy_source",
+            "speed_basis", "speed_sigma_log", "extrapolated", "band_share"]
     with open(path, "w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow([*cols, "time_p10", "time_p50", "time_p90", "wall_completed_p10",
@@ -601,7 +666,8 @@ def write_csv(rows: list[dict[str, Any]], path: Path) -> None:
         for r in rows:
             t = r["time_to_result_s"]
             measured = measured_accuracy(r)
-            shown = {**r, "final_accuracy": "" if measured is None else measured,
+            shown = {**r, "parameter_servers": r["candidate"].parameter_servers,
+                     "final_accuracy": "" if measured is None else measured,
                      "accuracy_source": "" if measured is None else r.get("accuracy_source")}
             writer.writerow([shown.get(k, "") for k in cols] + [
                 "" if t[k] is None else t[k] for k in ("p10", "p50", "p90")] + [
@@ -618,14 +684,93 @@ def parse_args(argv: list[str]) -> list[str]:
     return out
 
 
-def nearest_misses(rows: list[dict[str, Any]], cfg: ExperimentConfig, n: int = 3) -> str:
-    """When nothing meets the limits: the candidates closest to them, so the user sees what a
-    looser deadline or budget would buy. Closest = short of the minimum P(deadline) by the
-    least, then over the budget by the least (the probability first, as in the ranking); a
-    question without a deadline shows the share of runs that complete, not a P(deadline)."""
+def _meets_deadline(r: dict[str, Any], p: PlannerConfig) -> bool:
+    """Whether row ``r`` meets the deadline as :func:`rank` asks (completes, likely enough)."""
+    return r["p_complete"] > 0 and (p.deadline_h is None or r.get("p_deadline", 0)
+                                    >= max(p.min_p_deadline, 1e-9))
+
+
+def ps_bound_s(rows: list[dict[str, Any]], cfg: ExperimentConfig
+               ) -> list[tuple[float, dict[str, Any]]]:
+    """(seconds, row): the least time each row's ASP steps take at what its parameter servers
+    serve (``SimModels.ps_capacity``), whatever its GPUs; 0 for a run without ASP steps. Empty
+    when the speed model has no capacity figure for the job."""
+    from orchestrator.plan import plan_phases
+
+    models, hparam = SimModels.load(), cfg.job.hparam_set
+    if hparam not in models.params.get("parameters", {}):
+        return []
+    steps: dict[tuple[int, float | None], int] = {}  # ASP global steps by (workers, schedule)
+    out = []
+    for r in rows:
+        c = r["candidate"]
+        if (c.workers, c.bsp_fraction) not in steps:
+            steps[c.workers, c.bsp_fraction] = sum(
+                ph.end_step - ph.start_step for ph in plan_phases(configure(cfg, c), c.workers)
+                if ph.protocol == Protocol.asp.value)
+        out.append((steps[c.workers, c.bsp_fraction]
+                    / models.ps_capacity(hparam, c.parameter_servers), r))
+    return out
+
+
+def binding_limit(rows: list[dict[str, Any]], cfg: ExperimentConfig) -> str:
+    """Which limit leaves the answer empty, read from the rows: every run failing; the
+    parameter servers' capacity (every row's ASP steps at what its PS serve take longer than
+    the deadline, so no GPU helps, only more PS); a deadline below the fastest row's median;
+    a deadline met too rarely (under ``planner.min_p_deadline``); or the budget, with what the
+    cheapest row meeting the rest costs."""
     p = cfg.planner
+    if not any(r["p_complete"] > 0 for r in rows):
+        return "no configuration completes a run: every simulated run failed"
+    if p.deadline_h is not None and not any(_meets_deadline(r, p) for r in rows):
+        deadline_s = p.deadline_h * 3600
+        bounds = ps_bound_s(rows, cfg)
+        if bounds and min(b for b, _ in bounds) > deadline_s:
+            bound, r = min(bounds, key=lambda br: (br[0], br[1]["mean_cost_usd"]))
+            n = r["candidate"].parameter_servers
+            models = SimModels.load()
+            cap = models.ps_capacity(cfg.job.hparam_set, n)
+            need = bound * cap / deadline_s  # the ASP steps over the deadline
+            k = math.ceil(need / models.ps_capacity(cfg.job.hparam_set, 1))
+            return (f"the parameter servers' capacity bounds every configuration ({n} PS "
+                    f"serve{'s' if n == 1 else ''} {cap:.1f} steps/s; the deadline needs "
+                    f"≥ {need:.1f} steps/s, so ≥ {k} PS: planner.parameter_servers=[{k}])")
+        done = [r for r in rows if r["time_to_result_s"]["p50"] is not None]
+        fastest = min(done, key=lambda r: r["time_to_result_s"]["p50"], default=None)
+        if fastest is None:
+            return ("the deadline is below the fastest possible: no configuration completes "
+                    "half of its runs")
+        if fastest["time_to_result_s"]["p50"] > deadline_s:
+            return (f"the deadline is below the fastest possible: the fastest configuration's "
+                    f"median is {_hours(fastest['time_to_result_s']['p50'])} h "
+                    f"({fastest['candidate'].label})")
+        likeliest = max(rows, key=lambda r: (r.get("p_deadline", 0), -r["mean_cost_usd"]))
+        return (f"the deadline is met too rarely: at best P(deadline) "
+                f"{likeliest['p_deadline']:.0%} ({likeliest['candidate'].label}), under "
+                f"planner.min_p_deadline {p.min_p_deadline:.0%}")
+    meet = [r for r in rows if _meets_deadline(r, p)]
+    cheapest = min(meet, key=lambda r: r["mean_cost_usd"])
+    what = "configuration" if p.deadline_h is None else "configuration that meets the deadline"
+    return (f"over budget: the cheapest {what} costs ${cheapest['mean_cost_usd']:.2f} (mean; "
+            f"{cheapest['candidate'].label}), the budget is ${p.budget_usd or 0:g}")
+
+
+def nearest_misses(rows: list[dict[str, Any]], cfg: ExperimentConfig, n: int = 3) -> str:
+    """When nothing meets the limits, two lines: the limit that binds (:func:`binding_limit`),
+    then the ``n`` candidates nearest to it, so the user sees what a looser limit would buy.
+    A deadline that binds: nearest by time, the median time to the result ascending among
+    the rows that complete half their runs (as printed, to 0.01 h; the cheapest first among
+    ties). The budget: short of the minimum P(deadline) by the least, then over the budget by
+    the least, cheapest first. A question without a deadline shows the share of runs that
+    complete, not a P(deadline)."""
+    p = cfg.planner
+    by_time = p.deadline_h is not None and not any(_meets_deadline(r, p) for r in rows)
 
     def key(r: dict[str, Any]) -> tuple[float, ...]:
+        if by_time:
+            p50 = r["time_to_result_s"]["p50"]
+            return (p50 is None, 0.0 if p50 is None else round(p50 / 3600, 2),
+                    -r["p_complete"], r["mean_cost_usd"])
         short = 0.0 if p.deadline_h is None else max(0.0, p.min_p_deadline - r["p_deadline"])
         over = 0.0 if p.budget_usd is None else max(0.0, r["mean_cost_usd"] / p.budget_usd - 1)
         return (r["p_complete"] == 0, short, over, -r["p_complete"], r["mean_cost_usd"])
@@ -635,10 +780,11 @@ def nearest_misses(rows: list[dict[str, Any]], cfg: ExperimentConfig, n: int = 3
                 else f"P(deadline) {r['p_deadline']:.0%}")
 
     parts = [f"{r['candidate'].label}{' †' if r['extrapolated'] else ''} in "
-             f"{r['candidate'].zone}: {odds(r)}, mean ${r['mean_cost_usd']:.2f}, "
-             f"time {_hours(r['time_to_result_s']['p50'])} h (median)"
+             f"{r['candidate'].zone}: {_hours(r['time_to_result_s']['p50'])} h (median), "
+             f"{odds(r)}, mean ${r['mean_cost_usd']:.2f}"
              for r in sorted(rows, key=key)[:n]]
-    return "nothing meets the limits; closest: " + "; ".join(parts)
+    return (f"nothing meets the limits: {binding_limit(rows, cfg)}\n"
+            f"closest by {'time' if by_time else 'cost'}: " + "; ".join(parts))
 
 
 def nothing_to_plan(cfg: ExperimentConfig) -> ConfigError:
@@ -746,6 +892,11 @@ def plan_experiment(overrides: list[str], out_dir: Path | None = None
     out = out_dir or Path("outputs") / "plan" / cfg.name / time.strftime("%Y-%m-%d_%H-%M-%S")
     out.mkdir(parents=True, exist_ok=True)
     print_table(ranked, cfg, len(rows))
+    own = cfg.cluster.parameter_servers
+    if not cfg.planner.parameter_servers and any(
+            r["candidate"].parameter_servers != own for r in rows):
+        print(f"no configuration with cluster.parameter_servers={own} meets the limits: one "
+              "PS more was tried where the workers could outrun them")
     if not ranked:
         print(nearest_misses(rows, cfg))
     else:
