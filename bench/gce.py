@@ -99,7 +99,7 @@ def measure_replacement(key: Path, workdir: Path) -> tuple[list[float], list[flo
             provider = GceProvider(_config(fake, key))
             cluster = provider.acquire(_request(f"pre-{i}", 4, workdir))
             lost = cluster.hosts_for(Role.WORKER)[1]
-            vm = provider._vm_of(lost.id)
+            vm = provider.vm_of(lost.id)
             t0 = time.perf_counter()
             fake.preempt(vm.zone, vm.name)
             while provider.poll(cluster)[lost.id] is not HostState.REVOKED:

@@ -149,7 +149,7 @@ def bake(cfg: GceConfig, gpu: str | None = None, machine_type: str = "n1-standar
         runner.machine.connection.run(  # type: ignore[attr-defined]
             f"cd {shlex.quote(root)} && rm -rf wheels runs wheelhouse envs/[0-9a-f]* "
             "envs/*.lock")
-        vm = provider._vm_of(host.id)
+        vm = provider.vm_of(host.id)
         log(f"{vm.name}: runtime installed (Python {env.version}); stopping it")
         api.stop(vm.zone, vm.name, STOP_TIMEOUT_S)
         inserted = True

@@ -512,7 +512,10 @@ class GceInstances:
 
     # --- helpers ---------------------------------------------------------------------------
 
-    def _vm_of(self, host_id: HostId) -> Vm:
+    def vm_of(self, host_id: HostId) -> Vm:
+        """The VM this provider holds for ``host_id`` (its name, zone, SSH session, host keys):
+        the GCE backend's own, not the Provider contract's, for baking an image from a host,
+        the benchmarks and the tests that look at a VM (HostLostError if not acquired here)."""
         try:
             return self._vms[self._host_vm[host_id]]
         except KeyError:

@@ -371,7 +371,7 @@ class GceProvider(GceInstances, Provider):
     def runner(self, host: Host) -> HostRunner:
         """The SSH runner of `host` (the same object per host); connects to its VM on first
         use, checking the host key pinned from guest attributes."""
-        vm = self._vm_of(host.id)
+        vm = self.vm_of(host.id)
         if vm.deleted or vm.ssh is None or vm.revoked_reason is not None:
             raise HostLostError(host.id)
         return vm.ssh.runner(host)
@@ -463,7 +463,7 @@ class GceProvider(GceInstances, Provider):
                 keep_endpoints: bool = True) -> Cluster:
         lost_vms: dict[str, Vm] = {}
         for host_id in cluster.same_machine(list(lost)):  # KeyError for a stranger
-            vm = self._vm_of(host_id)
+            vm = self.vm_of(host_id)
             lost_vms[vm.name] = vm
         old = list(lost_vms.values())
         self._close_ssh(old)

@@ -181,8 +181,8 @@ def test_sweep_id_on_the_request_labels_every_vm(fake, make_provider, tmp_path: 
         assert all("sweep-id" not in v for v in labels.values() if v["run-id"] == "lone")
         new = provider.replace(cluster, [cluster.hosts_for(Role.WORKER)[0].id])
         replacement = new.hosts_for(Role.WORKER)[0]
-        assert fake.instances[(provider._vm_of(replacement.id).zone,
-                               provider._vm_of(replacement.id).name)].body["labels"][
+        assert fake.instances[(provider.vm_of(replacement.id).zone,
+                               provider.vm_of(replacement.id).name)].body["labels"][
             "sweep-id"] == sid
     finally:
         provider.release(cluster)

@@ -60,7 +60,7 @@ def test_user_credentials_log_in_through_os_login_without_a_user_setting(
     cluster = provider.acquire(small_request("adc", tmp_path, workers=1))
     try:
         assert fake.oslogin_keys == {"alice@example.com": [provider._public_key()]}
-        assert provider._vm_of(cluster.hosts[0].id).ssh.user == "alice_example_com"
+        assert provider.vm_of(cluster.hosts[0].id).ssh.user == "alice_example_com"
         refreshed = EMAIL not in token_scopes.split()
         assert fake.calls["oauth.token"] == int(refreshed)
         assert fake.calls["oauth.tokeninfo"] == 1 + int(refreshed)
@@ -91,7 +91,7 @@ def test_os_login_turned_on_by_an_organisation_policy_is_followed_before_any_log
     try:
         assert provider.os_login
         assert list(fake.oslogin_keys) == ["alice@example.com"]
-        assert {provider._vm_of(h.id).ssh.user for h in cluster.hosts} == {"alice_example_com"}
+        assert {provider.vm_of(h.id).ssh.user for h in cluster.hosts} == {"alice_example_com"}
         assert fake.calls["instances.get"] == 1  # one VM's effective value, not every VM's
     finally:
         provider.release(cluster)

@@ -115,7 +115,7 @@ def test_the_provider_waits_for_isolated_vms_that_refuse_logins_after_running(
         try:
             assert not fake.boot_errors, fake.boot_errors
             worker = cluster.hosts_for(Role.WORKER)[0]
-            vm = provider._vm_of(worker.id)
+            vm = provider.vm_of(worker.id)
             running_at = fake.instances[(vm.zone, vm.name)].running_since()
             proc = provider.runner(worker).start(["sh", "-c", "id -un"])
             logged_in = time.time()

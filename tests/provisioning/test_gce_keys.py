@@ -61,7 +61,7 @@ def test_vms_get_the_tools_public_key_by_default(fake: FakeGce, make_provider, c
         for inst in fake.live_instances():
             items = {i["key"]: i["value"] for i in inst.body["metadata"]["items"]}
             assert items["ssh-keys"] == f"transient:ssh-ed25519 {public}"
-        assert provider._vm_of(cluster.hosts[0].id).ssh.cfg.ssh_key_path() == str(tool_key_path())
+        assert provider.vm_of(cluster.hosts[0].id).ssh.cfg.ssh_key_path() == str(tool_key_path())
     finally:
         provider.release(cluster)
 

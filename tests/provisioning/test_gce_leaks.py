@@ -30,7 +30,7 @@ def test_an_insert_that_raised_but_created_the_vm_is_deleted(fake: FakeGce, make
         # the VM the client never saw succeed is deleted already: exactly the cluster bills.
         assert len(fake.live_instances()) == 3
         assert {i.name for i in fake.live_instances()} == {
-            provider._vm_of(h.id).name for h in cluster.hosts}
+            provider.vm_of(h.id).name for h in cluster.hosts}
     finally:
         provider.release(cluster)
     assert fake.live_instances() == []
@@ -67,7 +67,7 @@ def test_deleting_a_vm_gce_is_stopping_and_reusing_its_ip_are_retried(
     try:
         fake.stop_s = 3.0  # the preempted VM stays STOPPING a while
         lost = cluster.hosts_for(Role.WORKER)[0]
-        vm = provider._vm_of(lost.id)
+        vm = provider.vm_of(lost.id)
         fake.preempt(vm.zone, vm.name)
         assert provider.poll(cluster)[lost.id] is HostState.REVOKED
         new = provider.replace(cluster, [lost.id])  # delete: not ready; insert: IP held

@@ -88,7 +88,7 @@ def test_with_os_login_the_key_is_imported_and_vms_are_logged_into_as_its_posix_
         assert provider.os_login
         public = provider._public_key()
         assert fake.oslogin_keys == {"alice@example.com": [public]}
-        ssh = provider._vm_of(cluster.hosts[0].id).ssh
+        ssh = provider.vm_of(cluster.hosts[0].id).ssh
         assert ssh.user == "alice_example_com"
     finally:
         provider.release(cluster)
@@ -114,7 +114,7 @@ def test_without_os_login_the_ssh_keys_user_logs_in(fake: FakeGce, make_provider
     cluster = provider.acquire(small_request("no-osl", tmp_path, workers=1))
     try:
         assert not provider.os_login and fake.oslogin_keys == {}
-        assert provider._vm_of(cluster.hosts[0].id).ssh.user == "transient"
+        assert provider.vm_of(cluster.hosts[0].id).ssh.user == "transient"
     finally:
         provider.release(cluster)
 

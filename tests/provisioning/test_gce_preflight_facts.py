@@ -171,7 +171,7 @@ def test_guest_attributes_refused_fall_back_to_pinning_on_first_use_with_one_war
         assert len(warnings) == 1, warnings
         assert "\n" not in warnings[0] and f"HTTP {code}" in warnings[0]
         assert "pinned on first use" in warnings[0] and "trainer" in warnings[0]
-        vms = [provider._vm_of(h.id) for h in cluster.hosts]
+        vms = [provider.vm_of(h.id) for h in cluster.hosts]
         assert all(vm.host_keys is None and vm.ssh is not None and not vm.ssh.pinned
                    for vm in vms)
         placement = json.loads((tmp_path / "placement.json").read_text())

@@ -65,7 +65,7 @@ def test_acquire_builds_one_vm_per_machine_with_spot_labels_and_host_keys(
         known = (tmp_path / "known_hosts").read_text().splitlines()
         published = {(i.ip, k, v) for i in fake.live_instances() for k, v in i.host_keys}
         assert {tuple(line.split()) for line in known} == published
-        assert provider._vm_of(workers[0].id).ssh.pinned  # RejectPolicy, no first-use pinning
+        assert provider.vm_of(workers[0].id).ssh.pinned  # RejectPolicy, no first-use pinning
         # Journalled: one create per VM, none released yet.
         open_vms = [e for e in list_unreleased(tmp_path / "journal.jsonl")
                     if e.kind is ResourceKind.VM]
@@ -117,7 +117,7 @@ def test_preempted_worker_is_revoked_and_replaced_in_its_slot(
     cluster = provider.acquire(small_request("pre", tmp_path))
     try:
         lost = cluster.hosts_for(Role.WORKER)[1]
-        vm = provider._vm_of(lost.id)
+        vm = provider.vm_of(lost.id)
         assert fake.instances[(vm.zone, vm.name)].body["scheduling"][
             "instanceTerminationAction"] == str(action)
         fake.preempt(vm.zone, vm.name)

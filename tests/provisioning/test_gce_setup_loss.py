@@ -66,8 +66,8 @@ def test_a_vm_preempted_while_checked_is_recreated_and_the_acquire_completes(
         assert sorted(i.body["labels"]["role"] for i in live) == [
             "ps_chief_evaluator", "worker", "worker"]
         # the cluster's hosts are on the live VMs, each checked: its keys from guest attributes
-        assert {provider._vm_of(h.id).name for h in cluster.hosts} == {i.name for i in live}
-        assert all(provider._vm_of(h.id).host_keys for h in cluster.hosts)
+        assert {provider.vm_of(h.id).name for h in cluster.hosts} == {i.name for i in live}
+        assert all(provider.vm_of(h.id).host_keys for h in cluster.hosts)
         assert len(cluster.hosts_for(Role.WORKER)) == 2
     finally:
         provider.release(cluster)
@@ -175,7 +175,7 @@ def run_preempting(bed: Any, tmp_path: Path, moment: str, slot: str, policy: str
             RevocationSchedule.from_config(cfg.revocation, plan.hosts), restart_timeout_s=60.0,
             poll_interval_s=0.3)
         target = next(h for h in cluster.hosts if h.spec.name == slot)
-        vm = provider._vm_of(target.id)
+        vm = provider.vm_of(target.id)
         name, zone = vm.name, vm.zone
         workdir, bed_host = target.workdir, by_address[target.address]
         errors: list[BaseException] = []
@@ -245,7 +245,7 @@ def test_a_worker_vm_preempted_before_training_is_replaced_under_replace(
     assert [e["host"] for e in events if e["kind"] == "revocation"] == [slot]
     [ready] = [e for e in events if e["kind"] == "replacement_ready"]
     assert ready["host"] == slot
-    replacement = provider._vm_of(ready["host_id"])
+    replacement = provider.vm_of(ready["host_id"])
     assert replacement.name != lost  # a new VM serves the slot, at its address
     assert fleet.cluster.host(ready["host_id"]).endpoint == ready["endpoint"]
     assert next(e for e in events if e["kind"] == "train_start")["workers"] == 2
@@ -268,7 +268,7 @@ def test_a_first_login_waiting_for_a_vm_that_was_preempted_gives_up_at_once(
     else:
         assert lost_hosts == {"ps-0", "chief-0", "evaluator-0"}
         assert not fleet.dropped
-        assert provider._vm_of(fleet.cluster.hosts_for(Role.PS)[0].id).name != lost
+        assert provider.vm_of(fleet.cluster.hosts_for(Role.PS)[0].id).name != lost
 
 
 @pytest.mark.slow
@@ -294,7 +294,7 @@ def test_a_worker_vm_preempted_during_setup_shrinks_the_cluster_under_shrink(
     assert [e["action"] for e in events if e["kind"] == "recovery_end"] == ["continue"]
     assert next(e for e in events if e["kind"] == "train_start")["workers"] == 1
     assert [h.spec.name for h in fleet.dropped] == ["worker-0"]
-    assert provider._vm_of(fleet.dropped[0].id).name == lost
+    assert provider.vm_of(fleet.dropped[0].id).name == lost
 
 
 @pytest.mark.slow
@@ -307,5 +307,5 @@ def test_the_ps_vm_preempted_while_the_dataset_is_staged_is_recreated(
     assert (start["action"], start["attempt"]) == ("restart", 1)
     ready = {e["host"]: e["host_id"] for e in events if e["kind"] == "replacement_ready"}
     assert {"ps-0", "chief-0", "evaluator-0"} <= set(ready)  # the VM and every role on it
-    assert provider._vm_of(ready["ps-0"]).name != lost
+    assert provider.vm_of(ready["ps-0"]).name != lost
     assert fleet.cluster.hosts_for(Role.PS)[0].id == ready["ps-0"]

@@ -61,12 +61,12 @@ def test_vms_run_roles_over_ssh_survive_a_preemption_and_leave_nothing(
             worker = cluster.hosts_for(Role.WORKER)[0]
             chief = cluster.hosts_for(Role.CHIEF)[0]
             # Known hosts come from guest attributes: the connection keeps RejectPolicy.
-            assert provider._vm_of(worker.id).ssh.pinned
+            assert provider.vm_of(worker.id).ssh.pinned
             proc = provider.runner(worker).start(
                 ["sh", "-c", 'echo "$TRANSIENT_PREEMPTION_NOTICE"; exec sleep 60'])
             notice = proc.readline().strip()
             assert notice == f"{worker.workdir}/{PREEMPTION_NOTICE_FILE}"
-            vm = provider._vm_of(worker.id)
+            vm = provider.vm_of(worker.id)
             script = {i["key"]: i["value"] for i in
                       fake.instances[(vm.zone, vm.name)].body["metadata"]["items"]}
             assert notice in script["startup-script"]  # the VM's watcher writes that very file
@@ -133,7 +133,7 @@ def test_vms_that_refuse_logins_after_running_are_waited_for(
         cluster = provider.acquire(small_request("gce-boot", tmp_path / "run", workers=1))
         try:
             worker = cluster.hosts_for(Role.WORKER)[0]
-            vm = provider._vm_of(worker.id)
+            vm = provider.vm_of(worker.id)
             proc = provider.runner(worker).start(["sh", "-c", "echo up"])
             assert proc.readline().strip() == "up" and proc.wait(30) == 0
             connection = vm.ssh._machine.connection
@@ -164,7 +164,7 @@ def test_a_cut_link_while_gce_says_running_is_unreachable_not_revoked(
         try:
             worker = cluster.hosts_for(Role.WORKER)[0]
             worker_host = by_address[worker.address]
-            vm = provider._vm_of(worker.id)
+            vm = provider.vm_of(worker.id)
             provider.runner(cluster.hosts_for(Role.PS)[0])  # connected: a VM that answers
             counter = "echo up; i=0; while [ $i -lt 200 ]; do echo n-$i; i=$((i+1)); sleep 0.1; done"
             proc = provider.runner(worker).start(["sh", "-c", counter])
