@@ -132,6 +132,7 @@ def _report(summary: dict[str, Any], run_dir: Path, cost: str) -> None:
     from rich.markup import escape  # an error may quote `pip install 'x[cpu]'`
 
     from orchestrator.display import make_console
+    from orchestrator.transient.silence import closing_note
 
     acc = summary["final_accuracy"]
     acc_text = "n/a" if acc is None else f"{acc:.4f}"
@@ -139,7 +140,7 @@ def _report(summary: dict[str, Any], run_dir: Path, cost: str) -> None:
     make_console().print(
         f"[bold]{summary['status']}[/bold] {summary['run_id']}: {summary['global_steps']} steps"
         f" in {summary['wall_time_s']:.1f} s ({sps or 0:.1f} steps/s), accuracy {acc_text}, "
-        f"{cost}; results in {run_dir}" + _leftovers_note(run_dir)
+        f"{cost}; results in {run_dir}" + closing_note(run_dir) + _leftovers_note(run_dir)
         + (f"\n[red]error:[/red] {escape(summary['error'])}" if summary["error"] else ""),
         highlight=False,
     )

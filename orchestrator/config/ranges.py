@@ -63,6 +63,7 @@ RANGES: dict[str, Range] = {
     "cluster.recovery.replacement_delay_s": NON_NEGATIVE,
     "cluster.recovery.max_restarts": NON_NEGATIVE,
     "cluster.recovery.restart_delay_s": NON_NEGATIVE,
+    "cluster.recovery.chief_silence_s": POSITIVE,
     "job.train_steps": AT_LEAST_ONE,
     "job.batch_size": AT_LEAST_ONE,
     "job.learning_rate": POSITIVE,

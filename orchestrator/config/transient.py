@@ -93,6 +93,10 @@ class RecoveryConfig:
     replacement_delay_s: float = LOCAL_REPLACEMENT_DELAY_S  # request to ready; GCE: 66-78 s
     max_restarts: int = 2  # PS/chief losses survived by a restart from checkpoint; then failed
     restart_delay_s: float = 0.0  # extra pause before each restart from checkpoint (backoff)
+    # a training chief that sends no event at all this long is hung (SIGSTOP, a stuck loop):
+    # killed and restarted from checkpoint; None = max(300 s, 30 × report_every_s + the
+    # provider's contact grace: a machine out of contact is the provider's to judge)
+    chief_silence_s: float | None = None
 
 
 @dataclass

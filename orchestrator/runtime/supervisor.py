@@ -59,6 +59,7 @@ from orchestrator.transient.recovery import (
     hosts_to_replace,
 )
 from orchestrator.transient.revocation import RevocationSchedule
+from orchestrator.transient.silence import ChiefWatch, watch_chief
 from orchestrator.transient.stragglers import (
     InjectionSchedule,
     StragglerDetector,
@@ -105,14 +106,14 @@ class Supervisor:
                  progress: RunProgress, control: ControlChannel,
                  revocations: RevocationSchedule, restart_timeout_s: float | None = None,
                  poll_interval_s: float = POLL_INTERVAL_S) -> None:
-        self.cfg, self.fleet, self.rec, self.progress, self.control = (
-            cfg, fleet, rec, progress, control)
+        self.cfg, self.fleet, self.rec, self.progress, self.control, self.revocations = (
+            cfg, fleet, rec, progress, control, revocations)
         self.state = LoopState()
         self.run_state = RunState()  # the fold of every event recorded (orchestrator.record)
-        self.revocations = revocations
         self.planner = RecoveryPlanner(cfg.cluster.recovery)
         self.injections = InjectionSchedule(cfg.straggler.injections, cfg.straggler.enabled)
         self.detector = StragglerDetector.from_config(cfg.straggler.detection)
+        self.chief_watch = ChiefWatch.from_config(cfg)  # a training chief's silence (silence.py)
         self.policy = get_sync_policy(cfg.sync.policy)
         self.restart_timeout_s = (cfg.provider.ready_timeout_s if restart_timeout_s is None
                                   else restart_timeout_s)
@@ -265,8 +266,8 @@ class Supervisor:
         at = event.received  # the orchestrator's clock; the role's stays in role_time
         self.emit(event.kind, role=event.role, time_s=at, index=event.index,
                   role_time=event.time, **fields)
-        wall = at - state.start_time
-        kind = event.kind
+        wall, kind = at - state.start_time, event.kind
+        self.chief_watch.heard(event.role, kind, fields)
         if kind == "train_start":
             self.progress.status("training")
             if self.awaiting_restart is not None:
@@ -458,6 +459,7 @@ class Supervisor:
         if self.awaiting_restart is not None and time.monotonic() > self.restart_deadline:
             self.fail_attempt(f"training did not resume within {self.restart_timeout_s:g} s "
                               f"of the restart", [])
+        watch_chief(self)  # a training chief silent too long is killed: its exit restarts it
         if self.run_state.train_t0 is not None and not self.awaiting_restart:
             self.fire_revocations(now)
             self.request_due_checkpoints(now)
