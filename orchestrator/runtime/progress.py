@@ -2,11 +2,13 @@
 
 When stdout is not a terminal (CI logs, ``| tee``, a file): plain lines instead, the start, each
 start-up phase as it changes (provisioning, starting roles, training), a line at each 10 % of
-the global steps or every 30 s of steps (``orchestrator/feedback.py``), and the run's end line.
+the global steps or every 30 s of steps (``orchestrator/feedback.py``), a line saying the phase
+still runs after 30 s without any (a VM that boots for minutes), and the run's end line.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from types import TracebackType
@@ -22,7 +24,10 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from orchestrator.feedback import LinePacer, progress_line
+from orchestrator.feedback import LINE_EVERY_S, LinePacer, progress_line
+
+#: Off a terminal, how often the quiet check (:meth:`RunProgress.still`) looks at the clock.
+STILL_CHECK_S = 5.0
 
 
 class RunProgress:
@@ -41,6 +46,8 @@ class RunProgress:
         self.clock = clock
         self._pacer: LinePacer | None = None
         self._phase: str | None = None
+        self._phase_since = self._last_line_s = clock()
+        self._quiet: threading.Event | None = None  # set: the quiet check's thread stops
         self.title = title
         self.total = total_steps
         self._progress: Progress | None = None
@@ -68,7 +75,29 @@ class RunProgress:
                                highlight=False)
             if self.lines:
                 self._pacer = LinePacer(self.total, self.clock)
+                self._phase_since = self._last_line_s = self.clock()
+            if self.lines and self.clock is time.monotonic:  # a test's clock: it calls still()
+                self._quiet = threading.Event()
+                threading.Thread(target=self._check_quiet, args=(self._quiet,), daemon=True,
+                                 name="run-progress-still").start()
         return self
+
+    def _say(self, text: str) -> None:
+        self.console.print(text, highlight=False, markup=False)
+        self._last_line_s = self.clock()
+
+    def still(self) -> None:
+        """Off a terminal: after ``LINE_EVERY_S`` without a line (a VM booting for minutes, a
+        restart), a line saying which phase still runs and for how long, so a log never sits
+        silent; called every ``STILL_CHECK_S`` by a thread of its own."""
+        now = self.clock()
+        if self.lines and now - self._last_line_s >= LINE_EVERY_S:
+            self._say(f"{self.title}: {self._phase or 'running'}, still "
+                      f"({now - self._phase_since:.0f} s)")
+
+    def _check_quiet(self, stop: threading.Event) -> None:
+        while not stop.wait(STILL_CHECK_S):
+            self.still()
 
     def status(self, text: str) -> None:
         """A phase of the run outside training (provisioning, starting roles, teardown)."""
@@ -76,7 +105,9 @@ class RunProgress:
             # escaped: rich took "[provisioning]" for a style and showed no phase at all
             self._progress.update(self._task, description=escape(f"{self.title} [{text}]"))
         elif self.lines and text != self._phase:  # a line per change, not per call
-            self.console.print(f"{self.title}: {text}", highlight=False, markup=False)
+            self._say(f"{self.title}: {text}")
+        if text != self._phase:
+            self._phase_since = self.clock()
         self._phase = text
 
     def update(self, step: int | None = None, steps_per_sec: float | None = None,
@@ -96,11 +127,12 @@ class RunProgress:
             said = {"sps": "{} steps/s", "loss": "loss {}", "acc": "acc {}"}
             note = ", ".join(form.format(self._fields[k]) for k, form in said.items()
                              if self._fields[k] != "-")  # only the figures known so far
-            self.console.print(progress_line(self.title, min(step, self.total), self.total,
-                                             "global steps" + (f", {note}" if note else "")),
-                               highlight=False, markup=False)
+            self._say(progress_line(self.title, min(step, self.total), self.total,
+                                    "global steps" + (f", {note}" if note else "")))
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
+        if self._quiet is not None:
+            self._quiet.set()
         if self._progress is not None:
             self._progress.stop()

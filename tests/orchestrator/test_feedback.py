@@ -107,6 +107,40 @@ def test_run_progress_off_a_terminal_prints_phases_and_tenths_of_the_steps() -> 
                           "acc 0.2500"]
 
 
+def test_run_progress_off_a_terminal_says_a_long_phase_still_runs() -> None:
+    """A VM that boots for minutes: no step, no phase change; a line after 30 s without one,
+    naming the phase and how long it has run, and none while lines come."""
+    console, out = piped()
+    clock = FakeClock()
+    with RunProgress("gce", 100, console=console, clock=clock) as progress:
+        progress.status("provisioning")
+        clock.now += 29.0
+        progress.still()  # 29 s: not yet
+        clock.now += 1.0
+        progress.still()
+        clock.now += 10.0
+        progress.still()  # 10 s after the last line: no
+        clock.now += 20.0
+        progress.still()
+        progress.status("training")
+        clock.now += 5.0
+        progress.still()
+    assert out.getvalue().splitlines() == [
+        "gce: started (100 global steps)", "gce: provisioning", "gce: provisioning, still (30 s)",
+        "gce: provisioning, still (60 s)", "gce: training"]
+
+
+def test_run_progress_off_a_terminal_runs_its_quiet_check_only_while_open() -> None:
+    import threading
+
+    console, _ = piped()
+    with RunProgress("real", 10, console=console):
+        assert any(t.name == "run-progress-still" for t in threading.enumerate())
+    for thread in [t for t in threading.enumerate() if t.name == "run-progress-still"]:
+        thread.join(10)  # it wakes within STILL_CHECK_S and sees it is stopped
+    assert not any(t.name == "run-progress-still" for t in threading.enumerate())
+
+
 def test_run_progress_with_progress_off_prints_only_its_start() -> None:
     console, out = piped()
     with RunProgress("quiet", 100, enabled=False, console=console) as progress:
