@@ -89,7 +89,7 @@ def _run_one(cfg: DictConfig) -> dict[str, Any] | None:
         render_plan(plan, make_console(), title=f"Plan: {title} (dry run: nothing provisioned)",
                     data=data.describe(exp), provider_config=exp.provider)
         return None
-    before_provisioning(exp)
+    before_provisioning(exp, plan)
     say_provider_note(plan, make_console(), once=True)
     if resumption is None and not resume.active():
         sweep.mark_killed_siblings(run_dir)  # earlier runs here whose orchestrator was killed
@@ -97,7 +97,7 @@ def _run_one(cfg: DictConfig) -> dict[str, Any] | None:
     assert isinstance(resolved, dict)
     csv_dir = Path(hc.sweep.dir) if multirun else run_dir
     try:
-        play = player(exp)  # a simulated run is played again, not resumed
+        play = player(plan)  # a simulated run is played again, not resumed
         resumed = {"resumption": resumption} if resumption and play is execute_run else {}
         summary = play(exp, plan, run_dir, resolved, title,
                        sweep_id=sweep.sweep_id(hc.sweep.dir) if multirun else None, **resumed)
@@ -113,13 +113,11 @@ def _run_one(cfg: DictConfig) -> dict[str, Any] | None:
     return summary
 
 
-def player(exp: Any) -> Callable[..., dict[str, Any]]:
+def player(plan: Any) -> Callable[..., dict[str, Any]]:
     """Who plays the plan: the simulation for a backend that declares itself ``simulated``
     (``provider=sim``), the real run for every other. Both take ``(cfg, plan, run_dir,
     resolved_config, title, sweep_id=)``, write the same run directory and return its summary."""
-    from provisioning.registry import provider_class
-
-    if provider_class(exp.provider.name).simulated:
+    if plan.backend.simulated:
         from orchestrator.simulate.run import execute_sim
 
         return execute_sim

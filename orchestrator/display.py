@@ -39,9 +39,10 @@ def provider_note(plan: RunPlan) -> str | None:
     """One line on what the provider does not do as the plan says (GPU types, zones, machine
     types) and, for a provider that bills nothing, what the prices then mean; None when the
     plan is provisioned and billed as written."""
+    # plan_note is the backend's code, not a trait the plan can carry: asked by name
     backend = provider_class(plan.provider)
     parts = [note for note in (backend.plan_note(plan.host_specs()),) if note]
-    if not backend.billed:
+    if not plan.backend.billed:
         parts.append(f"prices (catalog {plan.catalog}) are what this cluster would cost in "
                      "the cloud, nothing is billed")
     return f"{plan.provider}: " + "; ".join(parts) if parts else None
@@ -75,7 +76,7 @@ def approx_usd(usd: float | None, digits: int = 2, unit: str = "$") -> str:
 
 def cost_text(cost_usd: float, plan: RunPlan) -> str:
     """A run's cost as the closing line says it: what was billed, or what it would have cost."""
-    if provider_class(plan.provider).billed:
+    if plan.backend.billed:
         return f"${cost_usd:.4f} (catalog {plan.catalog})"
     return (f"${cost_usd:.4f} if run in the cloud (catalog {plan.catalog}; {plan.provider}: "
             "nothing billed)")
@@ -172,6 +173,7 @@ def render_preview(plan: RunPlan, console: Console,
     fitted to the plan."""
     if provider_config is None:
         provider_config = make_config(plan.provider, {}).for_plan(plan.est_train_time_s)
+    # the backend's code, run on the provider config (not a trait the plan can carry)
     preview = provider_class(plan.provider).preview(plan.host_specs(), provider_config)
     if preview is None:
         return

@@ -147,7 +147,7 @@ def prepare(config: Any, loader: Any, job_overrides: Sequence[Sequence[str]],
                 sweep_config.hydra.sweep.subdir = str(sweep_config.hydra.sweep.subdir)
             exp, plan = load_and_plan(_task(sweep_config))
             if not exp.dry_run:
-                before_provisioning(exp)
+                before_provisioning(exp, plan)
             try:
                 predicted = predict_time_s(exp, plan, models)
             except NoModelError:

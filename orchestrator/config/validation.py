@@ -175,6 +175,7 @@ def validate_market(cfg: ExperimentConfig) -> None:
     cluster's checks: a GPU the cloud no longer offers is the more useful line)."""
     from provisioning.registry import backend
 
+    # validation runs before any plan exists: asked by name
     market = backend(cfg.provider.name).provider.transient_market(cfg.pricing)
     if market is not None and market != cfg.pricing.transient_market:
         raise ConfigError("pricing.transient_market",
@@ -292,6 +293,7 @@ def validate_run_start(cfg: ExperimentConfig) -> None:
     without credentials fails at once with one line saying what to do (before any download)."""
     from provisioning.registry import provider_class
 
+    # the backend's code on the provider config, asked when a run starts: by name
     problem = provider_class(cfg.provider.name).check_credentials(cfg.provider)
     if problem is not None:
         raise ConfigError(*problem)

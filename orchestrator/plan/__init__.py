@@ -17,6 +17,29 @@ from orchestrator.simulate.models import NoModelError, SimModels
 from orchestrator.transient.revocation import RevocationSchedule
 from provisioning import catalog
 from provisioning.base import HostSpec
+from provisioning.catalog import Market
+
+
+@dataclass(frozen=True)
+class BackendTraits:
+    """What the plan's backend is, looked up once by ``make_plan`` (``Provider`` class
+    attributes), so that code holding a plan reads it here instead of asking the registry by
+    name again; plan.json records it (``backend``)."""
+
+    name: str
+    simulated: bool  # the entry point plays the plan in the simulation (``sim``)
+    hosts_here: bool  # the hosts are processes on this machine (``local``)
+    billed: bool  # False: the prices are what the cluster would cost, nothing is billed
+    transient_market: Market | None  # for the plan's catalog; None: no cloud revokes its hosts
+
+    @classmethod
+    def of(cls, provider: str, pricing: Any) -> BackendTraits:
+        """The traits of backend ``provider`` pricing its transient VMs with ``pricing``."""
+        from provisioning.registry import provider_class
+
+        backend = provider_class(provider)
+        return cls(provider, backend.simulated, backend.hosts_here, backend.billed,
+                   backend.transient_market(pricing))
 
 
 @dataclass
@@ -43,6 +66,7 @@ class RunPlan:
     est_steps_per_sec: float | None
     est_train_time_s: float | None
     est_cost_usd: float | None
+    backend: BackendTraits  # the provider's traits, looked up once (make_plan)
     revocation_model: str = "none"
     planned_revocations: list[dict[str, Any]] = field(default_factory=list)  # within the horizon
     risks: list[str] = field(default_factory=list)
@@ -123,22 +147,24 @@ def estimate_train_time_s(cfg: ExperimentConfig, hosts: list[HostPlan], phases: 
         checkpoint_count(cfg, phases[-1].end_step))
 
 
-def lone_worker_cannot_survive(cfg: ExperimentConfig, hosts: list[HostPlan]) -> bool:
-    """One transient worker that something revokes, and a policy (shrink) that replaces none:
-    the run ends at its first revocation."""
+def lone_worker_cannot_survive(cfg: ExperimentConfig, hosts: list[HostPlan],
+                               backend: BackendTraits | None = None) -> bool:
+    """One transient worker that something revokes (the revocation model or the backend's
+    cloud), and a policy (shrink) that replaces none: the run ends at its first revocation.
+    ``backend`` None: looked up (the planner asks before any plan exists)."""
     workers = [h for h in hosts if h.role == "worker"]
     if (len(workers) != 1 or not workers[0].transient
             or cfg.cluster.recovery.on_revocation != OnRevocation.shrink):
         return False
     if cfg.revocation.model != RevocationModel.none:
         return True
-    from provisioning.registry import provider_class
-
-    return provider_class(cfg.provider.name).transient_market(cfg.pricing) is not None
+    backend = backend or BackendTraits.of(cfg.provider.name, cfg.pricing)
+    return backend.transient_market is not None
 
 
 def make_plan(cfg: ExperimentConfig) -> RunPlan:
     """Build the plan of one run; pure (reads the config, touches nothing)."""
+    backend = BackendTraits.of(cfg.provider.name, cfg.pricing)
     hosts = plan_hosts(cfg)
     workers = sum(1 for h in hosts if h.role == "worker")
     phases = plan_phases(cfg, workers)
@@ -161,7 +187,7 @@ def make_plan(cfg: ExperimentConfig) -> RunPlan:
                      "from the last checkpoint")
     if cfg.cluster.chief_transient and not cfg.cluster.chief_on_ps:
         risks.append("the chief is transient: a revocation restarts the coordinator")
-    if lone_worker_cannot_survive(cfg, hosts):
+    if lone_worker_cannot_survive(cfg, hosts, backend):
         risks.append("a lone transient worker with cluster.recovery.on_revocation=shrink: its "
                      "first revocation ends the run (replace survives it)")
     return RunPlan(
@@ -176,6 +202,7 @@ def make_plan(cfg: ExperimentConfig) -> RunPlan:
         est_steps_per_sec=speed_all,
         est_train_time_s=est_time,
         est_cost_usd=None if est_time is None else catalog.cost_usd([hourly], est_time),
+        backend=backend,
         revocation_model=str(cfg.revocation.model),
         planned_revocations=planned,
         risks=risks,

@@ -32,26 +32,26 @@ from orchestrator.transient.stragglers import InjectionSchedule
 from provisioning import catalog
 from provisioning.base import Cluster, ClusterRequest, ContactLostError
 from provisioning.journal import JOURNAL_FILE, Journal
-from provisioning.registry import get_provider, provider_class
+from provisioning.registry import get_provider
 from trainer.events import disk_full_fields, disk_full_line, is_disk_full
 from trainer.layout import CHECKPOINT_DIR, CLUSTER_JOBS, CONTROL_FILE
 from trainer.spec import PhaseSpec, StragglerSpec, TrainerSpec
 
 
-def before_provisioning(cfg: ExperimentConfig) -> None:
+def before_provisioning(cfg: ExperimentConfig, plan: RunPlan) -> None:
     """What a real run checks and fetches before anything is provisioned: cloud credentials
     (before a download), then the dataset (a bad ``job.data_dir`` or a failed download stops
     here). A simulated run (its backend ``simulated``) provisions nothing and reads no data."""
     from orchestrator.config.validation import validate_run_start
     from orchestrator.runtime import data
 
-    if not provider_class(cfg.provider.name).simulated:
+    if not plan.backend.simulated:
         validate_run_start(cfg)
-        check_tensorflow_here(cfg)
+        check_tensorflow_here(cfg, plan)
         data.prepare(cfg)
 
 
-def check_tensorflow_here(cfg: ExperimentConfig) -> None:
+def check_tensorflow_here(cfg: ExperimentConfig, plan: RunPlan) -> None:
     """TensorFlow where this machine trains: in the roles' interpreter of a `hosts_here`
     backend (this one, or ``provider.python``), and in this one for a remote run's preflight
     step. The bare install has none; without this the run would end "ps 0 exited with code 1
@@ -59,7 +59,7 @@ def check_tensorflow_here(cfg: ExperimentConfig) -> None:
     import importlib.util
     import subprocess
 
-    if provider_class(cfg.provider.name).hosts_here:
+    if plan.backend.hosts_here:
         python = getattr(cfg.provider, "python", None) or sys.executable
         if python == sys.executable:
             found = importlib.util.find_spec("tensorflow") is not None

@@ -164,9 +164,8 @@ def predict_band(cfg: ExperimentConfig, plan: RunPlan) -> dict[str, Any] | None:
     dry run only uses a cached one. A local run of a GPU cluster (CPU processes standing in)
     keeps the GPU cluster's band, marked ``stand_in``: it predicts the cloud run, not this one."""
     from orchestrator.simulate import calibrate
-    from provisioning.registry import provider_class
 
-    if provider_class(cfg.provider.name).simulated and not cfg.dry_run:
+    if plan.backend.simulated and not cfg.dry_run:
         return None
     models = calibrate.with_gpu_calibrations(SimModels.load(), cfg)
     cal = None
@@ -174,7 +173,7 @@ def predict_band(cfg: ExperimentConfig, plan: RunPlan) -> dict[str, Any] | None:
         band = summarize_runs(simulate_many(cfg, plan, max(1, cfg.sim.repeats), models))
         band["estimate"] = estimate(cfg, plan, models)
     except NoModelError as ex:
-        if not calibrate.applies(cfg):
+        if not calibrate.applies(plan):
             return {"unavailable": str(ex)}
         try:
             cal = calibrate.calibration(cfg, measure_if_missing=not cfg.dry_run)
@@ -190,13 +189,13 @@ def predict_band(cfg: ExperimentConfig, plan: RunPlan) -> dict[str, Any] | None:
         except NoModelError as still:  # e.g. a GPU cluster whose model the papers never ran
             return {"unavailable": f"{ex}; calibrated for CPU workers only: {still}"}
         band["calibration"] = cal
-    market, _ = cloud_market(cfg)
+    market, _ = cloud_market(cfg, plan.backend)
     band["draws"] = draws(cfg, market is not None)
     band["source"] = (f"{cfg.sim.repeats} simulations (provider=sim models"
                       + (", step time, checkpoint and start-up calibrated on this machine"
                          if cal else "")
                       + (f", lifetimes {cfg.sim.lifetimes}, {market})" if market
                          else ", no cloud revocations)"))
-    if cal is None and calibrate.applies(cfg):
+    if cal is None and calibrate.applies(plan):
         band["stand_in"] = True  # GPU hosts played by local CPU processes
     return band

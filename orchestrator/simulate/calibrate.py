@@ -32,10 +32,13 @@ import json
 import os
 import socket
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from orchestrator.config.schema import ExperimentConfig
 from orchestrator.simulate.models import CPU, SimModels
+
+if TYPE_CHECKING:
+    from orchestrator.plan import RunPlan
 
 #: Steps timed by one calibration (after the loop's own warm-up): ~1 s of the digits CNN here.
 CALIBRATION_STEPS = 100
@@ -48,11 +51,9 @@ def cache_file() -> Path:
     return Path(xdg).expanduser() / "transient-orchestrator" / CACHE_NAME
 
 
-def applies(cfg: ExperimentConfig) -> bool:
+def applies(plan: RunPlan) -> bool:
     """Calibration predicts runs whose workers are processes on this machine."""
-    from provisioning.registry import provider_class
-
-    return provider_class(cfg.provider.name).hosts_here
+    return plan.backend.hosts_here
 
 
 def cache_key(cfg: ExperimentConfig) -> str:

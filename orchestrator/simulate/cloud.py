@@ -15,7 +15,7 @@ from typing import Any
 
 from orchestrator.config.schema import ExperimentConfig
 from orchestrator.config.transient import GCE_NOTICE_S, RevocationModel
-from orchestrator.plan import HostPlan, RunPlan
+from orchestrator.plan import BackendTraits, HostPlan, RunPlan
 from orchestrator.simulate.models import SimModels
 from orchestrator.transient.revocation import (
     LifetimeModel,
@@ -26,9 +26,11 @@ from orchestrator.transient.revocation import (
 from provisioning.catalog import PREEMPTIBLE_CAP_H, Market
 
 
-def cloud_market(cfg: ExperimentConfig) -> tuple[Market | None, float | None]:
-    """The market whose revocations a prediction of ``cfg`` draws, and the hours after which a
-    transient VM ends whatever its lifetime (None: never).
+def cloud_market(cfg: ExperimentConfig, backend: BackendTraits
+                 ) -> tuple[Market | None, float | None]:
+    """The market whose revocations a prediction of ``cfg`` on ``backend`` (its plan's
+    ``backend``) draws, and the hours after which a transient VM ends whatever its lifetime
+    (None: never).
 
     Not a setting of its own, so a plan cannot be simulated on another market than the one it
     would run on (``Provider.transient_market``): ``provider=sim`` simulates the priced cloud
@@ -37,9 +39,7 @@ def cloud_market(cfg: ExperimentConfig) -> tuple[Market | None, float | None]:
     to it), and None for backends no cloud revokes (local processes, an SSH inventory), whose
     runs lose only what the ``revocation`` model injects. Preemptible VMs end at 24 h; a Spot VM
     ends at the provider's max run duration when one is set."""
-    from provisioning.registry import provider_class
-
-    market = provider_class(cfg.provider.name).transient_market(cfg.pricing)
+    market = backend.transient_market
     if market is None:
         return None, None
     cap_s = cfg.provider.transient_lifetime_cap_s()
@@ -94,7 +94,7 @@ def cloud_revocations(cfg: ExperimentConfig, plan: RunPlan, seed: int,
     rev = cfg.revocation
     if rev.model != RevocationModel.none:
         return RevocationSchedule.from_config(rev, plan.hosts)
-    market, cap_h = cloud_market(cfg)
+    market, cap_h = cloud_market(cfg, plan.backend)
     if market is None:
         return RevocationSchedule.from_config(rev, plan.hosts)
     notice = rev.notice_s or GCE_NOTICE_S  # the cloud's notice unless one is configured

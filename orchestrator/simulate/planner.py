@@ -489,6 +489,7 @@ def lifetime_note(shown: list[dict[str, Any]], cfg: ExperimentConfig) -> str | N
 
     if cfg.revocation.model != RevocationModel.none or not any(r["transient"] for r in shown):
         return None
+    # the planner's candidates all run on the simulated cloud and no plan exists here: by name
     market = provider_class("sim").transient_market(cfg.pricing)
     data = SimModels.load().lifetime_models(str(cfg.sim.lifetimes))
     measured = sorted(data["gpus"])

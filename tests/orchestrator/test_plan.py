@@ -7,11 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.plan import make_plan
+from orchestrator.plan import BackendTraits, make_plan
 from orchestrator.runtime.run import build_trainer_spec
 from orchestrator.simulate.models import SimModels
 from orchestrator.validate import compose_experiment
 from provisioning.base import Cluster, Host
+from provisioning.catalog import Market
 from trainer.spec import JobSpec, LrSchedule, Optimizer
 
 
@@ -121,3 +122,16 @@ def test_a_lone_transient_worker_under_shrink_is_a_risk() -> None:
                                          "cluster.worker_groups.0.transient=false"]):
         assert not any("lone" in r for r in make_plan(compose_experiment("cifar10_res32",
                                                                           safe)).risks)
+
+
+def test_plan_carries_its_backend_traits_and_plan_json_records_them() -> None:
+    """make_plan looks the backend up once and plan.json records what it found."""
+    local = make_plan(compose_experiment("digits_local"))
+    assert local.backend == BackendTraits("local", simulated=False, hosts_here=True, billed=False,
+                                          transient_market=None)
+    sim = make_plan(compose_experiment("icac19_k80", ["provider=sim"]))
+    assert sim.backend.simulated and not sim.backend.hosts_here
+    assert sim.backend.transient_market == Market.preemptible  # the 2019 catalog's market
+    record = json.loads(json.dumps(sim.to_dict()))  # as plan.json holds it
+    assert record["backend"] == {"name": "sim", "simulated": True, "hosts_here": False,
+                                 "billed": False, "transient_market": "preemptible"}

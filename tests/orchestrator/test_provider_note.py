@@ -18,7 +18,7 @@ import pytest
 from rich.console import Console
 
 from orchestrator.display import cost_text, provider_note, render_plan, say_provider_note
-from orchestrator.plan import make_plan
+from orchestrator.plan import BackendTraits, make_plan
 from orchestrator.validate import compose_experiment
 from provisioning import registry
 from provisioning.base import Provider
@@ -81,8 +81,9 @@ def cloud_backend() -> Iterator[str]:
 
 
 def test_a_billed_backend_gets_no_note_and_a_plain_price(cloud_backend: str) -> None:
-    plan = make_plan(compose_experiment("mixed_gpu_cifar10"))
-    plan.provider = cloud_backend
+    cfg = compose_experiment("mixed_gpu_cifar10")
+    plan = make_plan(cfg)
+    plan.provider, plan.backend = cloud_backend, BackendTraits.of(cloud_backend, cfg.pricing)
     assert provider_note(plan) is None
     assert "note:" not in _printed(render_plan, plan)
     assert cost_text(0.5, plan) == "$0.5000 (catalog papers_2019)"

@@ -10,7 +10,8 @@ import random
 
 import pytest
 
-from orchestrator.plan import make_plan
+from orchestrator.config.schema import ExperimentConfig
+from orchestrator.plan import BackendTraits, make_plan
 from orchestrator.simulate.cloud import CloudLifetimes, cloud_market
 from orchestrator.simulate.engine import Simulation, simulate
 from orchestrator.simulate.models import NoModelError, SimModels
@@ -145,12 +146,15 @@ def test_preemptible_lifetimes_are_capped_at_24h_spot_are_not() -> None:
 def test_market_follows_the_cloud_not_a_setting() -> None:
     """provider=sim simulates the priced cloud's market; a real backend its own VMs' market;
     local processes no cloud market at all."""
-    assert cloud_market(compose(BASE)) == (Market.preemptible, PREEMPTIBLE_CAP_H)  # 2019
+    def market(cfg: ExperimentConfig) -> tuple[Market | None, float | None]:
+        return cloud_market(cfg, BackendTraits.of(cfg.provider.name, cfg.pricing))
+
+    assert market(compose(BASE)) == (Market.preemptible, PREEMPTIBLE_CAP_H)  # 2019
     today = compose(["+experiment=cifar10_res32", "provider=sim"])
-    assert cloud_market(today) == (Market.spot, None)
+    assert market(today) == (Market.spot, None)
     gce = compose(["+experiment=cifar10_res32", "provider.max_run_duration_s=7200"])
-    assert cloud_market(gce) == (Market.spot, 2.0)
-    assert cloud_market(compose(["+experiment=digits_local"])) == (None, None)
+    assert market(gce) == (Market.spot, 2.0)
+    assert market(compose(["+experiment=digits_local"])) == (None, None)
 
 
 @pytest.mark.parametrize(("overrides", "line"), [

@@ -242,7 +242,7 @@ def test_an_experiments_own_revocation_plan_is_not_called_drawn_per_run() -> Non
     assert "(40–80 simulated runs each, revocations and the speed model's error drawn per run;" \
         in header(cloud, 0, 0)
     local = compose(["+experiment=digits_local", "dry_run=true"])
-    assert cloud_market(local)[0] is None
+    assert cloud_market(local, make_plan(local).backend)[0] is None
     assert draws(local, market=False) == ("the speed model's error drawn per run; no cloud "
                                            "revokes these hosts")
 
