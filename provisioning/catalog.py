@@ -76,6 +76,8 @@ class PricingConfig:
     gpus: dict[str, GpuOffer] = field(default_factory=dict)
     machine_types: dict[str, MachineOffer] = field(default_factory=dict)
     zones: list[str] = field(default_factory=list)  # zones known besides those of the GPUs
+    live: str = "auto"  # gce: today's prices from the Cloud Billing Catalog API (auto|true|false)
+    billing_endpoint: str = ""  # that API's endpoint ("" = $TRANSIENT_BILLING_ENDPOINT or Google's)
 
     def all_zones(self) -> list[str]:
         """Every zone the catalog knows, in a stable order."""

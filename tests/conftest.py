@@ -12,6 +12,11 @@ import pytest
 from tests.provisioning.baked_image import baked_gce_image, gce_isolated_bed  # noqa: F401
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+# Tests talk only to loopback and their own namespaces: a developer's own Google credentials
+# (a key file, gcloud's application-default login) must not make pricing.live=auto read the real
+# Cloud Billing API (provisioning/gce/billing.py); the billing tests point it at their stand-in.
+os.environ.pop("GOOGLE_APPLICATION_CREDENTIALS", None)
+os.environ["CLOUDSDK_CONFIG"] = str(Path(__file__).resolve().parent / "no-gcloud-config")
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 

@@ -25,6 +25,7 @@ from omegaconf.errors import (
 from orchestrator.config.errors import ConfigError, pasteable
 from orchestrator.config.schema import ExperimentConfig
 from provisioning.base import ProviderConfig
+from provisioning.gce.billing import live_pricing
 from provisioning.registry import backend, provider_names
 
 #: Keys that were settings once, and what decides them now.
@@ -389,6 +390,9 @@ def to_experiment(cfg: DictConfig | dict[str, Any]) -> ExperimentConfig:
     except OmegaConfBaseException as ex:
         raise from_omegaconf(ex) from None
     assert isinstance(obj, ExperimentConfig)
+    if str(obj.pricing.live).lower() not in ("auto", "true", "false"):
+        raise ConfigError("pricing.live", f"is {obj.pricing.live!r}; use auto, true or false")
+    obj.pricing = live_pricing(obj.pricing)  # the one place composed prices are finalised
     return obj
 
 

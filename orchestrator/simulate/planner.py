@@ -52,6 +52,7 @@ from orchestrator.simulate.band import (
     wilson_halfwidth,
 )
 from orchestrator.simulate.models import NoModelError, SimModels
+from provisioning.gce.billing import LIVE_SOURCE
 
 if TYPE_CHECKING:
     from orchestrator.plan import RunPlan
@@ -520,7 +521,8 @@ def header(cfg: ExperimentConfig, shown: int, total: int) -> str:
             else f"{p.repeats} simulated runs each")
     return (f"Plan: {cfg.name}, {shown} of {total} configurations meet "
             f"{', '.join(limits) or 'no limit'}; ranked by {p.objective} ({runs}, "
-            f"{draws(cfg)}; prices {cfg.pricing.name} {cfg.pricing.date or 'undated'})")
+            f"{draws(cfg)}; prices {cfg.pricing.name} {cfg.pricing.date or 'undated'}"
+            f"{' from ' + cfg.pricing.source if cfg.pricing.source == LIVE_SOURCE else ''})")
 
 
 def print_table(ranked: list[dict[str, Any]], cfg: ExperimentConfig, total: int,
