@@ -508,19 +508,26 @@ def lifetime_note(shown: list[dict[str, Any]], cfg: ExperimentConfig) -> str | N
     return said
 
 
-def header(cfg: ExperimentConfig, shown: int, total: int) -> str:
+def header(cfg: ExperimentConfig, shown: int, total: int,
+           runs: list[int] | None = None) -> str:
     """What the table answers: the limits (the minimum P(deadline) included), the ranking and
-    how many runs stand behind each row."""
+    how many runs stand behind each row: the shown rows' own counts (``runs``; a candidate
+    ruled out early rests on fewer, but is not shown), else what the settings allow."""
     p = cfg.planner
     limits = []
     if p.deadline_h is not None:
         limits.append(f"deadline {p.deadline_h:g} h with P ≥ {p.min_p_deadline:.0%}")
     if p.budget_usd is not None:
         limits.append(f"budget ${p.budget_usd:g} (mean cost)")
-    runs = (f"{p.repeats}–{p.max_repeats} simulated runs each" if p.max_repeats > p.repeats
-            else f"{p.repeats} simulated runs each")
+    if runs:
+        low, high = min(runs), max(runs)
+        said = f"{low:,}" if low == high else f"{low:,}–{high:,}"
+        behind = f"{said} simulated runs per row"
+    else:
+        behind = (f"{p.repeats}–{p.max_repeats} simulated runs each" if p.max_repeats > p.repeats
+                  else f"{p.repeats} simulated runs each")
     return (f"Plan: {cfg.name}, {shown} of {total} configurations meet "
-            f"{', '.join(limits) or 'no limit'}; ranked by {p.objective} ({runs}, "
+            f"{', '.join(limits) or 'no limit'}; ranked by {p.objective} ({behind}, "
             f"{draws(cfg)}; prices {cfg.pricing.name} {cfg.pricing.date or 'undated'}"
             f"{' from ' + cfg.pricing.source if cfg.pricing.source == LIVE_SOURCE else ''})")
 
@@ -534,7 +541,8 @@ def print_table(ranked: list[dict[str, Any]], cfg: ExperimentConfig, total: int,
 
     p = cfg.planner
     console = console or make_console()
-    table = Table(title=header(cfg, len(ranked), total), title_justify="left")
+    table = Table(title=header(cfg, len(ranked), total, [r["runs"] for r in ranked]),
+                  title_justify="left")
     for col in ("#", "cluster", "zone", "sync", "on revocation", "P(deadline)", "completes",
                 "time h (p10–p90)", "cost $ (mean)", "cost $ (p10–p90)", "revocations",
                 "samples", "accuracy"):

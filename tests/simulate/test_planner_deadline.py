@@ -64,6 +64,11 @@ def test_with_a_deadline_what_is_unlikely_to_meet_it_is_dropped_and_said() -> No
     dropped = [r for r in rows if r not in ranked]
     assert dropped and all(r["p_deadline"] < 0.9 for r in dropped)
     assert "deadline 0.75 h with P ≥ 90%" in header(cfg, len(ranked), len(rows))
+    # the runs behind the rows shown, not the settings' range
+    shown = header(cfg, len(ranked), len(rows), [r["runs"] for r in ranked])
+    low, high = min(r["runs"] for r in ranked), max(r["runs"] for r in ranked)
+    assert (f"({low:,} simulated runs per row," if low == high
+            else f"({low:,}–{high:,} simulated runs per row,") in shown, shown
     # objective=deadline ranks by the probability itself
     by_p = rank(rows, question("deadline_h=0.75", "planner.gpus=[t4,l4]", "objective=deadline"))
     assert [r["p_deadline"] for r in by_p] == sorted((r["p_deadline"] for r in by_p),
