@@ -274,7 +274,10 @@ def interrupted(verb: str, cwd: Path, repo_root: Path) -> tuple[int, str, str]:
     proc = subprocess.Popen(
         [sys.executable, "-m", "orchestrator.controller", *verb.split(), str(urls())], cwd=cwd,
         env={**os.environ, "PYTHONPATH": str(repo_root)}, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True)
+        stderr=subprocess.PIPE, text=True,
+        # Ctrl-C must reach it even when the tests run in the background of a non-interactive
+        # shell (which ignores SIGINT, and children inherit that: Python then keeps it ignored)
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         seen = [proc.stdout.readline() for _ in CONSOLE.splitlines()]  # type: ignore[union-attr]
         assert "".join(seen) == CONSOLE.decode()
