@@ -40,7 +40,8 @@ def check(overrides: list[str], fresh: int = 1000) -> list[dict[str, Any]]:
     from orchestrator.plan import make_plan
     from orchestrator.simulate.calibrate import with_gpu_calibrations
     from orchestrator.simulate.models import SimModels
-    from orchestrator.simulate.planner import configure, evaluate
+    from orchestrator.simulate.planner import evaluate
+    from orchestrator.simulate.planner_candidates import configure
     from orchestrator.simulate.validate import compose
 
     cfg = compose(overrides)

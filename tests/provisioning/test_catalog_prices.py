@@ -122,7 +122,8 @@ def test_the_dry_run_previews_and_counts_quota_for_every_gpu_of_a_shape(
 
 
 def test_the_planner_prints_the_date_its_prices_were_read() -> None:
-    from orchestrator.simulate.planner import header, parse_args
+    from orchestrator.simulate.planner import parse_args
+    from orchestrator.simulate.planner_report import header
     from orchestrator.simulate.validate import compose
 
     assert "prices gce 2026-11-28)" in header(compose(parse_args(["+experiment=cifar10_res32"])),

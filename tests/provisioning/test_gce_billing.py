@@ -69,7 +69,8 @@ def google_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Fake
 
 
 def _header(*overrides: str) -> str:
-    from orchestrator.simulate.planner import header, parse_args
+    from orchestrator.simulate.planner import parse_args
+    from orchestrator.simulate.planner_report import header
     from orchestrator.simulate.validate import compose
 
     return header(compose(parse_args(["+experiment=cifar10_res32", *overrides])), 0, 0)

@@ -23,15 +23,10 @@ from orchestrator.simulate.band import draws, predict_band, simulate_many, summa
 from orchestrator.simulate.cloud import cloud_market
 from orchestrator.simulate.engine import Simulation
 from orchestrator.simulate.models import SimModels
-from orchestrator.simulate.planner import (
-    configure,
-    evaluate,
-    header,
-    nearest_misses,
-    parse_args,
-    print_table,
-    rank,
-)
+from orchestrator.simulate.planner import evaluate, parse_args, rank
+from orchestrator.simulate.planner_candidates import configure
+from orchestrator.simulate.planner_misses import nearest_misses
+from orchestrator.simulate.planner_report import header, print_table
 from orchestrator.simulate.reliability import FRESH_SEED_OFFSET
 from orchestrator.simulate.validate import compose
 

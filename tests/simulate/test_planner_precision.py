@@ -26,13 +26,12 @@ from orchestrator.display import approx_usd, render_plan
 from orchestrator.plan import make_plan, plan_phases, samples_trained
 from orchestrator.simulate import planner
 from orchestrator.simulate.band import predict_band, share_text, wilson_bounds, wilson_halfwidth
-from orchestrator.simulate.planner import (
-    configure,
-    evaluate,
-    parse_args,
-    plan_experiment,
+from orchestrator.simulate.planner import evaluate, parse_args, plan_experiment, rank
+from orchestrator.simulate.planner_candidates import configure
+from orchestrator.simulate.planner_report import (
+    dry_run_command,
     print_table,
-    rank,
+    samples_of,
     write_csv,
 )
 from orchestrator.simulate.validate import compose
@@ -154,7 +153,7 @@ def test_samples_trained_show_a_switch_schedules_unequal_work(tmp_path: Path) ->
     cfg = question("planner.gpus=[p100]", "planner.workers=[1,4]", "planner.transient=[false]",
                    "planner.bsp_fractions=[0.25]")
     rows = {r["workers"]: r for r in evaluate(cfg)}
-    one, four = (planner.samples_of(cfg, rows[n]) for n in (1, 4))
+    one, four = (samples_of(cfg, rows[n]) for n in (1, 4))
     budget, batch = cfg.job.train_steps, cfg.job.batch_size
     assert (one, four) == (budget * batch, 4 * budget * batch)  # B·N·batch
     text = table_text([rows[1], rows[4]], cfg)
@@ -163,12 +162,12 @@ def test_samples_trained_show_a_switch_schedules_unequal_work(tmp_path: Path) ->
     # ASP as configured trains job.train_steps batches whatever the workers: no note needed
     asp = question("planner.gpus=[p100]", "planner.workers=[1,4]", "planner.transient=[false]")
     asp_rows = evaluate(asp)
-    assert {planner.samples_of(asp, r) for r in asp_rows} == {budget * batch}
+    assert {samples_of(asp, r) for r in asp_rows} == {budget * batch}
     assert "BSP-equivalent" not in table_text(asp_rows, asp)
     run_cfg = configure(cfg, rows[4]["candidate"])
     assert samples_trained(batch, 4, plan_phases(run_cfg, 4)) == four
     for r in rows.values():
-        r["samples"] = planner.samples_of(cfg, r)
+        r["samples"] = samples_of(cfg, r)
     write_csv(list(rows.values()), tmp_path / "plan.csv")
     with open(tmp_path / "plan.csv") as f:
         assert sorted(int(r["samples"]) for r in csv.DictReader(f)) == [one, four]
@@ -199,9 +198,9 @@ def test_the_printed_dry_run_command_makes_the_top_rows_cluster(
     # a question's own schedule is kept unless the row replaces it
     asked = ["+experiment=cifar10_res32", "sync=switch", "planner.workers=[4]"]
     own = {**top, "candidate": dataclasses.replace(top["candidate"], bsp_fraction=None)}
-    assert "sync=switch" in planner.dry_run_command(asked, cfg, own).split()
-    assert "sync=switch" not in planner.dry_run_command(asked, cfg, top).split()
-    assert "planner.workers" not in planner.dry_run_command(asked, cfg, own)
+    assert "sync=switch" in dry_run_command(asked, cfg, own).split()
+    assert "sync=switch" not in dry_run_command(asked, cfg, top).split()
+    assert "planner.workers" not in dry_run_command(asked, cfg, own)
     # and the command itself, as the user runs it
     env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
     proc = subprocess.run([sys.executable, "-m", "orchestrator", *overrides], cwd=tmp_path,

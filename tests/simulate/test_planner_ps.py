@@ -17,15 +17,9 @@ import pytest
 from orchestrator.plan import make_plan
 from orchestrator.simulate import planner
 from orchestrator.simulate.models import SimModels
-from orchestrator.simulate.planner import (
-    candidates,
-    configure,
-    evaluate,
-    nearest_misses,
-    parse_args,
-    plan_experiment,
-    rank,
-)
+from orchestrator.simulate.planner import evaluate, parse_args, plan_experiment, rank
+from orchestrator.simulate.planner_candidates import candidates, configure
+from orchestrator.simulate.planner_misses import nearest_misses
 from orchestrator.simulate.validate import compose
 
 QUESTION = ["+experiment=cifar10_res32", "planner.zones=first", "planner.gpus=[a100]",

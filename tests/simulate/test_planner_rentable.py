@@ -9,7 +9,8 @@ import pytest
 from orchestrator.config.validation import validate
 from orchestrator.plan import make_plan
 from orchestrator.simulate.models import SimModels
-from orchestrator.simulate.planner import candidates, configure, machine_type_for, parse_args
+from orchestrator.simulate.planner import parse_args
+from orchestrator.simulate.planner_candidates import candidates, configure, machine_type_for
 from orchestrator.simulate.validate import compose
 from provisioning.gce.body import accelerators
 

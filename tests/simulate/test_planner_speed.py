@@ -69,7 +69,7 @@ def test_a_run_without_metrics_rows_has_the_same_summary() -> None:
     from orchestrator.plan import make_plan
     from orchestrator.simulate.engine import simulate
     from orchestrator.simulate.models import SimModels
-    from orchestrator.simulate.planner import candidates, configure
+    from orchestrator.simulate.planner_candidates import candidates, configure
 
     cfg = compose(parse_args(QUESTION))
     run_cfg = configure(cfg, candidates(cfg, SimModels.load())[2])  # 4× p100 Spot: revoked
