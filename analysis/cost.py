@@ -19,6 +19,7 @@ import pandas as pd
 
 from analysis.cli import command_parser
 from analysis.reference import load_icac19_experiment
+from trainer.layout import ROLE_CHIEF, ROLE_WORKER
 
 # GCE prices used by ICAC'19 (early 2019, $/h; recovered exactly from its cost.csv files).
 PRICE_PER_H = {
@@ -171,7 +172,7 @@ def workers_transient(run_dir: str | Path) -> bool | None:
     if not path.exists():
         return None
     workers = [h for h in json.loads(path.read_text()).get("hosts", [])
-               if h.get("role") in ("worker", "chief")]
+               if h.get("role") in (ROLE_WORKER, ROLE_CHIEF)]
     return any(bool(h.get("transient")) for h in workers) if workers else None
 
 
@@ -184,7 +185,7 @@ def own_runs_table(runs: pd.DataFrame) -> pd.DataFrame:
     comparisons need an on-demand configuration of one size (:func:`comparison_notes`). Failed
     runs are left out.
     """
-    from analysis.runs import override_columns
+    from analysis.runs import STATUS_COMPLETED, override_columns
 
     missing = [c for c in ("wall_time_s", "cost_usd", "final_accuracy") if c not in runs]
     if missing:
@@ -192,7 +193,7 @@ def own_runs_table(runs: pd.DataFrame) -> pd.DataFrame:
                          "another tool or version?)")
     df = runs.copy()
     if "status" in df:
-        df = df[df["status"].fillna("completed").eq("completed")]
+        df = df[df["status"].fillna(STATUS_COMPLETED).eq(STATUS_COMPLETED)]
     if df.empty:
         raise ValueError("no completed runs to compare")
     transient_col = next((c for c in df.columns if c.split(".")[-1] == "transient"), None)

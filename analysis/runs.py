@@ -26,6 +26,8 @@ SUPPORTED_SCHEMA_MAJOR = 1
 SUMMARY_FILE = "summary.json"
 RUNS_TABLE_FILE = "runs.csv"
 METRICS_COLUMNS = ("wall_time_s", "global_step", "steps_per_sec", "loss", "eval_accuracy")
+#: summary.json ``status`` of a finished run (the schema's STATUS_COMPLETED; read, not imported)
+STATUS_COMPLETED = "completed"
 MAX_SEARCH_DEPTH = 4  # Hydra multirun nests runs as multirun/<date>/<time>/<job>/
 
 

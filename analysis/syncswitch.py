@@ -211,7 +211,7 @@ def recommend_next_fraction(
 def own_runs(source: str | Path) -> list[SwitchRun]:
     """Our runs as SwitchRuns: BSP share from ``phases`` (else ``protocol``), time = the sum of
     phase wall times (switch pauses excluded, like ``Time``), else ``train_time_s``."""
-    from analysis.runs import load_runs
+    from analysis.runs import STATUS_COMPLETED, load_runs
 
     out = []
     for run in load_runs(source):
@@ -228,7 +228,7 @@ def own_runs(source: str | Path) -> list[SwitchRun]:
             fraction = {"bsp": 1.0, "asp": 0.0}.get((s.protocol or "").lower(), math.nan)
             asp_first, time_s = False, s.train_time_s or s.wall_time_s
         out.append(SwitchRun(f"own, {workers} worker{'s' * (workers != 1)}", run.name, round(fraction, 4), asp_first, 1, time_s,
-                             s.final_accuracy, s.status in (None, "completed"), s.status or ""))
+                             s.final_accuracy, s.status in (None, STATUS_COMPLETED), s.status or ""))
     return out
 
 

@@ -41,7 +41,12 @@ from pathlib import Path
 from typing import Any
 
 from bench.transfer import _WITH_TEST_ARCHIVE, GOAL_FIRST_BYTES, GOAL_RESTART_BYTES, _events, _kb
+from orchestrator.rundir.results import EVENT_START, ROLE_ORCHESTRATOR
+from orchestrator.runtime.deploy import EVENT_HOST_SETUP
+from orchestrator.transient.recovery import EVENT_REPLACEMENT_READY
 from provisioning.checkout import PROJECT_ROOT as ROOT
+from trainer.events import EVENT_READY, EVENT_STEP, EVENT_WORKER_STEPS
+from trainer.layout import ROLE_PS, ROLE_WORKER
 
 RAW = ROOT / ".bench" / "cloud-transfer.json"
 GOAL_BEYOND_BOOT_S = 30.0  # RUNNING → first step, less the boot, with a baked image
@@ -100,7 +105,7 @@ def _bucket(address: str) -> Iterator[str]:
 
 
 def _step_at(n: int, after: float = 0.0):  # -> Callable[[list[dict]], bool]
-    return lambda evs: any(e["kind"] == "step" and e.get("step", 0) >= n and e["time"] > after
+    return lambda evs: any(e["kind"] == EVENT_STEP and e.get("step", 0) >= n and e["time"] > after
                            for e in evs)
 
 
@@ -138,7 +143,7 @@ def measure() -> dict[str, Any] | str:
 def _round(bed: Any, srv: Any, archive: Any, runtime: Any, scratch: Path) -> dict[str, Any]:
     """One run on a fresh fake cloud of `bed`: its events, the fake's VMs, the VMs' fetches."""
     from tests.fakes.isolated_gce import FAKE_TIMES, ZONES, IsolatedFakeGce, provider_args
-    from trainer import data
+    from trainer import datasets
 
     run_dir = scratch / "run"
     fetched_before = len(srv.behaviour.requests)
@@ -147,7 +152,7 @@ def _round(bed: Any, srv: Any, archive: Any, runtime: Any, scratch: Path) -> dic
             _bucket(bed.gateway) as storage_url:
         image = fake.add_image(runtime.name, runtime.disk)
         env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONUNBUFFERED": "1",
-               "PYTHONPATH": str(ROOT), data.MIRROR_ENV: srv.base_url,
+               "PYTHONPATH": str(ROOT), datasets.MIRROR_ENV: srv.base_url,
                "GOOGLE_CLOUD_PROJECT": fake.project, "STORAGE_EMULATOR_HOST": storage_url}
         env.pop("HYDRA_FULL_ERROR", None)
         argv = [sys.executable, "-c", _WITH_TEST_ARCHIVE, archive.md5, str(len(archive.data)),
@@ -162,16 +167,16 @@ def _round(bed: Any, srv: Any, archive: Any, runtime: Any, scratch: Path) -> dic
             _wait_for(run_dir, proc, deadline, _step_at(PREEMPT_WORKER_AT),
                       f"step {PREEMPT_WORKER_AT}")
             worker = next(i for i in fake.live_instances()
-                          if i.body["labels"]["role"] == "worker")
+                          if i.body["labels"]["role"] == ROLE_WORKER)
             fake.preempt(worker.zone, worker.name)
             preempted = time.time()
             _wait_for(run_dir, proc, deadline,
-                      lambda evs: any(e["kind"] == "replacement_ready" for e in evs),
+                      lambda evs: any(e["kind"] == EVENT_REPLACEMENT_READY for e in evs),
                       "replacement")
             _wait_for(run_dir, proc, deadline, _step_at(PREEMPT_PS_AT, preempted),
                       f"step {PREEMPT_PS_AT} after the replacement")
             ps = next(i for i in fake.live_instances()  # labelled ps_chief_evaluator
-                      if "ps" in i.body["labels"]["role"].split("_"))
+                      if ROLE_PS in i.body["labels"]["role"].split("_"))
             fake.preempt(ps.zone, ps.name)
             out, _ = proc.communicate(timeout=max(10, deadline - time.monotonic()))
         except BaseException as err:
@@ -212,22 +217,22 @@ def setups(run: dict[str, Any]) -> list[dict[str, Any]]:
     seen: set[str] = set()
     starts, deployed = 0, False
     for e in evs:
-        if e["kind"] == "start":
+        if e["kind"] == EVENT_START:
             starts, deployed = starts + 1, False
-        elif e["kind"] == "ready" and e["role"] == "orchestrator":
+        elif e["kind"] == EVENT_READY and e["role"] == ROLE_ORCHESTRATOR:
             deployed = True
-        if e["kind"] != "host_setup":
+        if e["kind"] != EVENT_HOST_SETUP:
             continue
         new = e["machine"] not in seen
         seen.add(e["machine"])
         vm = max((v for v in run["vms"] if v["ip"] == e["address"]
                   and v["running"] <= e["time"]), key=lambda v: v["running"], default=None)
         since = e["time"]  # a lost worker's last reports may trail its replacement's RUNNING
-        if e["role"] == "worker":
-            first = next((x["time"] for x in evs if x["kind"] == "worker_steps"
+        if e["role"] == ROLE_WORKER:
+            first = next((x["time"] for x in evs if x["kind"] == EVENT_WORKER_STEPS
                           and x.get("worker") == e["index"] and x["time"] > since), None)
         else:
-            first = next((x["time"] for x in evs if x["kind"] == "step" and x["time"] > since),
+            first = next((x["time"] for x in evs if x["kind"] == EVENT_STEP and x["time"] > since),
                          None)
         to_step = None if first is None or vm is None or not new else first - vm["running"]
         rows.append({
@@ -244,7 +249,7 @@ def setups(run: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def _last_start(evs: list[dict], before: dict) -> float:
-    return max(e["time"] for e in evs if e["kind"] == "start" and e["time"] <= before["time"])
+    return max(e["time"] for e in evs if e["kind"] == EVENT_START and e["time"] <= before["time"])
 
 
 def _s(value: float | None) -> str:

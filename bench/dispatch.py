@@ -40,20 +40,21 @@ def measure(workers: int) -> dict[str, Any]:
 
     from provisioning.local import reserve_port
     from trainer.asp import AspRunner
+    from trainer.layout import ROLE_CHIEF, ROLE_PS, ROLE_WORKER
 
     # in-process servers share this process's inter-op pool; a worker's function blocks a
     # thread on its PS RPC, so a pool as small as the core count deadlocks them
     threads = 4 * workers + 8
     tf.config.threading.set_inter_op_parallelism_threads(threads)
     ports = [f"127.0.0.1:{reserve_port()}" for _ in range(workers + 2)]
-    cluster = tf.train.ClusterSpec({"ps": ports[:1], "worker": ports[1:workers + 1],
-                                    "chief": ports[workers + 1:]})
+    cluster = tf.train.ClusterSpec({ROLE_PS: ports[:1], ROLE_WORKER: ports[1:workers + 1],
+                                    ROLE_CHIEF: ports[workers + 1:]})
     config = tf.compat.v1.ConfigProto(inter_op_parallelism_threads=threads)
     servers = [tf.distribute.Server(cluster, job_name=job, task_index=i, protocol="grpc",
                                     config=config, start=True)
-               for job in ("ps", "worker") for i in range(len(cluster.as_dict()[job]))]
+               for job in (ROLE_PS, ROLE_WORKER) for i in range(len(cluster.as_dict()[job]))]
     resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
-        cluster, task_type="chief", task_id=0, rpc_layer="grpc")
+        cluster, task_type=ROLE_CHIEF, task_id=0, rpc_layer="grpc")
     strategy = tf.distribute.ParameterServerStrategy(resolver)
     coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
     with strategy.scope():

@@ -24,6 +24,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from trainer.layout import ROLE_WORKER
+
 GOAL_PARALLEL_RATIO = 1.5
 GOAL_CACHED_S = 5.0
 MANY = 16
@@ -88,7 +90,7 @@ def section() -> list[str]:
                 provider = get_provider("ssh", options)
                 cluster = provider.acquire(ClusterRequest(
                     run_id=f"bench{next(counter)}", workdir=scratch / "runs",
-                    hosts=[HostSpec(f"worker-{i}", "worker") for i in range(len(hosts))]))
+                    hosts=[HostSpec(f"worker-{i}", ROLE_WORKER) for i in range(len(hosts))]))
                 try:
                     runners = [provider.runner(h) for h in cluster.hosts]
                     pids = [p for h in hosts for p in bed.pids(h)]

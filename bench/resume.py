@@ -24,6 +24,9 @@ import sys
 import time
 
 from bench.runs import ENV, OUT_DIR, ROOT, events_of
+from orchestrator.rundir.results import EVENT_RESUMED
+from trainer.events import EVENT_TRAIN_START
+from trainer.layout import ROLE_CHIEF
 
 PAIRS = int(os.environ.get("BENCH_RESUME_PAIRS", "3"))
 OVERRIDES = ["+experiment=digits_local", "job.train_steps=2000", "job.checkpoint_frequency=50",
@@ -62,10 +65,10 @@ def measure_pair(tag: str) -> dict[str, float]:
     time.sleep(1.0)  # the roles' parent-death signal
     resume_t0 = _orchestrate(["--resume", str(run_dir)], KILL_RESUMED)
     events = events_of(run_dir)
-    resumed = next(e for e in events if e["kind"] == "resumed")
-    return {"cold_s": _after(events, cold_t0, "train_start", "chief"),
-            "resume_s": _after(events, resume_t0, "train_start", "chief"),
-            "own_s": _after(events, resume_t0, "resumed"),
+    resumed = next(e for e in events if e["kind"] == EVENT_RESUMED)
+    return {"cold_s": _after(events, cold_t0, EVENT_TRAIN_START, ROLE_CHIEF),
+            "resume_s": _after(events, resume_t0, EVENT_TRAIN_START, ROLE_CHIEF),
+            "own_s": _after(events, resume_t0, EVENT_RESUMED),
             "from_step": resumed["from_step"], "lost_steps": resumed["lost_steps"]}
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")  # before the baseline imports TensorFlow
 from provisioning.checkout import PROJECT_ROOT as ROOT
+from trainer.events import EVENT_STEP, EVENT_TRAIN_START
 
 OUT_DIR = ROOT / ".bench"
 ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONUNBUFFERED": "1"}
@@ -50,7 +51,7 @@ def first_step_delay(run_dir: Path) -> float:
     """Seconds from the command's start to the chief's first reported training step."""
     t0 = float((run_dir / "bench_t0.txt").read_text())
     for event in events_of(run_dir):
-        if event["kind"] in ("train_start", "step"):
+        if event["kind"] in (EVENT_TRAIN_START, EVENT_STEP):
             return event["time"] - t0
     raise RuntimeError(f"no training step in {run_dir}")
 

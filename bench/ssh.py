@@ -16,6 +16,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from trainer.layout import ROLE_WORKER
+
 REPEATS = 3
 GOAL_PARALLEL_RATIO = 1.5
 GOAL_CACHED_S = 5.0
@@ -63,7 +65,7 @@ def section() -> list[str]:
                 provider = get_provider("ssh", options(hosts, root))
                 request = ClusterRequest(
                     run_id=f"bench{next(counter)}", workdir=scratch / "runs",
-                    hosts=[HostSpec(f"worker-{i}", "worker") for i in range(len(hosts))])
+                    hosts=[HostSpec(f"worker-{i}", ROLE_WORKER) for i in range(len(hosts))])
                 start = time.perf_counter()
                 cluster = provider.acquire(request)
                 try:
@@ -126,7 +128,7 @@ def _loss_time(bed, host, get_provider: Callable, provider_options: Callable, re
     provider = get_provider("ssh", provider_options(bed, [host]))
     cluster = provider.acquire(request_cls(run_id=f"loss{time.monotonic_ns()}",
                                            workdir=scratch / "runs",
-                                           hosts=[spec_cls("worker-0", "worker")]))
+                                           hosts=[spec_cls("worker-0", ROLE_WORKER)]))
     worker = cluster.hosts[0]
     provider.runner(worker).start(["sleep", "600"])
     try:

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from bench.runs import ENV, ROOT, events_of, first_step_delay, run_orchestrator, spread
+from trainer.events import EVENT_STARTUP
 
 IMPORT_REPEATS = 3
 # What the chief imports before its first step (trainer/startup.py): the start-up's floor.
@@ -54,7 +55,7 @@ def startup_phases(run_dirs: list[Path], field: str = "phases",
     seen: dict[str, dict[str, list[float]]] = {}
     for run_dir in run_dirs:
         for event in events_of(run_dir):
-            if event["kind"] != "startup" or field not in event:
+            if event["kind"] != EVENT_STARTUP or field not in event:
                 continue
             role = seen.setdefault(event["role"], {})
             total = {"total": event["total_s"] if field == "phases" else sum(

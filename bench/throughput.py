@@ -13,6 +13,7 @@ import statistics
 from pathlib import Path
 
 from bench.runs import events_of, first_step_delay, run_orchestrator, summary_of
+from trainer.events import EVENT_STEP
 
 BENCH_STEPS = 1500  # global steps per throughput run: long enough to amortise start-up
 BASELINE_STEPS = 1500
@@ -35,7 +36,7 @@ def measure_baseline() -> float:
 def steady_rate(run_dir: Path, steps: int = BENCH_STEPS) -> float:
     """Global steps/s of a run after its warm-up: from the first progress report at or after
     STEADY_FROM of `steps` to the last report."""
-    points = [(e["time"], e["step"]) for e in events_of(run_dir) if e["kind"] == "step"]
+    points = [(e["time"], e["step"]) for e in events_of(run_dir) if e["kind"] == EVENT_STEP]
     start = next(p for p in points if p[1] >= STEADY_FROM * steps)
     end = points[-1]
     return (end[1] - start[1]) / (end[0] - start[0])

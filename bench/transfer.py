@@ -26,7 +26,10 @@ import sys
 import tempfile
 from pathlib import Path
 
+from orchestrator.rundir.results import EVENT_PROVISIONED, EVENT_START
+from orchestrator.runtime.deploy import EVENT_HOST_SETUP
 from provisioning.checkout import PROJECT_ROOT as ROOT
+from trainer.events import EVENT_STEP
 
 GOAL_FIRST_BYTES = 1_000_000  # per host: the wheel and the specs, no dataset
 GOAL_RESTART_BYTES = 100_000  # per host and restart
@@ -48,11 +51,11 @@ def _events(run_dir: Path) -> list[dict]:
 #: the hosts with the URL, so only this process needs it.
 _WITH_TEST_ARCHIVE = (
     "import dataclasses, runpy, sys\n"
-    "from trainer import data\n"
+    "from trainer import datasets\n"
     "md5, size, *args = sys.argv[1:]\n"
-    "ds = data.DATASETS['cifar10']\n"
+    "ds = datasets.DATASETS['cifar10']\n"
     "entry = dataclasses.replace(ds.archive('bin'), md5=md5, size=int(size))\n"
-    "data.DATASETS['cifar10'] = dataclasses.replace(ds, archives=(entry,))\n"
+    "datasets.DATASETS['cifar10'] = dataclasses.replace(ds, archives=(entry,))\n"
     "sys.argv = ['orchestrator', *args]\n"
     "runpy.run_module('orchestrator', run_name='__main__', alter_sys=True)\n")
 
@@ -71,13 +74,13 @@ def _phases(events: list[dict]) -> list[dict]:
     """Each deployment's setups (split at each `start`) and its first step after."""
     phases: list[dict] = []
     for e in events:
-        if e["kind"] == "start":
+        if e["kind"] == EVENT_START:
             phases.append({"t0": e["time"], "setups": [], "first_step": None})
-        elif e["kind"] == "provisioned":
+        elif e["kind"] == EVENT_PROVISIONED:
             provisioned = e["time"]
-        elif phases and e["kind"] == "host_setup":
+        elif phases and e["kind"] == EVENT_HOST_SETUP:
             phases[-1]["setups"].append(e)
-        elif phases and e["kind"] == "step" and phases[-1]["first_step"] is None:
+        elif phases and e["kind"] == EVENT_STEP and phases[-1]["first_step"] is None:
             phases[-1]["first_step"] = e["time"]
     if phases:
         phases[0]["t0"] = provisioned  # the first deployment: from the hosts' connection
@@ -96,7 +99,7 @@ def section() -> list[str]:
     from cifar_server import ArchiveServer, make_archive
 
     from tests.testbed.fixtures import provider_options, write_provider_file
-    from trainer import data
+    from trainer import datasets
 
     scratch = Path(tempfile.mkdtemp(prefix="bench-transfer-"))
     try:
@@ -108,7 +111,7 @@ def section() -> list[str]:
                 srv.behaviour.files[archive.name] = archive.data
                 # the registry entry with the test archive's checksum: the orchestrator and
                 # the hosts read it from the same source, $TRANSIENT_DATA_MIRROR
-                env = {**os.environ, "PYTHONPATH": str(ROOT), data.MIRROR_ENV: srv.base_url}
+                env = {**os.environ, "PYTHONPATH": str(ROOT), datasets.MIRROR_ENV: srv.base_url}
                 env.pop("HYDRA_FULL_ERROR", None)
                 common = [*RUN, f"data_cache={scratch / 'cache'}",
                           f"hydra.searchpath=[file://{conf}]"]

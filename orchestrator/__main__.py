@@ -31,8 +31,7 @@ from omegaconf import DictConfig, OmegaConf
 from orchestrator.config.errors import CONFIG_ERROR_EXIT_CODE, ConfigError
 from orchestrator.config.schema import register_configs
 from orchestrator.paths import CONF_SEARCH_PATH
-
-INTERRUPTED_EXIT_CODE = 130
+from trainer.layout import EXIT_INTERRUPTED
 
 
 def run_one(cfg: DictConfig) -> dict[str, Any] | None:
@@ -51,10 +50,11 @@ def run_one(cfg: DictConfig) -> dict[str, Any] | None:
 def _run_one(cfg: DictConfig) -> dict[str, Any] | None:
     from hydra.core.hydra_config import HydraConfig
 
-    from orchestrator import killpoints, results, resume, sweep
+    from orchestrator import killpoints, resume, sweep
     from orchestrator.config.hydra_errors import check_group_change, check_label_overrides
     from orchestrator.display import cost_text, make_console, render_plan, say_provider_note
     from orchestrator.plan.load import load_and_plan
+    from orchestrator.rundir import index, results
     from orchestrator.runtime import data
     from orchestrator.runtime.run import before_provisioning, execute_run
     from orchestrator.simulate.band import predict_band
@@ -72,7 +72,7 @@ def _run_one(cfg: DictConfig) -> dict[str, Any] | None:
         if kept is not None:
             make_console().print(f"kept: {kept['status']} {kept['run_id']}; {run_dir}",
                                  highlight=False)
-            if kept["status"] != "completed":
+            if kept["status"] != results.STATUS_COMPLETED:
                 sweep.failed_runs.append(str(run_dir))
             return kept
         resumption = resume.prepare_point(run_dir)
@@ -92,7 +92,7 @@ def _run_one(cfg: DictConfig) -> dict[str, Any] | None:
     before_provisioning(exp, plan)
     say_provider_note(plan, make_console(), once=True)
     if resumption is None and not resume.active():
-        sweep.mark_killed_siblings(run_dir)  # earlier runs here whose orchestrator was killed
+        index.mark_killed_siblings(run_dir)  # earlier runs here whose orchestrator was killed
     resolved = OmegaConf.to_container(cfg, resolve=True)
     assert isinstance(resolved, dict)
     csv_dir = Path(hc.sweep.dir) if multirun else run_dir
@@ -104,9 +104,9 @@ def _run_one(cfg: DictConfig) -> dict[str, Any] | None:
     except KeyboardInterrupt as ex:  # released and recorded: its row says so too
         summary = results.read_summary(run_dir)
         if summary is not None and not isinstance(ex, resume.Preempted):  # row when resumed
-            sweep.append_run_row(csv_dir / sweep.RUNS_CSV, overrides, run_dir, summary)
+            index.append_run_row(csv_dir / index.RUNS_CSV, overrides, run_dir, summary)
         raise
-    sweep.append_run_row(csv_dir / sweep.RUNS_CSV, overrides, run_dir, summary)
+    index.append_run_row(csv_dir / index.RUNS_CSV, overrides, run_dir, summary)
     _report(summary, run_dir, cost_text(summary["cost_usd"], plan))
     if summary["status"] != results.STATUS_COMPLETED:
         sweep.failed_runs.append(str(run_dir))
@@ -240,7 +240,7 @@ def main() -> None:
         app()
     except KeyboardInterrupt:
         print("interrupted: every process was stopped and every host released", file=sys.stderr)
-        sys.exit(INTERRUPTED_EXIT_CODE)
+        sys.exit(EXIT_INTERRUPTED)
     except Exception as ex:
         overrides = [a for a in sys.argv[1:] if not a.startswith("-")]
         err = _find_config_error(ex, config_error_from_hydra) or path_too_long(ex, overrides)

@@ -14,6 +14,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from orchestrator.config.errors import CONFIG_ERROR_EXIT_CODE
 from provisioning.base import BadFieldError, BadRequestError
 from provisioning.gce.bake import bake
 from provisioning.gce.config import GceConfig
@@ -62,7 +63,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         url = bake(cfg, args.gpu, args.machine_type, args.zone)
     except BadRequestError as error:
         print(f"config error: {error}", file=sys.stderr)
-        return 2
+        return CONFIG_ERROR_EXIT_CODE
     except Exception as error:  # one line, not a traceback: the VM is gone already
         print(f"bake failed: {type(error).__name__}: {error}", file=sys.stderr)
         return 1

@@ -35,7 +35,7 @@ POINTS = {
     "recovery": "a recovery (replace or restart) about to act (runtime/supervisor.py)",
     "final_eval": "training ended (DONE), the final evaluation running (runtime/supervisor.py)",
     "teardown": "the run ended, hosts not yet released (runtime/run.py)",
-    "summary": "half of summary.json's temporary file written (orchestrator/results.py)",
+    "summary": "half of summary.json's temporary file written (orchestrator/rundir/results.py)",
     "archive": "summary written, results not yet archived by the store (runtime/run.py)",
     "runs_csv_row": "half of the runs.csv row written (orchestrator/sweep.py)",
     "point_start": "a sweep point about to start (orchestrator/__main__.py)",

@@ -61,9 +61,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from orchestrator.config.errors import CONFIG_ERROR_EXIT_CODE
+from trainer.layout import EXIT_INTERRUPTED
+
 #: How often the launcher looks at its runs' processes.
 POLL_S = 0.2
-_EXIT_INTERRUPTED = 130
 
 
 @dataclass
@@ -224,6 +226,7 @@ def launch(points: Sequence[Point], queue: Any, hydra_context: Any, task_functio
     from hydra.core.singleton import Singleton
 
     from orchestrator import resume, sweep
+    from orchestrator.rundir import index, results
     from orchestrator.simulate.queue import Job, Scheduler, admit
 
     if not points:
@@ -231,13 +234,13 @@ def launch(points: Sequence[Point], queue: Any, hydra_context: Any, task_functio
     quota, policy = queue.quota_gpus, queue.policy
     total = sweep.sweep_size or len(points)
     out = _Output(output)
-    record = _Recorder(sweep_dir / sweep.LAUNCHES_FILE)
+    record = _Recorder(sweep_dir / index.LAUNCHES_FILE)
     all_points, kept_codes = list(points), {}
     if resume.active():  # a resume: kept points are not run again (orchestrator/resume.py)
         for p in all_points:
             summary = resume.kept_summary(p.run_dir)
             if summary is not None:
-                kept_codes[p.num] = 0 if summary["status"] == "completed" else 1
+                kept_codes[p.num] = 0 if summary["status"] == results.STATUS_COMPLETED else 1
                 if kept_codes[p.num]:
                     sweep.failed_runs.append(str(p.run_dir))
                 record.write("kept", p, status=summary["status"])
@@ -301,7 +304,7 @@ def launch(points: Sequence[Point], queue: Any, hydra_context: Any, task_functio
         for p in pending:
             if p.num in preempted:  # stopped at a checkpoint, its summary says interrupted
                 _record_row(p, sweep_dir)
-                codes[p.num] = _EXIT_INTERRUPTED
+                codes[p.num] = EXIT_INTERRUPTED
             record.write("not_resumed" if p.num in preempted else "not_started", p)
         if pending:
             out.line("not started: " + ", ".join(f"{p.label(total)} {' '.join(p.overrides)}"
@@ -328,15 +331,16 @@ def _preempt(run: _Live, job: Any, scheduler: Any, record: _Recorder, out: _Outp
 def _requeue(run: _Live, record: _Recorder, out: _Output, total: int) -> bool:
     """A preempted point's process ended: True when it stopped to be resumed (exit 130 and
     not completed or failed meanwhile), recorded as ``stopped``; False: it ended for good."""
-    from orchestrator import results, resume
+    from orchestrator import resume
+    from orchestrator.rundir import results
 
     code = run.proc.wait()
     for relay in run.relays:
         relay.join(timeout=5)
     status = (results.read_summary(run.point.run_dir) or {}).get("status")
     if code == -resume.PREEMPT_SIGNAL:  # before its handler was set: nothing had started
-        code = _EXIT_INTERRUPTED
-    if code != _EXIT_INTERRUPTED or status in (results.STATUS_COMPLETED,
+        code = EXIT_INTERRUPTED
+    if code != EXIT_INTERRUPTED or status in (results.STATUS_COMPLETED,
                                                results.STATUS_FAILED):
         return False
     record.write("stopped", run.point, exit_code=code, status=status)
@@ -346,11 +350,11 @@ def _requeue(run: _Live, record: _Recorder, out: _Output, total: int) -> bool:
 
 def _record_row(point: Point, sweep_dir: Path) -> None:
     """runs.csv row of a preempted point the sweep will not resume (its process skipped it)."""
-    from orchestrator import results, sweep
+    from orchestrator.rundir import index, results
 
     summary = results.read_summary(point.run_dir)
     if summary is not None:
-        sweep.append_run_row(sweep_dir / sweep.RUNS_CSV, point.overrides,
+        index.append_run_row(sweep_dir / index.RUNS_CSV, point.overrides,
                              point.run_dir, summary)
 
 
@@ -413,16 +417,18 @@ def _feed(stdin: IO[bytes], data: bytes) -> None:
 
 
 def _finish(run: _Live, record: _Recorder, out: _Output, total: int) -> int:
-    from orchestrator import results, sweep
+    from orchestrator import sweep
+    from orchestrator.rundir import results
 
     code = run.proc.wait()
     for relay in run.relays:
         relay.join(timeout=5)
     if code in (-signal.SIGINT, -signal.SIGTERM):  # stopped before its handlers were set
-        code = _EXIT_INTERRUPTED  # (a Ctrl-C during its start): interrupted, not failed
+        code = EXIT_INTERRUPTED  # (a Ctrl-C during its start): interrupted, not failed
     summary = results.read_summary(run.point.run_dir) or {}
-    status = summary.get("status") or {0: "completed", 2: "config error",
-                                       _EXIT_INTERRUPTED: "interrupted"}.get(code, "failed")
+    status = summary.get("status") or {
+        0: results.STATUS_COMPLETED, CONFIG_ERROR_EXIT_CODE: "config error",
+        EXIT_INTERRUPTED: results.STATUS_INTERRUPTED}.get(code, results.STATUS_FAILED)
     if code != 0 or status != results.STATUS_COMPLETED:
         sweep.failed_runs.append(str(run.point.run_dir))
     record.write("ended", run.point, exit_code=code, status=status)
@@ -512,7 +518,7 @@ def child_main() -> int:
                       config=payload["config"], job_dir_key="hydra.sweep.dir",
                       job_subdir_key="hydra.sweep.subdir")
     except KeyboardInterrupt:
-        return _EXIT_INTERRUPTED
+        return EXIT_INTERRUPTED
     if ret.status == JobStatus.FAILED:
         error = ret._return_value
         traceback.print_exception(error)

@@ -19,8 +19,8 @@ from typing import Any
 
 import yaml
 
-from orchestrator import sweep
-from orchestrator.results import CONFIG_FILE
+from orchestrator.rundir import index
+from orchestrator.rundir.results import CONFIG_FILE
 from orchestrator.version import add_version_argument, prog_name
 from provisioning.journal import JOURNAL_FILE, clean_up
 
@@ -66,7 +66,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             acted += 1
     print(f"{len(journals)} journal(s) checked, {acted} resource(s) released")
     for path in args.paths:  # runs whose orchestrator died: status killed, row in runs.csv
-        for run_dir in sweep.mark_killed_runs(path) if path.is_dir() else []:
+        for run_dir in index.mark_killed_runs(path) if path.is_dir() else []:
             print(f"{run_dir}: status killed (the orchestrator died before writing a summary)")
     return 0
 

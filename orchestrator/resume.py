@@ -30,13 +30,15 @@ What happens, in order, with nothing created before the checks pass:
    launcher and queue) through Hydra; the task (``run_one``) and the parallel launcher ask this
    module what to do with each point (:func:`kept_summary`, :func:`prepare_point`).
 
-A resumed run's summary keeps its ``run_id``; ``wall_time_s`` and ``cost_usd`` add up every
+A resumed run's summary is built as every run's is, by the run directory's one fold
+(orchestrator/rundir/record.py) over every attempt's events, the ``resumed`` event this module
+hands the run included: it keeps its ``run_id``; ``wall_time_s`` and ``cost_usd`` add up every
 attempt's time (from its events; the time the orchestrator was dead is not counted, though a
-cloud VM it left bills until step 2 or ``orchestrator.gc`` deletes it); the
-recovery counts are every attempt's (the fold of the earlier events, orchestrator/record.py);
-``lost_steps`` also adds, per resume, the steps the dead attempt's chief had recorded past the
-checkpoint the resume went on from (:func:`last_recorded_step`), and those of a newer
-checkpoint the new chief found damaged and skipped. Crash points for testing:
+cloud VM it left bills until step 2 or ``orchestrator.gc`` deletes it); the recovery counts and
+phases are every attempt's; ``lost_steps`` also adds, per resume, the steps the dead attempt's
+chief had recorded past the checkpoint the resume went on from, and those of a newer checkpoint
+the new chief found damaged and skipped. This module decides what to keep, resume or start,
+and writes nothing of the record itself. Crash points for testing:
 orchestrator/killpoints.py.
 """
 
@@ -53,13 +55,14 @@ from typing import Any
 
 import yaml
 
-from orchestrator import killpoints, results, sweep
-from orchestrator.record import fold_events_file, join_phases, make_run_id
+from orchestrator import killpoints, sweep
+from orchestrator.rundir import index, results
+from orchestrator.rundir.record import fold_events_file, make_run_id
 from provisioning import catalog
 
 #: Set (to "1", or "retry-failed") by the entry point for this process and its sweep points.
 ENV = "TRANSIENT_RESUMING"
-RESUMED_EVENT = "resumed"
+RESUMED_EVENT = results.EVENT_RESUMED
 PREVIOUS_DIR = "previous"
 MULTIRUN_FILE = "multirun.yaml"
 #: Held by a resume from its first check to its exit: a second resume of the same directory
@@ -112,7 +115,7 @@ class Target:
 
     @property
     def runs_csv(self) -> Path:
-        return self.path / sweep.RUNS_CSV
+        return self.path / index.RUNS_CSV
 
 
 # --- the state of a point, from its directory ------------------------------------------------
@@ -268,7 +271,7 @@ def find_target(path: Path) -> Target:
         target = Target(path, True, ["-m", *task, *extra, f"hydra.sweep.dir={path}"])
         params = (hydra.get("sweeper") or {}).get("params") or {}
         combos = sweep.expand_sweep([f"{k}={v}" for k, v in params.items()] + task)
-        by_overrides = {tuple(sweep._overrides(d)): d for d in sorted(path.iterdir())
+        by_overrides = {tuple(index.recorded_overrides(d)): d for d in sorted(path.iterdir())
                         if (d / ".hydra" / "overrides.yaml").exists()}
         for num, combo in enumerate(combos):
             run_dir = by_overrides.get(tuple(combo), path / str(num))
@@ -276,8 +279,9 @@ def find_target(path: Path) -> Target:
         described = {p.run_dir for p in target.points}
         strays = [d for d in by_overrides.values() if d not in described]
         if strays:  # a torn or edited multirun.yaml: its points would be dropped silently
+            stray = " ".join(index.recorded_overrides(strays[0]))
             raise ResumeRefused(f"resume: {path / MULTIRUN_FILE} does not describe the sweep's "
-                                f"point {strays[0]} ({' '.join(sweep._overrides(strays[0]))}): "
+                                f"point {strays[0]} ({stray}): "
                                 "the file is damaged or was edited; restore it (Hydra writes "
                                 "it when the sweep starts)")
         return target
@@ -285,7 +289,7 @@ def find_target(path: Path) -> Target:
     if not (path / results.CONFIG_FILE).exists() or not isinstance(hydra_file, dict):
         raise ResumeRefused(f"resume: {path} is neither a sweep directory ({MULTIRUN_FILE}) "
                             f"nor a run directory ({results.CONFIG_FILE} and .hydra/)")
-    task = sweep._overrides(path)
+    task = index.recorded_overrides(path)
     extra = [str(o) for o in ((hydra_file.get("hydra") or {}).get("overrides") or {})
              .get("hydra") or [] if not o.startswith(("hydra.run.dir=", "hydra.mode="))]
     target = Target(path, False, [*task, *extra, f"hydra.run.dir={path}"])
@@ -378,12 +382,7 @@ class Resumption:
     previous_status: str
     from_step: int
     last_step: int
-    earlier_s: float  # seconds the earlier attempts held hosts
-    # the earlier attempts' counts (the fold of their events; lost steps include the steps
-    # each earlier resume lost): the summary is the run's, not only this attempt's
-    earlier: dict[str, int] = field(default_factory=dict)
-    run_dir: Path | None = None  # where this attempt's events go (its restore step is read)
-    earlier_phases: list[dict[str, Any]] = field(default_factory=list)  # the attempts' before
+    earlier_s: float  # seconds the earlier attempts held hosts (recorded, for the reader)
 
     @property
     def cluster_id(self) -> str:
@@ -398,29 +397,6 @@ class Resumption:
         return {"attempt": self.attempt, "previous_status": self.previous_status,
                 "from_step": self.from_step, "last_step": self.last_step,
                 "lost_steps": self.lost_steps, "earlier_s": round(self.earlier_s, 3)}
-
-    def fold_into(self, summary: dict[str, Any], hourly_usd: float) -> None:
-        """This attempt's summary → the run's: every attempt's time and cost, lost steps."""
-        summary["run_id"] = self.run_id
-        summary["wall_time_s"] = round(summary["wall_time_s"] + self.earlier_s, 3)
-        summary["cost_usd"] = round(catalog.cost_usd([hourly_usd], summary["wall_time_s"]), 6)
-        for key, value in self.earlier.items():
-            summary[key] = int(summary.get(key) or 0) + value
-        summary["phases"] = join_phases([*self.earlier_phases, *(summary.get("phases") or [])])
-        # a chief that found the newest checkpoint damaged (killed mid-write) restored an
-        # older one: the steps between the two are lost as well
-        restored = (fold_events_file(self.run_dir / results.EVENTS_FILE).attempt_restored
-                    if self.run_dir is not None else None)
-        start = self.from_step if restored is None else min(restored, self.from_step)
-        summary["lost_steps"] = (int(summary.get("lost_steps") or 0) + self.lost_steps
-                                 + self.from_step - start)
-        train = summary.get("train_time_s")  # this attempt's: its rate, not the run's steps
-        done = summary["global_steps"] - start
-        summary["steps_per_sec"] = round(done / train, 4) if train and done > 0 else None
-        if summary["steps_per_sec"] is None and self.run_dir is not None:
-            # resumed from its last checkpoint, nothing left to train: the rate it had
-            speed = measured_steps_per_sec(self.run_dir)
-            summary["steps_per_sec"] = None if speed is None else round(speed, 4)
 
 
 def prepare_point(run_dir: Path) -> Resumption | None:
@@ -440,14 +416,10 @@ def prepare_point(run_dir: Path) -> Resumption | None:
     spec = results.read_json_object(run_dir / results.SPEC_FILE)
     run_id = str(spec.get("run_id") or make_run_id(str(recorded_config(run_dir)["name"])))
     state = fold_events_file(run_dir / results.EVENTS_FILE)  # every attempt's, one fold
-    earlier = {key: int(getattr(state, key)) for key in
-               ("revocations", "replacements", "recoveries", "restarts", "lost_steps")}
-    earlier["lost_steps"] += state.resumed_lost_steps
     from_step = newest_checkpoint_step(run_dir / results.CHECKPOINT_DIR)
     # step events come every report_every_s: a checkpoint may be newer than the last of them
     resumption = Resumption(run_id, state.resumes + 2, status, from_step,
-                            max(from_step, state.attempt_reach), state.attempts_s, earlier,
-                            run_dir, state.all_phases())
+                            max(from_step, state.attempt_reach), state.attempts_s)
     for stale in (results.SUMMARY_FILE, results.SUMMARY_FILE + ".tmp", results.ERROR_FILE):
         (run_dir / stale).unlink(missing_ok=True)
     killpoints.hit("resume")
@@ -562,9 +534,9 @@ def start(argv: list[str]) -> list[str] | None:
     for line in clean_up(target):
         print(line, file=sys.stderr)
     kept = {p.run_dir: p.overrides for p in target.points if p.action == KEEP}
-    sweep.reconcile_runs_csv(target.runs_csv, kept)
+    index.reconcile_runs_csv(target.runs_csv, kept)
     if target.is_sweep:
-        sweep.repair_launches(target.path, {a: [p.num for p in target.points if p.action == a]
+        index.repair_launches(target.path, {a: [p.num for p in target.points if p.action == a]
                                             for a in (KEEP, RESUME, START, RERUN)})
     for line in describe(target):
         print(line)

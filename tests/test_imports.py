@@ -139,7 +139,7 @@ def test_the_graph_sees_our_packages() -> None:
     """The walk finds the modules and the edges we know exist (else every rule passes vacuously)."""
     graph = import_graph()
     assert "orchestrator.__main__" in graph and "trainer.loop" in graph
-    assert "orchestrator.record" in graph["orchestrator.runtime.supervisor"]
+    assert "orchestrator.rundir.record" in graph["orchestrator.runtime.supervisor"]
     assert "orchestrator.transient.recovery" in graph["orchestrator.simulate.engine"]
     # a function-level import counts: the planner's command reaches the planner
     assert "orchestrator.simulate.planner" in graph["orchestrator.plan.__main__"]

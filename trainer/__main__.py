@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     from trainer.startup import STARTUP
     events.set_identity(args.role, args.index)
     STARTUP.mark("interpreter")
-    if args.role == "evaluator":
+    if args.role == layout.ROLE_EVALUATOR:
         os.nice(EVALUATOR_NICE)
     watch_preemption_notice()  # every role: `preemption_notice` event when the file appears
     watch_lease()  # every role: ends once the orchestrator stops renewing its lease
@@ -96,21 +96,21 @@ def main(argv: list[str] | None = None) -> int:
         from trainer.spec import TrainerSpec
         spec = TrainerSpec.from_json(args.spec)
         folders += [spec.layout.root, spec.layout.checkpoints]  # gs:// ones: not statvfs'd
-        if args.role in ("ps", "worker"):
+        if args.role in (layout.ROLE_PS, layout.ROLE_WORKER):
             from trainer.server import run_server
             run_server(spec, args.role, args.index)
             return 0
-        if args.role == "chief":
+        if args.role == layout.ROLE_CHIEF:
             from trainer.loop import train
             train(spec)
         else:
             from trainer.evaluator import run_evaluator
             run_evaluator(spec)
     except KeyboardInterrupt:
-        return 130
+        return layout.EXIT_INTERRUPTED
     except BaseException as exc:  # report every failure as an event, then exit non-zero
         traceback.print_exc()
-        events.emit("failure", error=f"{type(exc).__name__}: {exc}",
+        events.emit(events.EVENT_FAILURE, error=f"{type(exc).__name__}: {exc}",
                     **events.disk_full_fields(exc, folders))
         return 1
     return 0

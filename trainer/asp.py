@@ -123,8 +123,8 @@ class AspRunner:
 
         def use(fn: Callable) -> None:
             self.ready[k] = fn
-            events.emit("closure_unrolled", steps=k, trace_s=round(time.time() - started, 3),
-                        protocol="asp")
+            events.emit(events.EVENT_CLOSURE_UNROLLED, steps=k,
+                        trace_s=round(time.time() - started, 3), protocol="asp")
 
         prepare_unrolled(self.unrolled(k), self.args, use, background,
                          self.coordinator.strategy.scope)

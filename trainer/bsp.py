@@ -216,8 +216,8 @@ class BspRunner:
 
         def use(fn: Callable) -> None:
             self.ready[k] = fn
-            events.emit("closure_unrolled", steps=k, trace_s=round(time.time() - started, 3),
-                        protocol="bsp")
+            events.emit(events.EVENT_CLOSURE_UNROLLED, steps=k,
+                        trace_s=round(time.time() - started, 3), protocol="bsp")
 
         prepare_unrolled(self.steps.bsp_rounds(k), (*self.args, tf.constant(0, tf.int64)),
                          use, background, self.coordinator.strategy.scope)

@@ -63,5 +63,5 @@ def restore_newest(restore: Callable[[str], Any], candidates: list[str]) -> str 
         used = path
         break
     for path, error in skipped:
-        events.emit("checkpoint_skipped", path=path, error=error, used=used)
+        events.emit(events.EVENT_CHECKPOINT_SKIPPED, path=path, error=error, used=used)
     return used

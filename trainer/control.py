@@ -153,7 +153,7 @@ class NoticeWatcher:
                         time.sleep(self.poll_s)
                         continue
                     self.notice = {}
-                events.emit("preemption_notice", deadline=self.notice.get("deadline"),
+                events.emit(events.EVENT_PREEMPTION_NOTICE, deadline=self.notice.get("deadline"),
                             host_id=self.notice.get("host_id"))
                 self.received.set()
                 return
@@ -212,7 +212,7 @@ def watch_lease(environ: dict[str, str] | None = None,
             reason = lease_lapsed(path, token, term_s)
             if reason is not None:
                 try:
-                    events.emit("lease_lost", reason=reason)
+                    events.emit(events.EVENT_LEASE_LOST, reason=reason)
                     sys.stdout.flush()
                     sys.stderr.flush()
                 finally:  # a closed stdout (its reader gone) must not keep the role alive
@@ -229,7 +229,7 @@ _ps_lost_lock = threading.Lock()
 def ps_lost(error: str) -> NoReturn:
     """Emit the `ps_unavailable` failure once and leave with exit code 3, now."""
     with _ps_lost_lock:
-        events.emit("failure", error=error[:500], error_kind="ps_unavailable")
+        events.emit(events.EVENT_FAILURE, error=error[:500], error_kind="ps_unavailable")
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(EXIT_PS_UNAVAILABLE)

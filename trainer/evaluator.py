@@ -32,7 +32,7 @@ def run_evaluator(spec: TrainerSpec, max_wait_s: float | None = None) -> dict[st
     first. One it cannot evaluate is reported as `eval_skipped` `{"step", "checkpoint",
     "reason"}`: deleted by the chief's rotation (`job.keep_checkpoints`) before its turn, or
     damaged (`checkpoint_skipped` says why). The run's summary lists every checkpoint never
-    evaluated (`eval_skipped`, orchestrator/record.py), those deleted while no evaluator ran
+    evaluated (`eval_skipped`, orchestrator/rundir/record.py), those deleted while no evaluator ran
     included. Raises TimeoutError after `max_wait_s` without a DONE marker (None = wait for
     ever, the orchestrator stops us).
     """
@@ -43,7 +43,7 @@ def run_evaluator(spec: TrainerSpec, max_wait_s: float | None = None) -> dict[st
     model = build_model(job.model, job.hparam_set, arrays.input_shape, arrays.num_classes)
     dataset = eval_dataset(arrays)
     writer = tf.summary.create_file_writer(spec.layout.tensorboard("eval"))
-    events.emit("ready", address=None)
+    events.emit(events.EVENT_READY, address=None)
     STARTUP.done("model")
 
     @tf.function
@@ -69,7 +69,7 @@ def run_evaluator(spec: TrainerSpec, max_wait_s: float | None = None) -> dict[st
             write_scalar("accuracy", accuracy, step)
             write_scalar("loss", mean_loss, step)
         writer.flush()
-        return events.emit("eval", step=step, accuracy=round(accuracy, 5),
+        return events.emit(events.EVENT_EVAL, step=step, accuracy=round(accuracy, 5),
                            loss=round(mean_loss, 5), final=final, checkpoint=path)
 
     def evaluate_newest(candidates: list[str], final: bool) -> dict[str, Any] | None:
@@ -96,11 +96,11 @@ def run_evaluator(spec: TrainerSpec, max_wait_s: float | None = None) -> dict[st
             if result is not None:
                 last = result
             elif not Path(f"{path}.index").exists():
-                events.emit("eval_skipped", step=step, checkpoint=path,
+                events.emit(events.EVENT_EVAL_SKIPPED, step=step, checkpoint=path,
                             reason="deleted by the chief's rotation (job.keep_checkpoints) "
                                    "before the evaluator reached it")
             else:
-                events.emit("eval_skipped", step=step, checkpoint=path,
+                events.emit(events.EVENT_EVAL_SKIPPED, step=step, checkpoint=path,
                             reason="damaged (see checkpoint_skipped)")
         return last
 
@@ -115,7 +115,7 @@ def run_evaluator(spec: TrainerSpec, max_wait_s: float | None = None) -> dict[st
             if last_event and last_path == done["checkpoint"]:  # already evaluated: re-label
                 fields = {k: v for k, v in last_event.items()
                           if k not in ("kind", "time", "role", "index", "final")}
-                return events.emit("eval", **fields, final=True)
+                return events.emit(events.EVENT_EVAL, **fields, final=True)
             final = done["checkpoint"]
             older = [p for p in checkpoint_paths(ckpt_dir) if _step_of(p) < _step_of(final)]
             result = evaluate_newest([final, *older], final=True)

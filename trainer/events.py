@@ -13,17 +13,43 @@ from typing import Any
 
 from trainer.layout import EVENT_PREFIX
 
+# One constant per kind, so the trainer, the orchestrator, the simulator and analysis name each
+# kind once (the orchestrator's own kinds live beside their owners: orchestrator/rundir/results.py).
+EVENT_READY = "ready"
+EVENT_TRAIN_START = "train_start"
+EVENT_PHASE_START = "phase_start"
+EVENT_PHASE_END = "phase_end"
+EVENT_STEP = "step"
+EVENT_CHECKPOINT = "checkpoint"
+EVENT_EVAL = "eval"
+EVENT_WORKER_FAILURE = "worker_failure"
+EVENT_FAILURE = "failure"
+EVENT_TRAIN_END = "train_end"
+# transient servers (issue 4): see trainer/loop.py and trainer/control.py for the fields
+EVENT_WORKER_STEPS = "worker_steps"
+EVENT_WORKER_REJOINED = "worker_rejoined"
+EVENT_PROTOCOL_SWITCH = "protocol_switch"
+EVENT_PREEMPTION_NOTICE = "preemption_notice"
+# performance and recovery (issues 11, 12): trainer/loop.py, trainer/startup.py
+EVENT_STEPS_PER_CLOSURE = "steps_per_closure"
+EVENT_CLOSURE_UNROLLED = "closure_unrolled"
+EVENT_STARTUP = "startup"
+EVENT_CHECKPOINT_SKIPPED = "checkpoint_skipped"
+EVENT_WORKER_UNRESPONSIVE = "worker_unresponsive"
+EVENT_WORKER_RESPONSIVE = "worker_responsive"
+EVENT_PS_UNRESPONSIVE = "ps_unresponsive"
+EVENT_PS_RESPONSIVE = "ps_responsive"
+EVENT_EVAL_SKIPPED = "eval_skipped"
+# held-out faults (issue 22): trainer/control.py `watch_lease`
+EVENT_LEASE_LOST = "lease_lost"
+
 KINDS = frozenset({
-    "ready", "train_start", "phase_start", "phase_end", "step", "checkpoint", "eval",
-    "worker_failure", "failure", "train_end",
-    # transient servers (issue 4): see trainer/loop.py and trainer/control.py for the fields
-    "worker_steps", "worker_rejoined", "protocol_switch", "preemption_notice",
-    # performance and recovery (issues 11, 12): trainer/loop.py, trainer/startup.py
-    "steps_per_closure", "closure_unrolled", "startup", "checkpoint_skipped",
-    "worker_unresponsive", "worker_responsive", "ps_unresponsive", "ps_responsive",
-    "eval_skipped",
-    # held-out faults (issue 22): trainer/control.py `watch_lease`
-    "lease_lost",
+    EVENT_READY, EVENT_TRAIN_START, EVENT_PHASE_START, EVENT_PHASE_END, EVENT_STEP,
+    EVENT_CHECKPOINT, EVENT_EVAL, EVENT_WORKER_FAILURE, EVENT_FAILURE, EVENT_TRAIN_END,
+    EVENT_WORKER_STEPS, EVENT_WORKER_REJOINED, EVENT_PROTOCOL_SWITCH, EVENT_PREEMPTION_NOTICE,
+    EVENT_STEPS_PER_CLOSURE, EVENT_CLOSURE_UNROLLED, EVENT_STARTUP, EVENT_CHECKPOINT_SKIPPED,
+    EVENT_WORKER_UNRESPONSIVE, EVENT_WORKER_RESPONSIVE, EVENT_PS_UNRESPONSIVE,
+    EVENT_PS_RESPONSIVE, EVENT_EVAL_SKIPPED, EVENT_LEASE_LOST,
 })
 
 _identity: dict[str, Any] = {"role": "unknown", "index": 0}

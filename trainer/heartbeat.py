@@ -28,6 +28,7 @@ import threading
 import time
 
 from trainer import events
+from trainer.layout import ROLE_PS, ROLE_WORKER
 
 HEARTBEAT_S = 1.0
 UNRESPONSIVE_S = 4.0
@@ -49,13 +50,16 @@ def unresponsive_ps() -> frozenset[int]:
 
 def start_heartbeats(addresses: list[str], period_s: float = HEARTBEAT_S,
                      unresponsive_s: float = UNRESPONSIVE_S,
-                     job: str = "worker") -> threading.Event:
+                     job: str = ROLE_WORKER) -> threading.Event:
     """One daemon thread per address of `job` ("worker" or "ps"; index = position in the
     cluster spec); they stop after their current beat once the returned event is set."""
     import grpc
 
     stop = threading.Event()
-    silent_now = _silent_ps if job == "ps" else _silent
+    silent_now = _silent_ps if job == ROLE_PS else _silent
+    went_silent, answers = (
+        (events.EVENT_PS_UNRESPONSIVE, events.EVENT_PS_RESPONSIVE) if job == ROLE_PS
+        else (events.EVENT_WORKER_UNRESPONSIVE, events.EVENT_WORKER_RESPONSIVE))
 
     def beat(index: int, address: str) -> None:
         status = grpc.insecure_channel(address).unary_unary(STATUS_RPC)
@@ -71,12 +75,12 @@ def start_heartbeats(addresses: list[str], period_s: float = HEARTBEAT_S,
             if hung and silent_since is None:
                 silent_since = started
                 silent_now.add(index)
-                events.emit(f"{job}_unresponsive", **{job: index},
+                events.emit(went_silent, **{job: index},
                             silent_s=round(time.time() - started, 1))
             elif not hung and silent_since is not None:
                 silent_now.discard(index)
                 if answered:
-                    events.emit(f"{job}_responsive", **{job: index},
+                    events.emit(answers, **{job: index},
                                 silent_s=round(time.time() - silent_since, 1))
                 silent_since = None
             stop.wait(max(0.0, period_s - (time.time() - started)))

@@ -33,6 +33,8 @@ EVENT_PREFIX = "@event "
 EXIT_PS_UNAVAILABLE = 3
 #: 128 + SIGTERM, what a shell reports for a process ended by TERM.
 EXIT_SIGTERM = 143
+#: 128 + SIGINT: a process (trainer role, run, sweep, controller command) stopped by Ctrl-C.
+EXIT_INTERRUPTED = 130
 #: Environment variable every runner sets to the host's preemption-notice file (absolute path).
 NOTICE_ENV = "TRANSIENT_PREEMPTION_NOTICE"
 #: The role's lease (trainer/control.py `watch_lease`): the lease file's path, the generation

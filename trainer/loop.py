@@ -92,22 +92,24 @@ def train(spec: TrainerSpec) -> None:
     # cluster: connect to the parameter servers and workers
     wait_for_servers(spec)
     STARTUP.mark("wait_servers")
-    control.start_ps_watchdog(spec.cluster["ps"])
+    control.start_ps_watchdog(spec.cluster[layout.ROLE_PS])
     resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
-        tf.train.ClusterSpec(spec.cluster), task_type="chief", task_id=0, rpc_layer="grpc")
+        tf.train.ClusterSpec(spec.cluster), task_type=layout.ROLE_CHIEF, task_id=0,
+        rpc_layer="grpc")
     strategy = tf.distribute.ParameterServerStrategy(resolver)
     tfcompat.install()  # a hung worker must not stall the others (trainer/tfcompat.py)
     coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
     membership = Membership()
     logging.getLogger("tensorflow").addHandler(WorkerFailureEvents(membership))
     watch_rejoins(coordinator, membership)
-    start_heartbeats(spec.cluster["worker"])
-    start_heartbeats(spec.cluster["ps"], job="ps")  # a frozen PS stalls every worker at once
+    start_heartbeats(spec.cluster[layout.ROLE_WORKER])
+    # a frozen PS stalls every worker at once
+    start_heartbeats(spec.cluster[layout.ROLE_PS], job=layout.ROLE_PS)
     try:
         _train(spec, tf, strategy, coordinator, notice, arrays, membership)
     except Exception as exc:
         if "job:ps" in str(exc) or "PSUnavailable" in type(exc).__name__ or (
-                control.unreachable(spec.cluster["ps"])):
+                control.unreachable(spec.cluster[layout.ROLE_PS])):
             control.ps_lost(f"{type(exc).__name__}: {exc}")
         raise
 
@@ -192,12 +194,12 @@ def make_runners(spec: TrainerSpec, coordinator: Any, steps: Steps, args: tuple,
 
     def chosen(protocol: str) -> Callable[[int, float], None]:
         def emit(steps: int, step_time_s: float) -> None:
-            events.emit("steps_per_closure", steps=steps, auto=True, protocol=protocol,
+            events.emit(events.EVENT_STEPS_PER_CLOSURE, steps=steps, auto=True, protocol=protocol,
                         step_time_s=round(step_time_s, 5))
         return emit
 
     if job.steps_per_closure:
-        events.emit("steps_per_closure", steps=job.steps_per_closure, auto=False,
+        events.emit(events.EVENT_STEPS_PER_CLOSURE, steps=job.steps_per_closure, auto=False,
                     protocol=None, step_time_s=None)
     return {"asp": AspRunner(coordinator, steps.asp, args, workers, job.steps_per_closure,
                              chosen("asp"), steps.asp_unrolled),
@@ -270,8 +272,8 @@ class TrainingLoop:
         self.train_started = self.acting = time.time()
         self.v.train_epoch.assign(self.train_started)
         self.channel.start()
-        events.emit("train_start", step=self.progress.step, workers=self.spec.num_workers,
-                    resumed_from=self.checkpoints.resumed_from)
+        events.emit(events.EVENT_TRAIN_START, step=self.progress.step,
+                    workers=self.spec.num_workers, resumed_from=self.checkpoints.resumed_from)
         self.meter.restart(self.progress.step)
         for index, phase in enumerate(self.spec.phases):
             if self.progress.units >= self.budget.ends[index]:
@@ -290,9 +292,9 @@ class TrainingLoop:
         switched = self.switch_to(self.channel.state.protocol or self.scheduled)
         STARTUP.done("first_step")
         if self.previous_phase:
-            events.emit("phase_end", **self.previous_phase,
+            events.emit(events.EVENT_PHASE_END, **self.previous_phase,
                         switch_s=round(switched - switch_started, 3))
-        events.emit("phase_start", protocol=progress.protocol, scheduled=self.scheduled,
+        events.emit(events.EVENT_PHASE_START, protocol=progress.protocol, scheduled=self.scheduled,
                     step=phase_start_step, phase=index, hparams=phase.hparams)
         while progress.units < self.budget.ends[index]:
             wanted = self.channel.state.protocol or self.scheduled
@@ -308,7 +310,8 @@ class TrainingLoop:
         from `self.acting`, when the loop could first act on the request."""
         before, step = self.progress.protocol, self.progress.step
         switched = self.switch_to(wanted)
-        events.emit("protocol_switch", step=step, switch_s=round(switched - self.acting, 3),
+        events.emit(events.EVENT_PROTOCOL_SWITCH, step=step,
+                    switch_s=round(switched - self.acting, 3),
                     detect_s=round(max(0.0, self.channel.seen_at - self.channel.mtime), 3),
                     reason="control", **{"from": before, "to": wanted})
 
@@ -350,7 +353,7 @@ class TrainingLoop:
         started = time.time()
         self.v.units_used.assign(self.progress.units)
         path = self.checkpoints.save(self.progress.step)
-        events.emit("checkpoint", step=self.progress.step, path=path, reason=reason,
+        events.emit(events.EVENT_CHECKPOINT, step=self.progress.step, path=path, reason=reason,
                     duration_s=round(time.time() - started, 3))
         return path
 
@@ -388,7 +391,7 @@ class TrainingLoop:
         progress = self.progress
         self.account(self.runners["asp"].drain())  # every closure, not those of hung workers
         if self.previous_phase:
-            events.emit("phase_end", **self.previous_phase, switch_s=0.0)
+            events.emit(events.EVENT_PHASE_END, **self.previous_phase, switch_s=0.0)
         final_path = self.save_checkpoint("final")
         self.meter.observe(self.read_step, [], force=True)
         updates, gradients = int(self.v.bsp_updates.numpy()), int(self.v.bsp_gradients.numpy())
@@ -400,7 +403,7 @@ class TrainingLoop:
                                     "bsp_updates": updates, "bsp_gradients": gradients,
                                     "bsp_groups": groups, "budget_units": progress.units})
         self.writer.flush()
-        events.emit("train_end", step=progress.step,
+        events.emit(events.EVENT_TRAIN_END, step=progress.step,
                     train_time_s=round(time.time() - self.train_started, 3))
 
 
@@ -414,7 +417,7 @@ def apply_phase_hparams(phase: PhaseSpec, spec: TrainerSpec, optimizer: PSOptimi
 def wait_for_servers(spec: TrainerSpec, timeout_s: float = SERVER_WAIT_S) -> None:
     """Block until every ps and worker port accepts TCP, so a slow server start is not an
     error. Raises TimeoutError naming the addresses that never came up."""
-    waiting = [a for job in ("ps", "worker") for a in spec.cluster[job]]
+    waiting = [a for job in (layout.ROLE_PS, layout.ROLE_WORKER) for a in spec.cluster[job]]
     deadline = time.time() + timeout_s
     while waiting and time.time() < deadline:
         host, _, port = waiting[0].rpartition(":")

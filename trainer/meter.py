@@ -84,7 +84,8 @@ class Meter:
             with contextlib.suppress(queue.Full):  # busy on a hung worker: skip this sample
                 self._jobs.put_nowait(job)
         lr = float(f"{self.lr_of(step):.6g}")  # the PS holds float32; drop its noise digits
-        events.emit("step", step=step, loss=self.loss, steps_per_sec=round(rate, 2), lr=lr)
+        events.emit(events.EVENT_STEP, step=step, loss=self.loss, steps_per_sec=round(rate, 2),
+                    lr=lr)
         with self.writer.as_default():
             write_scalar("steps_per_sec", rate, step)
             write_scalar("learning_rate", lr, step)
@@ -134,7 +135,7 @@ class Meter:
             total[1] += float(steps)
         for worker, (seconds, steps) in sorted(times.items()):
             mean = seconds / max(steps, 1.0)
-            events.emit("worker_steps", worker=worker, step_time_s=round(mean, 5),
+            events.emit(events.EVENT_WORKER_STEPS, worker=worker, step_time_s=round(mean, 5),
                         steps=int(steps), step=step)
             with self.writer.as_default():
                 write_scalar(f"worker_step_time_s/{worker}", mean, step)
@@ -166,7 +167,7 @@ class WorkerFailureEvents(logging.Handler):
             self.membership.failed(worker, lost)
         if lost:
             error = str(record.args[1]) if record.args and len(record.args) > 1 else ""
-            events.emit("worker_failure", worker=device if worker is None else worker,
+            events.emit(events.EVENT_WORKER_FAILURE, worker=device if worker is None else worker,
                         error=error[:300])
 
 
@@ -183,6 +184,6 @@ def watch_rejoins(coordinator: Any, membership: Membership | None = None) -> Non
             original()
             if membership is not None:
                 membership.rejoined(index)
-            events.emit("worker_rejoined", worker=index)
+            events.emit(events.EVENT_WORKER_REJOINED, worker=index)
 
         worker._on_worker_recovery = recovered

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
-from trainer.data import cache_root, find_cifar_files
+from trainer.data import cache_root
+from trainer.datasets import find_cifar_files
 from trainer.registry import Registry
 
 SHUFFLE_BUFFER = 10_000

@@ -15,6 +15,7 @@ from typing import Any
 
 from trainer import events
 from trainer.control import unreachable
+from trainer.layout import ROLE_CHIEF, ROLE_PS, ROLE_WORKER
 from trainer.spec import TrainerSpec
 from trainer.startup import STARTUP, import_server_lib
 
@@ -42,24 +43,24 @@ def run_server(spec: TrainerSpec, role: str, index: int) -> None:
     The cluster given to TensorFlow holds ps, worker and chief, so that every server knows
     every peer; the evaluator is not part of it.
     """
-    late = not unreachable(spec.cluster.get("chief", [])[:1], timeout_s=0.5)
+    late = not unreachable(spec.cluster.get(ROLE_CHIEF, [])[:1], timeout_s=0.5)
     if late:
         print(f"[{role}] joining a running job: TensorFlow imported at nice "
               f"{LATE_JOIN_IMPORT_NICE}", flush=True)
     server_lib, config_pb2 = at_nice(import_server_lib, LATE_JOIN_IMPORT_NICE if late else 0)
-    assert role in ("ps", "worker"), f"run_server: role must be ps or worker (got {role})"
+    assert role in (ROLE_PS, ROLE_WORKER), f"run_server: role must be ps or worker (got {role})"
     if index in spec.gpu_tasks.get(role, []):
         require_gpu(role, index)
     addresses = spec.cluster[role]
     assert 0 <= index < len(addresses), (
         f"--index {index}: cluster.{role} has {len(addresses)} entries")
-    intra = (PS_INTRA_OP_THREADS if role == "ps"
+    intra = (PS_INTRA_OP_THREADS if role == ROLE_PS
              else intra_op_threads(addresses, index, usable_cpus()))
     config = config_pb2.ConfigProto(inter_op_parallelism_threads=INTER_OP_THREADS,
                                     intra_op_parallelism_threads=intra)
     server = server_lib.Server(server_lib.ClusterSpec(spec.cluster), job_name=role,
                                task_index=index, protocol="grpc", config=config, start=True)
-    events.emit("ready", address=addresses[index])
+    events.emit(events.EVENT_READY, address=addresses[index])
     STARTUP.done("server")
     # Not server.join(): a main thread blocked inside that C++ call never runs Python signal
     # handlers, so SIGTERM would be ignored. The server's own threads do the serving.

@@ -13,7 +13,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from trainer.layout import CLUSTER_JOBS, PROTOCOLS, RunLayout
+from trainer.layout import CLUSTER_JOBS, PROTOCOLS, ROLE_CHIEF, ROLE_PS, ROLE_WORKER, RunLayout
 
 PHASE_HPARAMS = ("learning_rate", "momentum")  # what a phase may override in place
 __all__ = ["CLUSTER_JOBS", "PROTOCOLS"]  # re-exported: the spec's allowed values
@@ -192,10 +192,10 @@ class TrainerSpec:
         for job_name in self.cluster:
             assert job_name in CLUSTER_JOBS, (
                 f"cluster.{job_name}: unknown job (one of {', '.join(CLUSTER_JOBS)})")
-        assert self.cluster.get("ps"), "cluster.ps: needs at least one host:port"
-        assert self.cluster.get("worker"), "cluster.worker: needs at least one host:port"
-        assert len(self.cluster.get("chief", [])) == 1, (
-            f"cluster.chief: needs exactly one host:port (got {self.cluster.get('chief')})")
+        assert self.cluster.get(ROLE_PS), "cluster.ps: needs at least one host:port"
+        assert self.cluster.get(ROLE_WORKER), "cluster.worker: needs at least one host:port"
+        assert len(self.cluster.get(ROLE_CHIEF, [])) == 1, (
+            f"cluster.chief: needs exactly one host:port (got {self.cluster.get(ROLE_CHIEF)})")
         for job_name, addresses in self.cluster.items():
             for i, address in enumerate(addresses):
                 host, _, port = address.rpartition(":")
@@ -226,11 +226,11 @@ class TrainerSpec:
             f"report_every_s: must be > 0 (got {self.report_every_s})")
         assert self.run_dir, "run_dir: must not be empty"
         for i, straggler in enumerate(self.stragglers):
-            straggler.validate(f"stragglers[{i}]", len(self.cluster["worker"]))
+            straggler.validate(f"stragglers[{i}]", len(self.cluster[ROLE_WORKER]))
 
     @property
     def num_workers(self) -> int:
-        return len(self.cluster["worker"])
+        return len(self.cluster[ROLE_WORKER])
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -82,8 +82,8 @@ class Startup:
         if phase:
             self.mark(phase)
         self.emitted = True
-        events.emit("startup", total_s=round(self.last - self.started, 3), phases=self.phases,
-                    cpu_s=self.cpu)
+        events.emit(events.EVENT_STARTUP, total_s=round(self.last - self.started, 3),
+                    phases=self.phases, cpu_s=self.cpu)
 
 
 STARTUP = Startup()

@@ -52,6 +52,7 @@ class ParallelLauncher(Launcher):
     def launch(self, job_overrides: Sequence[Sequence[str]],
                initial_job_idx: int) -> Sequence[JobReturn]:
         from orchestrator import parallel
+        from orchestrator.config.errors import CONFIG_ERROR_EXIT_CODE
 
         assert self.config is not None and self.hydra_context is not None
         assert self.task_function is not None
@@ -70,15 +71,15 @@ class ParallelLauncher(Launcher):
             return basic.launch(job_overrides, initial_job_idx)
         codes = parallel.launch(points, queue, self.hydra_context, self.task_function,
                                 sweep_dir)
-        if any(code == 2 for code in codes):  # a config error only a run could find
-            raise SystemExit(2)
+        if any(code == CONFIG_ERROR_EXIT_CODE for code in codes):  # only a run could find it
+            raise SystemExit(CONFIG_ERROR_EXIT_CODE)
         return [_job_return(point, code) for point, code in zip(points, codes, strict=True)]
 
 
 def _job_return(point: Any, code: int | None) -> JobReturn:
     """What Hydra's sweeper expects back. A failed run is not an exception here: the run
     recorded why, and the entry point exits 1 for it (orchestrator.sweep.failed_runs)."""
-    from orchestrator import results
+    from orchestrator.rundir import results
 
     ret = JobReturn(overrides=list(point.overrides), cfg=point.config,
                     hydra_cfg=point.config, working_dir=str(point.run_dir),

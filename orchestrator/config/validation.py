@@ -260,14 +260,14 @@ def validate_data_dir(cfg: ExperimentConfig) -> None:
     needs a dataset the run can fetch into the cache (orchestrator/runtime/data.py)."""
     from provisioning.base import BadFieldError, url_scheme
     from provisioning.registry import dataset_reader
-    from trainer import data
+    from trainer import data, datasets
 
     _, _, file_backed = _registries()
     problem, given = cfg.job.problem, cfg.job.data_dir
     if problem not in file_backed:
         return
     if not given:
-        if data.dataset_for_problem(problem) is None:
+        if datasets.dataset_for_problem(problem) is None:
             raise ConfigError("job.data_dir", f"problem '{problem}' reads files and has no "
                               "download", "set job.data_dir to the folder with its files")
         return
@@ -283,7 +283,7 @@ def validate_data_dir(cfg: ExperimentConfig) -> None:
     if not Path(given).expanduser().is_dir():
         raise ConfigError("job.data_dir", f"folder '{given}' does not exist",
                           f"put the {problem} files there, {unset}")
-    if not data.holds_files(problem, given):
+    if not datasets.holds_files(problem, given):
         raise ConfigError("job.data_dir", f"folder '{given}' does not hold the {problem} files",
                           f"see python -m trainer.data list, {unset}")
 

@@ -36,6 +36,7 @@ from orchestrator.controller.remote import (
     stale,
 )
 from orchestrator.version import add_version_argument, docs_path, prog_name
+from trainer.layout import EXIT_INTERRUPTED
 
 MODULE = "orchestrator.controller"
 #: Seconds between two reads of the console and the state while following.
@@ -44,7 +45,7 @@ FOLLOW_S = 2.0
 CANCEL_WAIT_S = 300.0
 #: Lines of the console ``attach`` shows before following it.
 ATTACH_TAIL_LINES = 50
-EXIT_OK, EXIT_FAILED, EXIT_BAD_SWEEP, EXIT_INTERRUPTED = 0, 1, 2, 130
+EXIT_OK, EXIT_FAILED, EXIT_BAD_SWEEP = 0, 1, 2
 
 
 def _prog() -> str:

@@ -26,9 +26,9 @@ import io
 import os
 from pathlib import Path
 
-from orchestrator import results
 from orchestrator.resume import RESUME_LOCK_FILE
-from orchestrator.sweep import RUNS_CSV
+from orchestrator.rundir import results
+from orchestrator.rundir.index import RUNS_CSV
 from provisioning.gce.storage import GcsStore, GcsUrl
 
 #: File names never mirrored (see the module's docstring).

@@ -172,8 +172,8 @@ def point_statuses(sweep: Sweep, state: layout.ControllerState | None) -> list[P
     """Every point: its folder in the mirror folded as a run's record is (``summary.json``
     once it has ended; its events, plan and spec while it runs, :func:`record.killed_summary`
     giving the cost so far), and the points with no folder yet from the sweep's expansion."""
-    from orchestrator import record, results
-    from orchestrator import sweep as hydra_sweep
+    from orchestrator.rundir import record, results
+    from orchestrator.rundir.index import recorded_overrides
 
     names = sweep.store.list(sweep.url(layout.MIRROR))
     folders: dict[int, set[str]] = {}
@@ -193,7 +193,7 @@ def point_statuses(sweep: Sweep, state: layout.ControllerState | None) -> list[P
         sweep.store.download(sweep.url(layout.MIRROR), Path(tmp), wanted)
         for num in sorted(set(folders) | set(range(len(expanded)))):
             run_dir = Path(tmp) / str(num)
-            overrides = hydra_sweep._overrides(run_dir) or \
+            overrides = recorded_overrides(run_dir) or \
                 (expanded[num] if num < len(expanded) else [])
             point = PointStatus(num, [o for o in overrides if o not in common])
             points.append(point)

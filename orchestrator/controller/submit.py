@@ -38,6 +38,7 @@ from orchestrator.config.errors import CONFIG_ERROR_EXIT_CODE, ConfigError
 from orchestrator.controller import layout
 from orchestrator.controller.agent import is_sweep
 from provisioning.base import ProvisionError
+from trainer.layout import EXIT_INTERRUPTED
 
 FLAG = "--detach"
 #: Variables of the Google client libraries that point them at a local stand-in (an emulator,
@@ -97,7 +98,7 @@ def main(argv: Sequence[str]) -> int:
                   "cancel stops it", file=sys.stderr)
         else:
             print("interrupted: no controller VM was created", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
 
 
 def first_point(overrides: Sequence[str]) -> list[str]:

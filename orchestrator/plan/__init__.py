@@ -18,6 +18,7 @@ from orchestrator.transient.revocation import RevocationSchedule
 from provisioning import catalog
 from provisioning.base import HostSpec
 from provisioning.catalog import Market
+from trainer.layout import ROLE_WORKER
 
 
 @dataclass(frozen=True)
@@ -142,7 +143,7 @@ def estimate_train_time_s(cfg: ExperimentConfig, hosts: list[HostPlan], phases: 
     """Training seconds at the speed model's point estimate: every worker throughout, no
     revocation, the checkpoint pauses; NoModelError when the model cannot predict a worker."""
     return models.train_time_s(
-        cfg.job.hparam_set, cfg.job.batch_size, [h.gpu for h in hosts if h.role == "worker"],
+        cfg.job.hparam_set, cfg.job.batch_size, [h.gpu for h in hosts if h.role == ROLE_WORKER],
         cfg.cluster.parameter_servers, [(p.protocol, p.end_step - p.start_step) for p in phases],
         checkpoint_count(cfg, phases[-1].end_step))
 
@@ -152,7 +153,7 @@ def lone_worker_cannot_survive(cfg: ExperimentConfig, hosts: list[HostPlan],
     """One transient worker that something revokes (the revocation model or the backend's
     cloud), and a policy (shrink) that replaces none: the run ends at its first revocation.
     ``backend`` None: looked up (the planner asks before any plan exists)."""
-    workers = [h for h in hosts if h.role == "worker"]
+    workers = [h for h in hosts if h.role == ROLE_WORKER]
     if (len(workers) != 1 or not workers[0].transient
             or cfg.cluster.recovery.on_revocation != OnRevocation.shrink):
         return False
@@ -166,7 +167,7 @@ def make_plan(cfg: ExperimentConfig) -> RunPlan:
     """Build the plan of one run; pure (reads the config, touches nothing)."""
     backend = BackendTraits.of(cfg.provider.name, cfg.pricing)
     hosts = plan_hosts(cfg)
-    workers = sum(1 for h in hosts if h.role == "worker")
+    workers = sum(1 for h in hosts if h.role == ROLE_WORKER)
     phases = plan_phases(cfg, workers)
     hourly = sum(h.hourly_usd for h in hosts)
     models = SimModels.load()
@@ -177,7 +178,7 @@ def make_plan(cfg: ExperimentConfig) -> RunPlan:
         est_time = None
     speed_all = None if not est_time else phases[-1].end_step / est_time
     speed_error = {h.gpu or "cpu": models.step_time_error(cfg.job.hparam_set, h.gpu)
-                   for h in hosts if h.role == "worker" and est_time is not None}
+                   for h in hosts if h.role == ROLE_WORKER and est_time is not None}
     horizon = est_time if est_time is not None else None
     planned = [e.to_record() for e in RevocationSchedule.from_config(cfg.revocation, hosts).pending
                if horizon is None or e.at_s is None or e.at_s <= horizon]

@@ -7,6 +7,7 @@ from dataclasses import dataclass, replace
 
 from orchestrator.config.schema import ExperimentConfig
 from provisioning.base import HostSpec
+from trainer.layout import ROLE_CHIEF, ROLE_EVALUATOR, ROLE_PS, ROLE_WORKER
 
 __all__ = ["HostPlan", "host_specs", "plan_hosts"]
 
@@ -55,18 +56,18 @@ def plan_hosts(cfg: ExperimentConfig) -> list[HostPlan]:
                               round(price, 6)))
 
     for i in range(c.parameter_servers):
-        add("ps", i, None, c.ps_zone or first_zone, c.ps_machine_type, c.ps_transient)
+        add(ROLE_PS, i, None, c.ps_zone or first_zone, c.ps_machine_type, c.ps_transient)
     index = 0
     for group in groups:
         zone = _zone_for(group.gpu, group.zone, cfg)
         for _ in range(group.count):
-            add("worker", index, group.gpu, zone, group.machine_type, group.transient)
+            add(ROLE_WORKER, index, group.gpu, zone, group.machine_type, group.transient)
             index += 1
     on_ps = c.chief_on_ps
     chief_transient = c.ps_transient if on_ps else c.chief_transient
-    add("chief", 0, None, c.ps_zone or first_zone, c.chief_machine_type, chief_transient, on_ps)
+    add(ROLE_CHIEF, 0, None, c.ps_zone or first_zone, c.chief_machine_type, chief_transient, on_ps)
     if c.evaluator:
-        add("evaluator", 0, None, c.ps_zone or first_zone, c.chief_machine_type,
+        add(ROLE_EVALUATOR, 0, None, c.ps_zone or first_zone, c.chief_machine_type,
             chief_transient, on_ps)
     return hosts
 

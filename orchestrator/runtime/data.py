@@ -64,14 +64,14 @@ class DataError(ConfigError):
         return f"data error: {self.problem}"
 
 
-def _dataset(cfg: ExperimentConfig):  # -> trainer.data.Dataset | None
+def _dataset(cfg: ExperimentConfig):  # -> trainer.datasets.Dataset | None
     """The downloadable dataset the run would read from the cache, None when it reads none."""
-    from trainer import data
+    from trainer import datasets
     from trainer.problems import get_problem
 
     if cfg.job.data_dir or not get_problem(cfg.job.problem).requires_data_dir:
         return None
-    return data.dataset_for_problem(cfg.job.problem)
+    return datasets.dataset_for_problem(cfg.job.problem)
 
 
 def describe(cfg: ExperimentConfig) -> str | None:
@@ -79,7 +79,7 @@ def describe(cfg: ExperimentConfig) -> str | None:
     from rich.markup import escape
 
     from orchestrator.config.validation import validate_data_dir
-    from trainer import data
+    from trainer import data, datasets
 
     try:
         validate_data_dir(cfg)
@@ -98,7 +98,7 @@ def describe(cfg: ExperimentConfig) -> str | None:
         return None
     root = data.cache_root(cfg.data_cache)
     folder = data.cached_folder(ds, root)
-    if data.holds_files(ds.problem, folder):
+    if datasets.holds_files(ds.problem, folder):
         return f"{ds.problem} cached in {folder} ({data.human_bytes(data.folder_bytes(folder))})"
     archive = ds.archive()
     return (f"{ds.problem} not cached: the run first downloads {archive.filename} "
@@ -137,7 +137,7 @@ def _fetch(cfg: ExperimentConfig, download: bool = True) -> Path:
     through the backend that reads its scheme (`Provider.fetch_dataset`), downloaded into the
     data cache as needed (`download` False: where it would be). DataError when the URL cannot
     be read or does not hold the problem's files."""
-    from trainer import data
+    from trainer import data, datasets
 
     url = str(cfg.job.data_dir)
     reader = dataset_reader(url, cfg.provider.name)
@@ -145,7 +145,7 @@ def _fetch(cfg: ExperimentConfig, download: bool = True) -> Path:
         folder = reader.fetch_dataset(url, data.cache_root(cfg.data_cache), download)
     except ProvisionError as err:
         raise DataError(f"cannot download {url}: {err}") from None
-    if download and url_scheme(url) and not data.holds_files(cfg.job.problem, folder):
+    if download and url_scheme(url) and not datasets.holds_files(cfg.job.problem, folder):
         raise DataError(f"{url} does not hold the {cfg.job.problem} files (downloaded into "
                         f"{folder}; see python -m trainer.data list)")
     if download and url_scheme(url):  # VMs may download it from there themselves (DataStager)
@@ -164,12 +164,12 @@ def staged_path(local_dir: Path) -> str:
     return str(Path(STAGED_DATA_DIR) / local_dir.name)
 
 
-def mark_origin(folder: Path, ds, fmt: str | None = None) -> None:  # ds: trainer.data.Dataset
+def mark_origin(folder: Path, ds, fmt: str | None = None) -> None:  # ds: trainer.datasets.Dataset
     """Note in a cache folder which registry archive it was unpacked from (ORIGIN_FILE): a
     host can then fetch the same archive itself instead of receiving the files from here."""
-    from trainer import data
+    from trainer import datasets
 
-    fmt = fmt or data.find_cifar_files(ds.problem, str(folder))[2]
+    fmt = fmt or datasets.find_cifar_files(ds.problem, str(folder))[2]
     _write_origin(folder / ORIGIN_FILE, {"dataset": ds.name, "format": fmt})
 
 
@@ -187,17 +187,17 @@ def _write_origin(path: Path, mark: dict[str, str]) -> None:
             path.write_text(json.dumps(mark))
 
 
-def origin_of(local_dir: Path):  # -> trainer.data.Dataset | None
+def origin_of(local_dir: Path):  # -> trainer.datasets.Dataset | None
     """The registry dataset (with only the archive ``local_dir`` came from) when it carries
     ORIGIN_FILE, else None (a folder of the user's: only a push brings it to a host)."""
     import json
     from dataclasses import replace
 
-    from trainer import data
+    from trainer import datasets
 
     try:
         mark = json.loads((local_dir / ORIGIN_FILE).read_text())
-        ds = data.dataset_for(str(mark["dataset"]))
+        ds = datasets.dataset_for(str(mark["dataset"]))
         return replace(ds, archives=(ds.archive(str(mark["format"])),))
     except (OSError, ValueError, KeyError, TypeError):
         return None

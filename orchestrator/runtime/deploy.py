@@ -57,7 +57,7 @@ from provisioning.base import (
     Role,
 )
 from trainer import layout
-from trainer.events import parse_event
+from trainer.events import EVENT_READY, parse_event
 
 #: How long a ps/worker may take to become ready (TF servers take about 5 s; imports 3-4 s).
 READY_TIMEOUT_S = 120.0
@@ -89,7 +89,6 @@ def role_lease_s(contact_grace_s: float) -> float:
     drop the provider waits out and still end once it gave up on them."""
     return LEASE_S + max(0.0, contact_grace_s)
 
-EVENT_READY = "ready"
 #: One per machine and deployment, once it is set up: what crossed the orchestrator's link to
 #: it meanwhile (`bytes_sent`: setup, spec, lease, data) and how it got the dataset.
 EVENT_HOST_SETUP = "host_setup"

@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import TypeVar
 
 from orchestrator import killpoints
-from orchestrator.results import RunRecorder
+from orchestrator.rundir import results
+from orchestrator.rundir.results import RunRecorder
 from orchestrator.runtime import data
 from orchestrator.runtime.control import ControlChannel
 from orchestrator.runtime.deploy import (
@@ -41,6 +42,7 @@ from provisioning.base import (
     Role,
 )
 from trainer import layout
+from trainer.events import EVENT_READY
 from trainer.spec import TrainerSpec
 
 T = TypeVar("T")
@@ -115,11 +117,12 @@ class Fleet:
         self.deployments.append(deployment)
         self.control.attach(chief)
         if self.rec is not None:
-            self.rec.event("start", roles={r.value: len(self.cluster.hosts_for(r)) for r in Role})
+            self.rec.event(results.EVENT_START,
+                           roles={r.value: len(self.cluster.hosts_for(r)) for r in Role})
         deployment.start()
         killpoints.hit("deploy")
         if self.rec is not None:
-            self.rec.event("ready")
+            self.rec.event(EVENT_READY)
         return deployment
 
     def _on_chief(self, call: Callable[[], T]) -> T:

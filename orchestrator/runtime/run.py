@@ -15,13 +15,14 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from orchestrator import killpoints, results
+from orchestrator import killpoints
 from orchestrator.config.errors import ConfigError
 from orchestrator.config.schema import ExperimentConfig
 from orchestrator.plan import RunPlan
 from orchestrator.preflight import run_preflight
-from orchestrator.record import RunState, make_run_id, summarize
 from orchestrator.resume import Preempted
+from orchestrator.rundir import results
+from orchestrator.rundir.record import RunState, fold_events_file, make_run_id, summarize
 from orchestrator.runtime.control import ControlChannel
 from orchestrator.runtime.deploy import TF_EXTRAS, role_lease_s
 from orchestrator.runtime.fleet import Fleet, gpu_tasks
@@ -33,7 +34,7 @@ from provisioning import catalog
 from provisioning.base import Cluster, ClusterRequest, ContactLostError
 from provisioning.journal import JOURNAL_FILE, Journal
 from provisioning.registry import get_provider
-from trainer.events import disk_full_fields, disk_full_line, is_disk_full
+from trainer.events import EVENT_FAILURE, disk_full_fields, disk_full_line, is_disk_full
 from trainer.layout import CHECKPOINT_DIR, CLUSTER_JOBS, CONTROL_FILE
 from trainer.spec import PhaseSpec, StragglerSpec, TrainerSpec
 
@@ -137,14 +138,18 @@ def execute_run(cfg: ExperimentConfig, plan: RunPlan, run_dir: Path,
     directory: same run id and checkpoint store, fresh hosts, a ``resumed`` event first.
     """
     run_dir.mkdir(parents=True, exist_ok=True)
-    rec = results.RunRecorder(run_dir)
+    # the run's fold, which its summary is built from: a resumed run's holds its earlier
+    # attempts' events first (events.jsonl), then every event this attempt records
+    state = fold_events_file(run_dir / results.EVENTS_FILE) if resumption is not None \
+        else RunState()
+    rec = results.RunRecorder(run_dir, on_event=state.apply)
     run_id = make_run_id(cfg.name) if resumption is None else resumption.run_id
     cluster_id = run_id if resumption is None else resumption.cluster_id
     status = results.STATUS_FAILED
     interrupted: BaseException | None = None
     error: str | None = None
     if resumption is not None:
-        rec.event("resumed", **resumption.record())
+        rec.event(results.EVENT_RESUMED, **resumption.record())
     rec.write_config(resolved_config)
     rec.write_json(results.PLAN_FILE, plan.to_dict())
     killpoints.hit("run_dir")
@@ -160,7 +165,7 @@ def execute_run(cfg: ExperimentConfig, plan: RunPlan, run_dir: Path,
         with progress:
             # provision
             progress.status("provisioning")
-            rec.event("provision", hosts=len(plan.hosts), provider=provider.name,
+            rec.event(results.EVENT_PROVISION, hosts=len(plan.hosts), provider=provider.name,
                       sweep_id=sweep_id,
                       planned_revocations=[e.to_record() for e in revocations.pending])
             if cfg.preflight and not provider.hosts_here:
@@ -174,7 +179,8 @@ def execute_run(cfg: ExperimentConfig, plan: RunPlan, run_dir: Path,
                           control, rec=rec,
                           ready_timeout_s=cfg.provider.ready_timeout_s,
                           lease_s=role_lease_s(cfg.provider.contact_grace_s()))
-            rec.event("provisioned", hosts=[f"{h.spec.name}={h.endpoint}" for h in cluster.hosts])
+            rec.event(results.EVENT_PROVISIONED,
+                      hosts=[f"{h.spec.name}={h.endpoint}" for h in cluster.hosts])
             # deploy: servers first, then evaluator and chief; a machine lost on the way is
             # recovered as any later loss (replaced, shrunk, or its machine re-acquired)
             progress.status("starting roles")
@@ -207,14 +213,12 @@ def execute_run(cfg: ExperimentConfig, plan: RunPlan, run_dir: Path,
     finally:
         if error:
             with contextlib.suppress(OSError):  # full disk: the release below must still run
-                rec.event("failure", error=error)
+                rec.event(EVENT_FAILURE, error=error)
                 if not (run_dir / results.ERROR_FILE).exists():
                     rec.write_error(error + "\n")
         killpoints.hit("teardown")
         _release(fleet, rec)
-        summary = make_summary(plan, run_id, status, started, supervisor, error)
-        if resumption is not None:
-            resumption.fold_into(summary, plan.hourly_usd)
+        summary = make_summary(plan, run_id, status, started, state, error)
         rec.write_summary(summary)
         rec.close()
         killpoints.hit("archive")
@@ -236,22 +240,20 @@ def _release(fleet: Fleet | None, rec: results.RunRecorder) -> None:
         try:
             if fleet is not None:
                 fleet.release()
-            rec.event("teardown")
+            rec.event(results.EVENT_TEARDOWN)
             return
         except KeyboardInterrupt:
             if attempt == 2:
                 raise
 
 
-def make_summary(plan: RunPlan, run_id: str, status: str,
-                 started: float, supervisor: Supervisor | None,
-                 error: str | None) -> dict[str, Any]:
-    """The real run's summary: the fold of the events the supervisor recorded (none when it
-    never started), with the plan priced for the wall time (the cluster's price from the
-    command's start to the teardown's end)."""
+def make_summary(plan: RunPlan, run_id: str, status: str, started: float,
+                 state: RunState | None, error: str | None) -> dict[str, Any]:
+    """The real run's summary: the fold of the events the run recorded (``state``, the
+    recorder's: every attempt's for a resumed run), with this attempt priced for its wall time
+    (the cluster's price from the command's start to the teardown's end)."""
     ended = time.time()
     wall = ended - started
-    state = supervisor.run_state if supervisor is not None else RunState()
-    return summarize(state, plan.to_dict(), run_id=run_id, status=status, wall_s=wall,
+    return summarize(state or RunState(), plan.to_dict(), run_id=run_id, status=status, wall_s=wall,
                      cost_usd=catalog.cost_usd([plan.hourly_usd], wall), error=error,
                      ended_at=ended).to_dict()

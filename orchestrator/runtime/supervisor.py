@@ -26,8 +26,8 @@ the current cluster. Every trainer event is recorded with the orchestrator's rec
 (``time``) and the role's own clock as ``role_time``; run time is measured on the receipt
 clock. The clock (``now_s``) is seconds since the chief's first ``train_start``; before it,
 seconds since the supervisor started. Every event the supervisor records is folded into
-``run_state`` (:class:`orchestrator.record.RunState`, the one record of the run's numbers, which
-``summarize`` turns into the summary); the supervisor reads it and never edits it.
+``run_state`` (:class:`~orchestrator.rundir.record.RunState`, the one record of the run's
+numbers, which ``summarize`` turns into the summary); the supervisor reads it and never edits it.
 """
 
 from __future__ import annotations
@@ -36,9 +36,10 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from orchestrator import killpoints, results
+from orchestrator import killpoints
 from orchestrator.config.schema import ExperimentConfig
-from orchestrator.record import RunState
+from orchestrator.rundir import results
+from orchestrator.rundir.record import RunState
 from orchestrator.runtime.control import ControlChannel
 from orchestrator.runtime.deploy import (
     EVENT_PROCESS_EXIT,
@@ -48,7 +49,9 @@ from orchestrator.runtime.deploy import (
 )
 from orchestrator.runtime.fleet import Fleet
 from orchestrator.runtime.progress import RunProgress
+from orchestrator.transient import stragglers
 from orchestrator.transient.recovery import (
+    EVENT_REVOCATION_NOTICE,
     Action,
     HostLoss,
     LossCause,
@@ -60,15 +63,8 @@ from orchestrator.transient.recovery import (
 )
 from orchestrator.transient.revocation import RevocationSchedule
 from orchestrator.transient.silence import ChiefWatch, watch_chief
-from orchestrator.transient.stragglers import (
-    InjectionSchedule,
-    StragglerDetector,
-    get_sync_policy,
-    judge_trainer_event,
-)
 from provisioning.base import Cluster, Host, HostId, HostState, ProvisionError, Role
-from trainer.events import DISK_FULL, disk_full_line
-from trainer.layout import EXIT_PS_UNAVAILABLE
+from trainer import events, layout
 
 TICK_S = 0.2  # longest wait for a trainer event before the periodic checks run
 #: How often the provider is asked about the whole cluster (one `poll(cluster)` call). A lost
@@ -76,7 +72,6 @@ TICK_S = 0.2  # longest wait for a trainer event before the periodic checks run
 #: what the backend itself needs to notice it.
 POLL_INTERVAL_S = 1.0
 FINAL_EVAL_TIMEOUT_S = 120.0  # how long the evaluator may take after the chief is done
-PS_LOSS_EXIT_CODE = EXIT_PS_UNAVAILABLE  # the chief's exit code when it lost a parameter server
 # After a PS's preemption notice the chief checkpoints this long (or 2x the last checkpoint's
 # duration) before the deadline: late enough to lose few steps, early enough to finish.
 NOTICE_MARGIN_S = 1.0
@@ -109,12 +104,13 @@ class Supervisor:
         self.cfg, self.fleet, self.rec, self.progress, self.control, self.revocations = (
             cfg, fleet, rec, progress, control, revocations)
         self.state = LoopState()
-        self.run_state = RunState()  # the fold of every event recorded (orchestrator.record)
+        self.run_state = RunState()  # the fold of every event recorded (rundir/record.py)
         self.planner = RecoveryPlanner(cfg.cluster.recovery)
-        self.injections = InjectionSchedule(cfg.straggler.injections, cfg.straggler.enabled)
-        self.detector = StragglerDetector.from_config(cfg.straggler.detection)
+        self.injections = stragglers.InjectionSchedule(cfg.straggler.injections,
+                                                       cfg.straggler.enabled)
+        self.detector = stragglers.StragglerDetector.from_config(cfg.straggler.detection)
         self.chief_watch = ChiefWatch.from_config(cfg)  # a training chief's silence (silence.py)
-        self.policy = get_sync_policy(cfg.sync.policy)
+        self.policy = stragglers.get_sync_policy(cfg.sync.policy)
         self.restart_timeout_s = (cfg.provider.ready_timeout_s if restart_timeout_s is None
                                   else restart_timeout_s)
         self.poll_interval_s = poll_interval_s
@@ -246,16 +242,17 @@ class Supervisor:
             event = self.fleet.deployment.next_event(TICK_S)
             if event is None:
                 continue
-            if event.kind in ("step", "checkpoint", "eval", "train_end"):
+            if event.kind in (events.EVENT_STEP, events.EVENT_CHECKPOINT, events.EVENT_EVAL,
+                              events.EVENT_TRAIN_END):
                 self.handle(event)  # a checkpoint or the end: synced to the store
             else:
                 self.emit(event.kind, role=event.role, time_s=event.received,
                           index=event.index, role_time=event.time, **event.fields)
-            if event.role != "chief":
+            if event.role != Role.CHIEF:
                 continue
-            if event.kind == "checkpoint" and event.fields.get("reason") == "control":
+            if event.kind == events.EVENT_CHECKPOINT and event.fields.get("reason") == "control":
                 return int(event.fields.get("step") or 0)
-            if event.kind in (EVENT_PROCESS_EXIT, "train_end"):
+            if event.kind in (EVENT_PROCESS_EXIT, events.EVENT_TRAIN_END):
                 return None
         return None
 
@@ -268,7 +265,7 @@ class Supervisor:
                   role_time=event.time, **fields)
         wall, kind = at - state.start_time, event.kind
         self.chief_watch.heard(event.role, kind, fields)
-        if kind == "train_start":
+        if kind == events.EVENT_TRAIN_START:
             self.progress.status("training")
             if self.awaiting_restart is not None:
                 decision = self.awaiting_restart
@@ -281,35 +278,37 @@ class Supervisor:
                                        lost_steps=decision.lost_steps + extra)
                 self.record(self.planner.end(decision, self.now_s()))
                 self.awaiting_restart = None
-        elif kind == "step":
-            if event.role == "chief":
+        elif kind == events.EVENT_STEP:
+            if event.role == Role.CHIEF:
                 killpoints.hit("train_step")
             self.rec.metric(wall, int(fields.get("step", 0)), run.last_steps_per_sec,
                             run.last_loss)
             self.progress.update(run.global_step, run.last_steps_per_sec, run.last_loss)
-        elif kind == "eval":
+        elif kind == events.EVENT_EVAL:
             self.rec.metric(wall, int(fields.get("step", 0)), eval_accuracy=run.final_accuracy)
             self.progress.update(accuracy=run.final_accuracy)
             state.evaluator_done = state.evaluator_done or bool(fields.get("final"))
-        elif kind == "checkpoint":
+        elif kind == events.EVENT_CHECKPOINT:
             self.fleet.sync_checkpoints()  # durable before a loss can take the chief's host
-        elif kind == "phase_start":  # protocol: in force now; scheduled: the phase's own
+        elif kind == events.EVENT_PHASE_START:  # protocol: in force now; scheduled: the phase's own
             self.schedule_protocol = str(fields.get("scheduled", fields.get("protocol")))
-        elif kind == "train_end":  # the chief wrote DONE just before
+        elif kind == events.EVENT_TRAIN_END:  # the chief wrote DONE just before
             self.fleet.sync_checkpoints()
             killpoints.hit("final_eval")  # the evaluator's final accuracy is still to come
             self.progress.update(run.global_step)
-        elif kind in ("worker_steps", "ps_unresponsive", "ps_responsive"):
-            self.record(judge_trainer_event(self.detector, kind, fields, self.now_s()))
-        elif kind == "preemption_notice" and event.role == "ps" and \
+        elif kind in (events.EVENT_WORKER_STEPS, events.EVENT_PS_UNRESPONSIVE,
+                      events.EVENT_PS_RESPONSIVE):
+            self.record(stragglers.judge_trainer_event(self.detector, kind, fields, self.now_s()))
+        elif kind == events.EVENT_PREEMPTION_NOTICE and event.role == Role.PS and \
                 fields.get("host_id") not in self.noticed_ids:
             # a notice we did not send (a cloud's own preemption): checkpoint now
             self.control.request_checkpoint()
-        elif kind == "failure" and fields.get("error_kind") == DISK_FULL and state.error is None:
+        elif kind == events.EVENT_FAILURE and fields.get("error_kind") == events.DISK_FULL \
+                and state.error is None:
             # before its process exit reaches recovery: a restart would fill the same disk
-            state.error = disk_full_line(f"{event.role} {event.index}", fields.get("path"),
-                                         fields.get("free_bytes"))
-        elif kind == "failure" and event.role == "evaluator" and state.error is None \
+            state.error = events.disk_full_line(f"{event.role} {event.index}", fields.get("path"),
+                                                fields.get("free_bytes"))
+        elif kind == events.EVENT_FAILURE and event.role == Role.EVALUATOR and state.error is None \
                 and self.awaiting_restart is None:
             # chief, PS and worker failures are handled by recovery when their process exits
             state.error = f"{event.role} {event.index}: {fields.get('error')}"
@@ -322,9 +321,9 @@ class Supervisor:
         fields, state = event.fields, self.state
         code = fields.get("exit_code")
         if fields.get("expected", True):
-            if event.role == "chief" and code == 0:
+            if event.role == Role.CHIEF and code == 0:
                 state.chief_done = True
-            if event.role == "evaluator" and code == 0:
+            if event.role == Role.EVALUATOR and code == 0:
                 state.evaluator_done = True
             return
         try:
@@ -340,7 +339,7 @@ class Supervisor:
         self.refresh_states()
         if not held and self.hold(host, event):
             return
-        if event.role == "chief" and code == PS_LOSS_EXIT_CODE:
+        if event.role == Role.CHIEF and code == layout.EXIT_PS_UNAVAILABLE:
             hosts = [h for h in self.cluster.hosts_for(Role.PS) if not self.running(h)] or [host]
         else:
             hosts = [host]
@@ -483,7 +482,7 @@ class Supervisor:
             # the schedule is the cause of whatever this takes down (the machine's other roles)
             self.revoked_here.update(self.cluster.same_machine([host.id]))
             if event.notice_s > 0:
-                self.emit("revocation_notice", host=host.spec.name, host_id=host.id,
+                self.emit(EVENT_REVOCATION_NOTICE, host=host.spec.name, host_id=host.id,
                           role=str(host.role), notice_s=event.notice_s)
                 self.noticed_ids.add(host.id)
                 if host.role == Role.PS:  # save what the PS holds as late as is safe
@@ -584,9 +583,10 @@ class Supervisor:
     def track_injections(self, now: float) -> None:
         delays = self.injections.delays_at(now, self.run_state.global_step)
         for worker in sorted(set(delays) - self.injected):
-            self.emit("straggler_injection_start", worker=worker, delay_s=delays[worker])
+            self.emit(stragglers.EVENT_STRAGGLER_INJECTION_START, worker=worker,
+                      delay_s=delays[worker])
         for worker in sorted(self.injected - set(delays)):
-            self.emit("straggler_injection_end", worker=worker)
+            self.emit(stragglers.EVENT_STRAGGLER_INJECTION_END, worker=worker)
         self.injected = set(delays)
 
     def apply_policy(self, now: float) -> None:

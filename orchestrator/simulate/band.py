@@ -16,9 +16,12 @@ from typing import Any
 from orchestrator.config.schema import ExperimentConfig
 from orchestrator.plan import RunPlan
 from orchestrator.preflight import PreflightError
+from orchestrator.rundir import results
 from orchestrator.simulate.cloud import cloud_market
 from orchestrator.simulate.engine import simulate
 from orchestrator.simulate.models import NoModelError, SimModels
+from provisioning import catalog
+from trainer.layout import ROLE_WORKER
 
 BAND = (10, 50, 90)  # percentiles shown
 
@@ -89,13 +92,14 @@ def summarize_runs(summaries: list[dict[str, Any]], deadline_s: float | None = N
     P(completed) and, with a deadline, P(completed within it). Over the completed runs only,
     and saying so (``band_share`` = the share of runs they cover): ``wall_time_s`` and
     ``train_time_s``, which a completed real run is compared with (``prediction_error``)."""
-    done = [s for s in summaries if s["status"] == "completed"]
+    done = [s for s in summaries if s["status"] == results.STATUS_COMPLETED]
     basis = done or summaries
     out: dict[str, Any] = {
         "runs": len(summaries),
         "p_complete": round(len(done) / len(summaries), 4),
         "time_to_result_s": percentiles_or_never(
-            [s["wall_time_s"] if s["status"] == "completed" else None for s in summaries]),
+            [s["wall_time_s"] if s["status"] == results.STATUS_COMPLETED else None
+             for s in summaries]),
         "wall_time_s": percentiles([s["wall_time_s"] for s in basis]),
         "train_time_s": percentiles([s["train_time_s"] for s in basis]),
         "band_share": round(len(basis) / len(summaries), 4),
@@ -148,10 +152,11 @@ def estimate(cfg: ExperimentConfig, plan: RunPlan, models: SimModels) -> dict[st
     from orchestrator.plan import estimate_train_time_s
 
     train = estimate_train_time_s(cfg, plan.hosts, plan.phases, models)
-    gpus = sorted({h.gpu for h in plan.hosts if h.role == "worker"}, key=str)
+    gpus = sorted({h.gpu for h in plan.hosts if h.role == ROLE_WORKER}, key=str)
     errors = {g or "cpu": models.step_time_error(cfg.job.hparam_set, g) for g in gpus}
     return {"steps_per_sec": round(plan.total_steps / train, 4), "train_time_s": round(train, 3),
-            "cost_usd": round(plan.hourly_usd * train / 3600.0, 6), "speed_error": errors,
+            "cost_usd": round(catalog.cost_usd([plan.hourly_usd], train), 6),
+            "speed_error": errors,
             "extrapolated": sorted(g for g, e in errors.items() if e["basis"] == "extrapolated")}
 
 

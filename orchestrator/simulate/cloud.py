@@ -23,7 +23,9 @@ from orchestrator.transient.revocation import (
     _sample_fitted,
     zone_to_region,
 )
+from provisioning import catalog
 from provisioning.catalog import PREEMPTIBLE_CAP_H, Market
+from trainer.layout import ROLE_WORKER
 
 
 def cloud_market(cfg: ExperimentConfig, backend: BackendTraits
@@ -112,7 +114,7 @@ def provision_delay(models: SimModels, host: HostPlan, rng: random.Random) -> fl
     a VM start-up for CPU hosts (PS, chief); on this machine (a local calibration) a new
     process, whose TensorFlow start a restart pays separately."""
     if models.local_start_s is not None:
-        return models.local_start_s if host.role == "worker" else 0.0
+        return models.local_start_s if host.role == ROLE_WORKER else 0.0
     if host.gpu is None:
         return models.vm_startup_s(host.transient, rng)
     return models.replacement_s(host.gpu, rng)
@@ -145,5 +147,6 @@ class Billing:
         for name, start, end in self.billed:
             host = hosts[name]
             if roles is None or host.role in roles:
-                total += host.hourly_usd * max(0.0, min(end, hi) - max(start, lo))
-        return total / 3600.0
+                seconds = max(0.0, min(end, hi) - max(start, lo))
+                total += catalog.cost_usd([host.hourly_usd], seconds)
+        return total

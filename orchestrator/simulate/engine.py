@@ -38,13 +38,14 @@ from typing import Any
 
 import simpy
 
-from orchestrator import results
 from orchestrator.config.schema import ExperimentConfig, Protocol
 from orchestrator.plan import RunPlan
-from orchestrator.record import fold, summarize
+from orchestrator.rundir import results
+from orchestrator.rundir.record import fold, summarize
 from orchestrator.simulate.cloud import Billing, cloud_revocations, provision_delay
 from orchestrator.simulate.models import CPU, SimModels
 from orchestrator.transient.recovery import (
+    EVENT_REVOCATION_NOTICE,
     Action,
     HostLoss,
     RecordedEvent,
@@ -56,9 +57,17 @@ from orchestrator.transient.recovery import (
 from orchestrator.transient.revocation import (
     RevocationEvent,
 )
-from orchestrator.transient.stragglers import InjectionSchedule, StragglerDetector, get_sync_policy
+from orchestrator.transient.stragglers import (
+    EVENT_STRAGGLER_INJECTION_END,
+    EVENT_STRAGGLER_INJECTION_START,
+    InjectionSchedule,
+    StragglerDetector,
+    get_sync_policy,
+)
 from provisioning.base import ClusterRequest, Host, Role
 from provisioning.sim import SimProvider
+from trainer import events
+from trainer.layout import ROLE_CHIEF, ROLE_EVALUATOR, ROLE_PS, ROLE_WORKER
 
 _EPS = 1e-9
 
@@ -99,14 +108,14 @@ class Simulation:
         # the worker step times fail early (NoModelError) when the speed model has no answer;
         # each run draws how far the model is off per GPU type (its held-out error), so a band
         # covers what the speed model does not know, not only the revocations
-        gpus = sorted({h.gpu or CPU for h in plan.hosts if h.role == "worker"})
+        gpus = sorted({h.gpu or CPU for h in plan.hosts if h.role == ROLE_WORKER})
         self.speed_factor = {g: self.models.speed_factor(self.hparam, None if g == CPU else g,
                                                          seed)
                              if cfg.sim.speed_error else 1.0 for g in gpus}
         self.base_step_s = {h.name: self.models.step_time_s(self.hparam, h.gpu,
                                                             cfg.job.batch_size)
                             * self.speed_factor[h.gpu or CPU]
-                            for h in plan.hosts if h.role == "worker"}
+                            for h in plan.hosts if h.role == ROLE_WORKER}
         self.ckpt_s = self.models.checkpoint_s(self.hparam)
         self.provider = SimProvider()
         self.cluster = self.provider.acquire(ClusterRequest(f"sim-{seed}", plan.host_specs(),
@@ -143,7 +152,7 @@ class Simulation:
         """Run seconds (since train_start), the clock of revocations, injections and policies."""
         return self.env.now - (self.t0 if self.t0 is not None else self.env.now)
 
-    def record(self, kind: str, role: str = "orchestrator", **fields: Any) -> None:
+    def record(self, kind: str, role: str = results.ROLE_ORCHESTRATOR, **fields: Any) -> None:
         self.events.append({"t": round(self.env.now, 3), "kind": kind, "role": role, **fields})
 
     def record_all(self, recorded: list[RecordedEvent] | tuple[RecordedEvent, ...]) -> None:
@@ -163,7 +172,7 @@ class Simulation:
     def worker_times(self) -> list[tuple[float, str | None]]:
         out = []
         for h in self.plan.hosts:
-            if h.role == "worker" and h.name in self.alive:
+            if h.role == ROLE_WORKER and h.name in self.alive:
                 out.append((self.base_step_s[h.name] + self.delays.get(h.index, 0.0), h.gpu))
         return out
 
@@ -177,7 +186,7 @@ class Simulation:
         return 1.0 / self.models.bsp_step_s([t for t, _ in times])
 
     def _servers_up(self) -> bool:
-        return all(h.name in self.alive for h in self.plan.hosts if h.role in ("ps", "chief"))
+        return all(h.name in self.alive for h in self.plan.hosts if h.role in (ROLE_PS, ROLE_CHIEF))
 
     def advance(self) -> None:
         """Account the steps done since the segment began (called before any state change)."""
@@ -194,7 +203,8 @@ class Simulation:
 
     def startup(self) -> Any:
         rng = stream(self.seed, "startup")
-        self.record("provision", hosts=len(self.plan.hosts), provider=self.plan.provider)
+        self.record(results.EVENT_PROVISION, hosts=len(self.plan.hosts),
+                    provider=self.plan.provider)
         ready = 0.0
         for h in self.plan.hosts:
             self.bill.start(h.name, self.env.now)
@@ -202,12 +212,12 @@ class Simulation:
                 ready = max(ready, self.models.vm_startup_s(h.transient, rng))
         yield self.env.timeout(ready)
         self.alive = {h.name for h in self.plan.hosts}
-        self.record("provisioned", hosts=[h.name for h in self.plan.hosts])
+        self.record(results.EVENT_PROVISIONED, hosts=[h.name for h in self.plan.hosts])
         yield self.env.timeout(self.models.tf_start_s(True, rng))
-        self.record("ready")
+        self.record(events.EVENT_READY)
         self.t0 = self.env.now
-        self.record("train_start", role="chief", step=0, workers=self.plan.workers,
-                    resumed_from=None)
+        self.record(events.EVENT_TRAIN_START, role=ROLE_CHIEF, step=0,
+                    workers=self.plan.workers, resumed_from=None)
         self.env.process(self.revoker())
         if self.injection.injections:
             self.env.process(self.stragglers())
@@ -259,7 +269,7 @@ class Simulation:
                 self.phase_end()
                 yield from self.checkpoint("final")
                 self.train_end = self.env.now
-                self.record("train_end", role="chief", step=step,
+                self.record(events.EVENT_TRAIN_END, role=ROLE_CHIEF, step=step,
                             train_time_s=round(self.env.now - (self.t0 or 0.0), 3))
                 break
             if step >= end:
@@ -280,7 +290,7 @@ class Simulation:
     def checkpoint(self, reason: str) -> Any:
         yield self.env.timeout(self.ckpt_s)
         self.last_ckpt = round(self.step)
-        self.record("checkpoint", role="chief", step=self.last_ckpt,
+        self.record(events.EVENT_CHECKPOINT, role=ROLE_CHIEF, step=self.last_ckpt,
                     duration_s=round(self.ckpt_s, 3), reason=reason)
 
     def switch_cost(self, protocol: str) -> float:
@@ -292,21 +302,22 @@ class Simulation:
         before = self.protocol()
         yield self.env.timeout(cost)
         if before != protocol:
-            self.record("protocol_switch", role="chief", step=int(self.step),
+            self.record(events.EVENT_PROTOCOL_SWITCH, role=ROLE_CHIEF, step=int(self.step),
                         switch_s=round(cost, 3), reason="schedule",
                         **{"from": before, "to": protocol})
 
     def phase_start(self, step: float) -> None:
         self._phase_t = self.env.now
         self._phase_step = round(step)
-        self.record("phase_start", role="chief", protocol=self.protocol(),
+        self.record(events.EVENT_PHASE_START, role=ROLE_CHIEF, protocol=self.protocol(),
                     step=self._phase_step, phase=self.phase)
 
     def phase_end(self, switch_s: float = 0.0) -> None:
         wall = round(self.env.now - self._phase_t, 3)
         protocol = self.plan.phases[self.phase].protocol
-        self.record("phase_end", role="chief", protocol=protocol, step=round(self.step),
-                    phase=self.phase, wall_s=wall, switch_s=round(switch_s, 3))
+        self.record(events.EVENT_PHASE_END, role=ROLE_CHIEF, protocol=protocol,
+                    step=round(self.step), phase=self.phase, wall_s=wall,
+                    switch_s=round(switch_s, 3))
 
     def metric(self) -> None:
         self.metrics.append({"wall_time_s": round(self.env.now, 3),
@@ -340,9 +351,9 @@ class Simulation:
         assert name is not None
         host = self.by_name[name]
         if event.notice_s > 0:
-            self.record("revocation_notice", host=name, role=host.role, notice_s=event.notice_s)
-            chief_vm = host.role == "chief" or any(
-                h.role == "chief" and h.colocate_with == name for h in self.plan.hosts)
+            self.record(EVENT_REVOCATION_NOTICE, host=name, role=host.role, notice_s=event.notice_s)
+            chief_vm = host.role == ROLE_CHIEF or any(
+                h.role == ROLE_CHIEF and h.colocate_with == name for h in self.plan.hosts)
             if chief_vm and event.notice_s >= self.ckpt_s:
                 self.ckpt_request = True  # the chief checkpoints on its own host's notice
                 self.rate_changed()
@@ -363,11 +374,11 @@ class Simulation:
         self.rcfg.replacement_delay_s = provision_delay(
             self.models, host, stream(self.seed, "replacement", len(self.events)))
         workers_alive = sum(1 for h in self.plan.hosts
-                            if h.role == "worker" and h.name in self.alive)
+                            if h.role == ROLE_WORKER and h.name in self.alive)
         progress = TrainingProgress(int(self.step + _EPS), self.last_ckpt, workers_alive)
         for decision in self.planner.decide(losses, progress, self.now_s()):
             self.record_all(decision.events)
-            if host.role == "worker":
+            if host.role == ROLE_WORKER:
                 self.record_all([self.detector.forget(host.index, self.now_s())])
             if decision.action == Action.fail:
                 self.error = decision.reason
@@ -402,7 +413,7 @@ class Simulation:
         self.record_all([self.planner.end(decision, self.now_s())])
         if restart:
             self.paused = False
-            self.record("train_start", role="chief", step=int(self.step),
+            self.record(events.EVENT_TRAIN_START, role=ROLE_CHIEF, step=int(self.step),
                         workers=len(self.worker_times()), resumed_from=decision.resume_step)
         self.rate_changed()
 
@@ -437,9 +448,9 @@ class Simulation:
             return
         self.advance()
         for worker in sorted(set(delays) - set(self.delays)):
-            self.record("straggler_injection_start", worker=worker, delay_s=delays[worker])
+            self.record(EVENT_STRAGGLER_INJECTION_START, worker=worker, delay_s=delays[worker])
         for worker in sorted(set(self.delays) - set(delays)):
-            self.record("straggler_injection_end", worker=worker)
+            self.record(EVENT_STRAGGLER_INJECTION_END, worker=worker)
         self.delays = delays
         self.rate_changed()
         self.env.process(self.detect())
@@ -452,7 +463,7 @@ class Simulation:
             times = self.worker_times()
             yield self.env.timeout(max(t for t, _ in times) if times else 1.0)
             for h in self.plan.hosts:
-                if h.role == "worker" and h.name in self.alive:
+                if h.role == ROLE_WORKER and h.name in self.alive:
                     event = self.detector.observe(h.index, self.base_step_s[h.name]
                                                   + self.delays.get(h.index, 0.0), self.now_s())
                     if event is not None:
@@ -477,7 +488,7 @@ class Simulation:
             if before != self.protocol():
                 times = [t for t, _ in self.worker_times()] or [0.0]
                 cost = min(times)  # in place: one step of the new protocol (paid in rate)
-                self.record("protocol_switch", role="chief", step=int(self.step),
+                self.record(events.EVENT_PROTOCOL_SWITCH, role=ROLE_CHIEF, step=int(self.step),
                             switch_s=round(cost, 3), reason="control",
                             **{"from": before, "to": self.protocol()})
             self.rate_changed()
@@ -485,11 +496,11 @@ class Simulation:
     # --- the end --------------------------------------------------------------------------
     def finish(self) -> None:
         if self.error is not None:  # where training stopped (a completed run's train_end says)
-            self.record("step", role="chief", step=round(self.step))
+            self.record(events.EVENT_STEP, role=ROLE_CHIEF, step=round(self.step))
         elif self.train_end is not None:
             self.record_final_accuracy()
         self.bill.stop_all(self.env.now)
-        self.record("teardown")
+        self.record(results.EVENT_TEARDOWN)
         if not self.done.triggered:
             self.done.succeed()
 
@@ -505,19 +516,19 @@ class Simulation:
         """The evaluator's final ``eval`` of a completed run: the accuracy the fitted models
         give this setup (none when they cannot), and where it comes from (``source``)."""
         cfg, plan = self.cfg, self.plan
-        transient = any(h.transient for h in plan.hosts if h.role == "worker")
+        transient = any(h.transient for h in plan.hosts if h.role == ROLE_WORKER)
         bsp = sum(p.bsp_equivalent_steps for p in plan.phases if p.protocol == "bsp")
         budget = sum(p.bsp_equivalent_steps for p in plan.phases)
         found = self.models.accuracy(self.hparam, cfg.job.problem, plan.workers,
                                      bsp / budget if budget else 0.0, round(budget), transient)
         if found is not None:
             accuracy, source = found
-            self.record("eval", role="evaluator", step=round(self.step), accuracy=accuracy,
-                        final=True, source=source)
+            self.record(events.EVENT_EVAL, role=ROLE_EVALUATOR, step=round(self.step),
+                        accuracy=accuracy, final=True, source=source)
 
     def result(self) -> SimResult:
         """The run as the real one records it: events, metrics, and the summary made from the
-        events by the one builder (:func:`orchestrator.record.summarize`)."""
+        events by the one builder (:func:`orchestrator.rundir.record.summarize`)."""
         completed = self.error is None and self.train_end is not None
         state = fold({results.EVENT_TIME: event["t"], **event} for event in self.events)
         # a simulated run is its own prediction: the plan's band is not compared with it

@@ -86,7 +86,7 @@ def step_times() -> tuple[dict[str, dict[str, float]], dict[str, int], dict[str,
 
 def step_time_errors(how: dict[str, str]) -> dict[str, Any]:
     """The speed model's own error per (hparam_set, catalog GPU), from its held-out error on the
-    papers' data (:func:`analysis.speed_model.speed_error_model`): ``sigma_log`` (the spread of
+    papers' data (:func:`analysis.speed_error.speed_error_model`): ``sigma_log`` (the spread of
     log step time a simulated run draws from), ``basis`` (``measured``; ``speed model``: an
     architecture no paper measured, on a measured GPU; ``extrapolated``: a GPU no paper
     measured, scaled by TFLOPS and memory bandwidth), ``tflops_outside`` (how far, in log
@@ -94,7 +94,7 @@ def step_time_errors(how: dict[str, str]) -> dict[str, Any]:
     ``supported`` with its ``support`` (:func:`speed_support`)."""
     import math
 
-    from analysis.speed_model import public_checks, speed_error_model, unmeasured_gpu_sigma
+    from analysis.speed_error import public_checks, speed_error_model, unmeasured_gpu_sigma
 
     model = speed_error_model()
     checks = public_checks(error=model)
@@ -124,7 +124,7 @@ def speed_support(gpu: str, basis: str, outside: float,
     """Whether anything supports the speed model's step time of ``gpu``, and what: a
     measurement; a GPU inside the measured GPUs' TFLOPS and bandwidth (an interpolation, whose
     held-out error is measured); or, outside, public throughputs of that GPU that agree with the
-    model within its own 2σ (:func:`analysis.speed_model.public_checks`). An extrapolation with
+    model within its own 2σ (:func:`analysis.speed_error.public_checks`). An extrapolation with
     no public figure, or one the public figures contradict, is not supported: its spread is a
     guess about a GPU nothing here has seen."""
     if basis != "extrapolated":

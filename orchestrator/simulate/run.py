@@ -13,10 +13,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from orchestrator import results
 from orchestrator.config.schema import ExperimentConfig
 from orchestrator.plan import RunPlan
-from orchestrator.record import RunState, make_run_id, summarize
+from orchestrator.rundir import results
+from orchestrator.rundir.record import RunState, make_run_id, summarize
 from orchestrator.simulate.engine import SimResult, simulate
 from orchestrator.simulate.models import NoModelError
 

@@ -33,6 +33,7 @@ from orchestrator import sweep as hydra_sweep
 from orchestrator.config.errors import CONFIG_ERROR_EXIT_CODE, ConfigError
 from orchestrator.config.schema import ExperimentConfig
 from orchestrator.config.simulate import QueueConfig
+from orchestrator.rundir import index
 from orchestrator.simulate.queue import QueuedRun, Schedule, compare, markdown, predict_time_s
 
 #: Config groups: an override of one of these selects a YAML file, so it needs a compose.
@@ -150,7 +151,7 @@ def _run_points(job: tuple[list[tuple[int, list[str]]], list[str], str]) -> list
         run_dir = sweep_dir / str(num)
         plan = make_plan(cfg)
         summary = execute_sim(cfg, plan, run_dir, dataclasses.asdict(cfg))
-        hydra_sweep.append_run_row(sweep_dir / hydra_sweep.RUNS_CSV, point, run_dir, summary)
+        index.append_run_row(sweep_dir / index.RUNS_CSV, point, run_dir, summary)
         try:
             predicted = predict_time_s(cfg, plan, models)
         except NoModelError:
@@ -195,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     runs = run_sweep(base, swept, out, args.processes)
     print(f"{len(runs)} simulated runs in {time.perf_counter() - started:.1f} s; "
-          f"results in {out} ({hydra_sweep.RUNS_CSV})")
+          f"results in {out} ({index.RUNS_CSV})")
     first = prepare([base + (hydra_sweep.expand_sweep(swept)[0] if swept else [])])[0][1]
     if first.queue.quota_gpus is not None and runs:
         report_queue(runs, first.queue, first.job.hparam_set, out)

@@ -29,9 +29,11 @@ import statistics
 from dataclasses import dataclass
 from typing import Any
 
+from orchestrator.rundir import results
 from orchestrator.simulate.engine import Simulation
 from orchestrator.simulate.models import SimModels
 from provisioning import catalog
+from trainer.layout import ROLE_PS, ROLE_WORKER
 
 
 @dataclass(frozen=True)
@@ -132,12 +134,12 @@ def simulate_case(case: Case, models: SimModels, repeats: int) -> dict[str, Any]
     for seed in range(repeats):
         sim = Simulation(cfg, plan, seed, models)
         summary = sim.run().summary
-        if summary["status"] != "completed":
+        if summary["status"] != results.STATUS_COMPLETED:
             continue
         times.append(summary["train_time_s"])
         revs.append(summary["revocations"])
-        roles = ("worker",) if case.study == "Sync-Switch" or case.workers == 1 else (
-            "worker", "ps")
+        roles = (ROLE_WORKER,) if case.study == "Sync-Switch" or case.workers == 1 else (
+            ROLE_WORKER, ROLE_PS)
         costs.append(sim.cost_usd(roles, training_only=True))
     return {"time_s": statistics.fmean(times), "cost_usd": statistics.fmean(costs),
             "revocations": statistics.fmean(revs), "completed": len(times) / repeats}

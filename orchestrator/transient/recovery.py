@@ -307,7 +307,7 @@ RESTART_ROLES = (Role.PS, Role.CHIEF)
 
 class RecoveryPlanner:
     """Routes losses to policies; the events it hands out are the run's record of recovery
-    (:class:`orchestrator.record.RunState` counts them for the summary).
+    (:class:`orchestrator.rundir.record.RunState` counts them for the summary).
 
     Routing: any PS or chief among the losses → one ``restart_from_checkpoint`` decision for
     all of them (a restart re-deploys every role, and replaces every gone host, workers too);

@@ -111,8 +111,8 @@ def is_revocable(host: HostLike, cfg: RevocationConfig) -> bool:
     role = str(host.role)
     return bool(
         host.transient
-        or (role == "ps" and cfg.include_ps)
-        or (role == "chief" and cfg.include_chief)
+        or (role == layout.ROLE_PS and cfg.include_ps)
+        or (role == layout.ROLE_CHIEF and cfg.include_chief)
     )
 
 
@@ -378,8 +378,8 @@ def _sample_fitted(models: dict[str, Any], gpu: str, region: str | None,
 
 def _eligibility_hint(role: str) -> str:
     return {
-        "ps": "set revocation.include_ps=true or cluster.ps_transient=true",
-        "chief": "set revocation.include_chief=true or cluster.chief_transient=true",
+        layout.ROLE_PS: "set revocation.include_ps=true or cluster.ps_transient=true",
+        layout.ROLE_CHIEF: "set revocation.include_chief=true or cluster.chief_transient=true",
     }.get(role, "mark the group transient: cluster.worker_groups.N.transient=true")
 
 

@@ -36,10 +36,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from orchestrator import results
 from orchestrator.config.schema import ExperimentConfig
+from orchestrator.rundir import results
+from orchestrator.runtime.deploy import EVENT_PROCESS_EXIT
 from orchestrator.transient.recovery import Action, RecordedEvent, RecoveryDecision
 from provisioning.base import Role
+from trainer import events
 
 EVENT_CHIEF_UNRESPONSIVE = "chief_unresponsive"
 #: The default limit: never under MIN_CHIEF_SILENCE_S, nor under this many missed reports. A
@@ -80,15 +82,15 @@ class ChiefWatch:
         if role != Role.CHIEF.value:
             return
         now = time.monotonic() if now is None else now
-        if kind == "train_start":
+        if kind == events.EVENT_TRAIN_START:
             self.heard_at, self.silent_ps = now, set()
-        elif kind in ("train_end", "process_exit"):  # process_exit: the deployer's
+        elif kind in (events.EVENT_TRAIN_END, EVENT_PROCESS_EXIT):  # the exit: the deployer's event
             self.heard_at = None
         elif self.heard_at is not None:
             self.heard_at = now
-        if kind == "ps_unresponsive":
+        if kind == events.EVENT_PS_UNRESPONSIVE:
             self.silent_ps.add(fields.get("ps"))
-        elif kind == "ps_responsive":
+        elif kind == events.EVENT_PS_RESPONSIVE:
             self.silent_ps.discard(fields.get("ps"))
 
     def due(self, restarting: bool, step: int, now: float | None = None
@@ -124,7 +126,7 @@ class Supervised(Protocol):
     @property
     def fleet(self) -> Any: ...  # orchestrator.runtime.fleet.Fleet
     @property
-    def run_state(self) -> Any: ...  # orchestrator.record.RunState
+    def run_state(self) -> Any: ...  # orchestrator.rundir.record.RunState
 
     def record(self, events: Any) -> None: ...
 

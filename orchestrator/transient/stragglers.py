@@ -29,11 +29,15 @@ from orchestrator.config.transient import (
     SyncPolicyName,
 )
 from orchestrator.transient.recovery import RecordedEvent
+from trainer import events
 from trainer.registry import Registry
 
 EVENT_STRAGGLER_START = "straggler_start"  # worker, step_time_s, peer_median_s
 EVENT_STRAGGLER_END = "straggler_end"  # worker, step_time_s, peer_median_s, duration_s
 EVENT_POLICY_DECISION = "policy_decision"  # policy, protocol, previous, reason, stragglers
+#: An injected straggler (InjectionSchedule) starts / ends: worker, delay_s / worker.
+EVENT_STRAGGLER_INJECTION_START = "straggler_injection_start"
+EVENT_STRAGGLER_INJECTION_END = "straggler_injection_end"
 #: Recent step times kept per worker; a peer's typical time is the median of its window, so one
 #: slow step of a peer (a GC pause, a checkpoint) does not move the threshold.
 STEP_WINDOW = 5
@@ -225,13 +229,13 @@ def judge_trainer_event(detector: StragglerDetector, kind: str, fields: Mapping[
     and the tests that replay a real chief's events): ``worker_steps`` is judged per report
     (its ``step``), ``ps_unresponsive``/``ps_responsive`` hold and release judgement. A
     straggler_start/_end event when a worker's state flips."""
-    if kind == "worker_steps":
+    if kind == events.EVENT_WORKER_STEPS:
         worker, step_time = fields.get("worker"), fields.get("step_time_s")
         if isinstance(worker, int) and worker >= 0 and isinstance(step_time, int | float):
             return detector.observe(worker, float(step_time), now_s, fields.get("step"))
-    elif kind == "ps_unresponsive":  # a frozen PS stalls every worker: blame none of them
+    elif kind == events.EVENT_PS_UNRESPONSIVE:  # a frozen PS stalls every worker: blame none
         detector.hold(f"ps{fields.get('ps')}")
-    elif kind == "ps_responsive":
+    elif kind == events.EVENT_PS_RESPONSIVE:
         detector.release(f"ps{fields.get('ps')}")
     return None
 

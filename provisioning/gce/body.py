@@ -267,7 +267,13 @@ def base_body(cfg: GceConfig, name: str, zone: str, machine_type: str,
               network_ip: str | None = None) -> dict[str, object]:
     """What every VM of this tool shares (a run's host or a sweep's controller): its name,
     machine type, labels (`provider.labels` first), firewall tags, boot disk from
-    `provider.image` or the image family, network interface and metadata."""
+    `provider.image` or the image family, network interface and metadata.
+
+    Labels go in as given: `provider.labels` were checked against Compute Engine's rules before
+    anything was provisioned (config.py `labels_problems`: used as typed, so a filter on them
+    finds the VM), and the tool's own `labels` are built in label form (`run_labels` tidies the
+    run, role and host ids; a sweep id is a label value by construction,
+    orchestrator/controller/layout.py `sweep_id_problem`)."""
     source_image = cfg.image or (f"projects/{cfg.image_project}/global/images/family/"
                                  f"{cfg.image_family}")
     nic: dict[str, object] = {"network": cfg.network}
@@ -280,8 +286,7 @@ def base_body(cfg: GceConfig, name: str, zone: str, machine_type: str,
     return {
         "name": name,
         "machineType": f"zones/{zone}/machineTypes/{machine_type}",
-        "labels": {**{k: label_value(v) for k, v in cfg.labels.items()},
-                   **{k: label_value(v) for k, v in labels.items()}},
+        "labels": {**cfg.labels, **labels},
         "tags": {"items": list(cfg.tags)},
         "disks": [{"boot": True, "autoDelete": True, "initializeParams": {
             "sourceImage": source_image, "diskSizeGb": str(cfg.boot_disk_gb),

@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis import speed_model
+from analysis import speed_error, speed_model
 from analysis.features import CMDARE_DIR, prepare_speed_frame
 
 SPEED_DIR = CMDARE_DIR / "speed_data"
@@ -132,7 +132,7 @@ def test_leave_one_gpu_out_error_grows_outside_the_measured_hardware() -> None:
     left out in turn. P100 lies between the other two in TFLOPS and bandwidth (an
     interpolation), K80 and V100 outside; both extrapolations are worse. Scaling by TFLOPS and
     bandwidth keeps every fold within 30 % RMS (TFLOPS alone: 62 % and 38 % on K80 and V100)."""
-    folds = speed_model.evaluate_leave_gpu_out()
+    folds = speed_error.evaluate_leave_gpu_out()
     assert folds["P100"]["distance"] == 0 and folds["K80"]["distance"] > 0
     assert folds["V100"]["distance"] > 0 and folds["V100"]["n"] == 4
     for gpu in ("K80", "V100"):
@@ -189,7 +189,7 @@ def test_model_agrees_with_public_throughputs_within_its_own_error() -> None:
     """The model's speed ratio to the V100 against NVIDIA's published ResNet-50 throughputs
     (PUBLIC_RATIOS, cited): every figure within the model's 2σ held-out band; the L4, of which
     no public figure was found, is listed as unchecked."""
-    checks = speed_model.public_checks()
+    checks = speed_error.public_checks()
     checked = [c for c in checks if c["ratio"] is not None]
     assert {c["gpu"] for c in checked} == {"A100", "T4"}
     for c in checked:

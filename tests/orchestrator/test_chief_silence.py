@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from orchestrator import results
 from orchestrator.config.errors import ConfigError
-from orchestrator.record import summarize
+from orchestrator.rundir import results
+from orchestrator.rundir.record import summarize
 from orchestrator.transient.silence import (
     EVENT_CHIEF_UNRESPONSIVE,
     ChiefWatch,

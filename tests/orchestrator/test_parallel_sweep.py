@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 
 from orchestrator import sweep
+from orchestrator.rundir import index
 from orchestrator.simulate.queue import QueuedRun, admit, priority_key
 from provisioning.base import Role
 from tests.orchestrator.proc_utils import live_processes_mentioning
@@ -45,7 +46,7 @@ def orchestrate(repo_root: Path, *args: str, timeout: float = 300
 
 
 def launches(sweep_dir: Path) -> list[dict[str, Any]]:
-    path = sweep_dir / sweep.LAUNCHES_FILE
+    path = sweep_dir / index.LAUNCHES_FILE
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
@@ -59,7 +60,7 @@ def intervals(sweep_dir: Path) -> dict[int, tuple[float, float, int]]:
 
 
 def rows(sweep_dir: Path) -> list[dict[str, str]]:
-    with open(sweep_dir / sweep.RUNS_CSV) as fh:
+    with open(sweep_dir / index.RUNS_CSV) as fh:
         return list(csv.DictReader(fh))
 
 

@@ -28,7 +28,7 @@ from typing import Any
 
 import pytest
 
-from orchestrator import sweep
+from orchestrator.rundir import index
 from orchestrator.simulate.queue import QueuedRun, schedule
 from tests.orchestrator.proc_utils import live_processes_mentioning
 
@@ -70,7 +70,7 @@ def test_las_preempts_a_local_point_and_resumes_it_from_its_checkpoint(
     proc = subprocess.run(**_sweep(repo_root, tmp_path, sweep_dir), capture_output=True,
                           text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-3000:]
-    rec = _jsonl(sweep_dir / sweep.LAUNCHES_FILE)
+    rec = _jsonl(sweep_dir / index.LAUNCHES_FILE)
     kinds = [(e["kind"], e["num"]) for e in rec]
     assert ("preempted", 0) in kinds and ("resumed", 0) in kinds, kinds
     assert [k for k in kinds if k[0] == "ended"] == [("ended", 1), ("ended", 0)], kinds
@@ -88,7 +88,7 @@ def test_las_preempts_a_local_point_and_resumes_it_from_its_checkpoint(
         live += {"started": 1, "resumed": 1, "stopped": -1, "ended": -1}.get(e["kind"], 0)
         assert live <= 1
     # every point completed once, with all its steps; one runs.csv row each
-    with open(sweep_dir / sweep.RUNS_CSV) as fh:
+    with open(sweep_dir / index.RUNS_CSV) as fh:
         rows = list(csv.DictReader(fh))
     assert sorted(r["point"] for r in rows) == ["long", "short"]
     assert all(r["status"] == "completed" for r in rows)
@@ -133,7 +133,7 @@ def test_ctrl_c_while_a_point_waits_preempted_leaves_it_resumable(
     ``not_resumed`` in launches.jsonl, exits 130 and leaves no process; ``--resume`` of the
     sweep then sees the long point as resumable from its checkpoint."""
     sweep_dir = tmp_path / "sweep"
-    launches = sweep_dir / sweep.LAUNCHES_FILE
+    launches = sweep_dir / index.LAUNCHES_FILE
     # the first boundary of the test above: the long point is preempted before it could end on
     # any machine, while starting or while training (both cases are checked below)
     proc = subprocess.Popen(**_sweep(repo_root, tmp_path, sweep_dir),
@@ -159,7 +159,7 @@ def test_ctrl_c_while_a_point_waits_preempted_leaves_it_resumable(
     # interrupted, not failed
     assert all(e["status"] in ("interrupted", "completed") for e in rec if e["kind"] == "ended")
     assert not live_processes_mentioning(str(sweep_dir))
-    runs_csv = sweep_dir / sweep.RUNS_CSV
+    runs_csv = sweep_dir / index.RUNS_CSV
     rows = {}
     if runs_csv.exists():
         with open(runs_csv) as fh:

@@ -7,9 +7,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from orchestrator import record, results
 from orchestrator.plan import make_plan
-from orchestrator.record import RunSummary, fold, fold_events_file, summarize
+from orchestrator.rundir import record, results
+from orchestrator.rundir.record import RunSummary, fold, fold_events_file, summarize
 from orchestrator.simulate.run import execute_sim
 from orchestrator.simulate.validate import compose
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.config.transient import OnRevocation, RecoveryConfig
-from orchestrator.record import fold
+from orchestrator.rundir.record import fold
 from orchestrator.transient.recovery import (
     EVENT_RECOVERY_ATTEMPT_FAILED,
     EVENT_RECOVERY_END,

@@ -22,7 +22,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from orchestrator import killpoints, record, results, resume, sweep
+from orchestrator import killpoints, resume
+from orchestrator.rundir import index, record, results
 from tests.orchestrator.proc_utils import live_processes_mentioning
 from tests.provisioning.test_gce_storage import emulator_fixture  # noqa: F401
 from tests.testbed import SshTestBed
@@ -84,7 +85,7 @@ def wait_nothing_runs(path: Path, timeout: float = 60) -> None:
 
 
 def rows(sweep_dir: Path) -> list[dict[str, str]]:
-    with open(sweep_dir / sweep.RUNS_CSV, newline="") as fh:
+    with open(sweep_dir / index.RUNS_CSV, newline="") as fh:
         return list(csv.DictReader(fh))
 
 
@@ -171,7 +172,7 @@ def test_parallel_sweep_killed_in_the_launcher_and_in_its_points(tmp_path: Path)
                          f"hydra.sweep.dir={sweep_dir}"], kill_at="launches:5")
     assert first.returncode == SIGKILLED, first.stderr[-3000:]
     wait_nothing_runs(sweep_dir)
-    torn = (sweep_dir / sweep.LAUNCHES_FILE).read_text()
+    torn = (sweep_dir / index.LAUNCHES_FILE).read_text()
     assert not torn.endswith("\n")  # the crash cut a line
     second = orchestrate(["--resume", str(sweep_dir)], kill_at="train_step:2")
     assert second.returncode == 1, second.stderr[-3000:]  # every point died: none completed
@@ -180,7 +181,7 @@ def test_parallel_sweep_killed_in_the_launcher_and_in_its_points(tmp_path: Path)
     assert final.returncode == 0, final.stderr[-3000:]
     assert_sweep_complete(sweep_dir)
     launches = [json.loads(line)
-                for line in (sweep_dir / sweep.LAUNCHES_FILE).read_text().splitlines()]
+                for line in (sweep_dir / index.LAUNCHES_FILE).read_text().splitlines()]
     assert [e["kind"] for e in launches].count("resume") == 2
     last = launches[max(i for i, e in enumerate(launches) if e["kind"] == "resume"):]
     assert sorted(e["num"] for e in last if e["kind"] == "ended") == [0, 1, 2]
@@ -192,14 +193,14 @@ def test_parallel_sweep_killed_in_the_launcher_and_in_its_points(tmp_path: Path)
 @pytest.mark.resume_matrix
 def test_a_run_killed_during_a_recovery_is_resumed(tmp_path: Path) -> None:
     """A single run (not a sweep) whose orchestrator dies while it recovers from a revoked
-    worker: the resume finishes it in the same directory with one runs.csv row."""
+    worker: the resume finishes it in the same directory with one runs.csv row, and its summary
+    is the run's (both attempts'), field by field what the same run uninterrupted records."""
     run_dir = (tmp_path / "run").resolve()
-    done = orchestrate(["+experiment=digits_local", "job.train_steps=600",
-                        "job.checkpoint_frequency=100", "job.eval_frequency=0",
-                        "revocation=schedule", "revocation.events=[{target: worker, "
-                        "at_step: 150}]", "revocation.notice_s=0",
-                        "cluster.recovery.on_revocation=replace", "progress=false",
-                        f"hydra.run.dir={run_dir}"], kill_at="recovery")
+    command = ["+experiment=digits_local", "job.train_steps=600", "job.checkpoint_frequency=100",
+               "job.eval_frequency=0", "revocation=schedule",
+               "revocation.events=[{target: worker, at_step: 150}]", "revocation.notice_s=0",
+               "cluster.recovery.on_revocation=replace", "progress=false"]
+    done = orchestrate([*command, f"hydra.run.dir={run_dir}"], kill_at="recovery")
     assert done.returncode == SIGKILLED, done.stderr[-3000:]
     wait_nothing_runs(run_dir)
     final = orchestrate(["--resume", str(run_dir)])
@@ -210,6 +211,22 @@ def test_a_run_killed_during_a_recovery_is_resumed(tmp_path: Path) -> None:
     resumed = [e for e in events(run_dir) if e["kind"] == resume.RESUMED_EVENT]
     assert len(resumed) == 1 and resumed[0]["previous_status"] == "killed"
     wait_nothing_runs(run_dir)
+    # field by field against the same run uninterrupted: the summary is the run's, both attempts'
+    plain_dir = (tmp_path / "plain").resolve()
+    plain = orchestrate([*command, f"hydra.run.dir={plain_dir}"])
+    assert plain.returncode == 0, plain.stderr[-3000:]
+    got, want = (json.loads((d / results.SUMMARY_FILE).read_text()) for d in (run_dir, plain_dir))
+    for key in ("status", "experiment", "provider", "protocol", "workers", "parameter_servers",
+                "global_steps", "restarts", "stragglers"):
+        assert got[key] == want[key], (key, got[key], want[key])
+    assert [(p["protocol"], p["start_step"], p["end_step"]) for p in got["phases"]] == \
+        [(p["protocol"], p["start_step"], p["end_step"]) for p in want["phases"]]
+    log = events(run_dir)  # every attempt's revocations (a resume may replay the schedule's)
+    assert got["revocations"] == sum(e["kind"] == "revocation" for e in log) >= 1
+    assert got["roles_restarted"].get("worker", 0) >= want["roles_restarted"]["worker"] == 1
+    assert got["lost_steps"] >= resumed[0]["lost_steps"]
+    first_attempt = [e["time"] for e in log[:log.index(resumed[0])]]
+    assert got["wall_time_s"] > max(first_attempt) - min(first_attempt)  # both attempts' time
 
 
 # --- the refusals and the records, without a cluster ------------------------------------------
@@ -295,13 +312,13 @@ def test_runs_csv_keeps_one_intact_row_per_kept_point(tmp_path: Path, fake_run) 
     sweep_dir = tmp_path / "sweep"
     for name, status in (("0", "completed"), ("1", "completed"), ("2", None)):
         fake_run(sweep_dir / name, status)
-    sweep.append_run_row(sweep_dir / sweep.RUNS_CSV, ["job.seed=0"], sweep_dir / "0",
+    index.append_run_row(sweep_dir / index.RUNS_CSV, ["job.seed=0"], sweep_dir / "0",
                          results.read_summary(sweep_dir / "0"))
     original = rows(sweep_dir)[0]
-    sweep.mark_killed(sweep_dir / "2")  # what release writes: a killed row (and summary)
-    sweep.append_run_row(sweep_dir / sweep.RUNS_CSV, ["job.seed=0"], sweep_dir / "0",
+    index.mark_killed(sweep_dir / "2")  # what release writes: a killed row (and summary)
+    index.append_run_row(sweep_dir / index.RUNS_CSV, ["job.seed=0"], sweep_dir / "0",
                          results.read_summary(sweep_dir / "0"))  # a duplicate
-    with open(sweep_dir / sweep.RUNS_CSV, "a") as fh:
+    with open(sweep_dir / index.RUNS_CSV, "a") as fh:
         fh.write("0,/x/torn")  # half a row
     points = [resume.PointPlan(int(d), [], sweep_dir / d, "", "") for d in ("0", "1", "2")]
     target = resume.Target(sweep_dir, True, [], points)
@@ -309,7 +326,7 @@ def test_runs_csv_keeps_one_intact_row_per_kept_point(tmp_path: Path, fake_run) 
         p.status = resume.point_status(p.run_dir)
         p.action = resume.action_for(p.status, retry=False)
     assert [p.action for p in points] == [resume.KEEP, resume.KEEP, resume.RESUME]
-    sweep.reconcile_runs_csv(target.runs_csv, {p.run_dir: p.overrides for p in points
+    index.reconcile_runs_csv(target.runs_csv, {p.run_dir: p.overrides for p in points
                                                if p.action == resume.KEEP})
     table = rows(sweep_dir)
     assert [r["run_dir"] for r in table] == [str(sweep_dir / "0"), str(sweep_dir / "1")]
@@ -632,8 +649,27 @@ def test_a_sweep_with_extra_config_dirs_is_validated_and_resumed_with_them(
     assert [r["status"] for r in rows(sweep_dir)] == ["completed", "completed"]
 
 
+def _attempt(run_dir: Path, resumption: resume.Resumption) -> results.RunRecorder:
+    """The next attempt's recorder, as execute_run opens it for a resumed point: the run's fold
+    holds the earlier attempts' events first, then its ``resumed`` event and the rest."""
+    state = record.fold_events_file(run_dir / results.EVENTS_FILE)
+    rec = results.RunRecorder(run_dir, on_event=state.apply)
+    rec.state = state  # for _summary
+    rec.event(resume.RESUMED_EVENT, **resumption.record())
+    return rec
+
+
+def _summary(rec: results.RunRecorder, wall_s: float = 10.0, hourly_usd: float = 0.0
+             ) -> dict:
+    """The summary execute_run builds from the run's fold (this attempt's wall time)."""
+    return record.summarize(rec.state, {"hourly_usd": hourly_usd}, run_id="run-run",
+                            status=results.STATUS_COMPLETED, wall_s=wall_s,
+                            cost_usd=hourly_usd * wall_s / 3600, error=None).to_dict()
+
+
 def test_a_resumed_summary_counts_every_attempt(tmp_path: Path, fake_run) -> None:
-    """The earlier attempts' recoveries, lost steps and host time are the run's too."""
+    """The earlier attempts' recoveries, lost steps and host time are the run's too: the one
+    fold over every attempt's events, not a summary edited afterwards."""
     run_dir = tmp_path / "run"
     fake_run(run_dir, None, step=80)
     rec = results.RunRecorder(run_dir)
@@ -642,16 +678,17 @@ def test_a_resumed_summary_counts_every_attempt(tmp_path: Path, fake_run) -> Non
     rec.close()
     resumption = resume.prepare_point(run_dir)
     assert resumption is not None and resumption.attempt == 3  # resumed once before
-    assert resumption.earlier["lost_steps"] == 12 and resumption.earlier["restarts"] == 1
-    summary = {"run_id": "new", "wall_time_s": 10.0, "cost_usd": 0.0, "lost_steps": 2,
-               "restarts": 0, "global_steps": 100, "train_time_s": 5.0}
-    resumption.fold_into(summary, hourly_usd=3.6)
+    assert record.fold_events_file(run_dir / results.EVENTS_FILE).run_lost_steps == 12
+    rec = _attempt(run_dir, resumption)
+    rec.event("recovery_start", lost_steps=2, action="replace")  # this attempt's own loss
+    rec.close()
+    summary = _summary(rec, wall_s=10.0, hourly_usd=3.6)
     assert summary["run_id"] == "run-run" and summary["restarts"] == 1
     # the attempt after the last resume recorded no step: it lost nothing more (the 80 steps
     # before were counted by that resume, test_lost_steps_count_each_attempt_once_...)
     assert resumption.lost_steps == 0 and summary["lost_steps"] == 2 + 12
     assert summary["wall_time_s"] == round(10.0 + resumption.earlier_s, 3)
-    assert summary["cost_usd"] == round(3.6 * summary["wall_time_s"] / 3600, 6)
+    assert summary["cost_usd"] == pytest.approx(3.6 * summary["wall_time_s"] / 3600, abs=2e-6)
 
 
 def test_lost_steps_count_each_attempt_once_and_a_skipped_checkpoint(tmp_path: Path,
@@ -671,39 +708,36 @@ def test_lost_steps_count_each_attempt_once_and_a_skipped_checkpoint(tmp_path: P
     first = resume.prepare_point(run_dir)
     assert first is not None and (first.from_step, first.last_step) == (100, 200)
     assert first.lost_steps == 100
-    rec = results.RunRecorder(run_dir)  # attempt 2: killed while provisioning, trained nothing
-    rec.event(resume.RESUMED_EVENT, **first.record())
-    rec.close()
+    _attempt(run_dir, first).close()  # attempt 2: killed while provisioning, trained nothing
     second = resume.prepare_point(run_dir)
     assert second is not None and second.lost_steps == 0  # not the 100 again
-    assert second.earlier["lost_steps"] == 100
+    assert record.fold_events_file(run_dir / results.EVENTS_FILE).run_lost_steps == 100
     # attempt 3: its chief restores 50, not 100 (ckpt-100 damaged), reaches 400 and ends
-    rec = results.RunRecorder(run_dir)
-    rec.event(resume.RESUMED_EVENT, **second.record())
+    rec = _attempt(run_dir, second)
     rec.event("train_start", role="chief", step=50, resumed_from="ckpt-50")
     rec.event("train_end", role="chief", step=400, train_time_s=10.0)
     rec.close()
-    summary = {"run_id": "x", "wall_time_s": 10.0, "cost_usd": 0.0, "lost_steps": 0,
-               "global_steps": 400, "train_time_s": 10.0}
-    second.fold_into(summary, hourly_usd=0.0)
+    summary = _summary(rec)
     assert summary["lost_steps"] == 100 + 0 + 50
     assert summary["steps_per_sec"] == (400 - 50) / 10.0
     # had it been killed instead, the next resume counts the same 50 (once) in the earlier ones
     third = resume.prepare_point(run_dir)
-    assert third is not None and third.earlier["lost_steps"] == 150
+    assert third is not None
+    assert record.fold_events_file(run_dir / results.EVENTS_FILE).run_lost_steps == 150
     assert third.last_step == 400 and third.lost_steps == 300
 
 
 def test_a_point_resumed_with_nothing_left_to_train_keeps_its_rate(tmp_path: Path,
                                                                   fake_run) -> None:
     """Killed after its last checkpoint (in the final evaluation, say), a resumed point trains
-    no step: its steps_per_sec is the rate its metrics recorded, not 0."""
+    no step: its steps_per_sec is the rate its chief reported, not 0."""
     run_dir = tmp_path / "run"
-    fake_run(run_dir, None, step=100)  # metrics.csv: 40 steps/s
-    resumption = resume.Resumption("run-1", 2, "killed", 100, 100, 1.0, {}, run_dir)
-    summary = {"run_id": "x", "wall_time_s": 2.0, "cost_usd": 0.0, "lost_steps": 0,
-               "global_steps": 100, "train_time_s": 0.4}
-    resumption.fold_into(summary, hourly_usd=0.0)
+    fake_run(run_dir, None, step=100)  # its chief reported 40 steps/s
+    rec = _attempt(run_dir, resume.Resumption("run-1", 2, "killed", 100, 100, 1.0))
+    rec.event("train_start", role="chief", step=100)
+    rec.event("train_end", role="chief", step=100, train_time_s=0.4)
+    rec.close()
+    summary = _summary(rec, wall_s=2.0)
     assert summary["steps_per_sec"] == 40.0 and summary["lost_steps"] == 0
 
 
@@ -724,21 +758,17 @@ def test_a_bsp_to_asp_run_killed_in_asp_and_resumed_keeps_both_phases(tmp_path: 
         ("bsp", 0, 100), ("asp", 100, 150)]
     resumption = resume.prepare_point(run_dir)
     assert resumption is not None
-    rec = results.RunRecorder(run_dir)  # attempt 2: restores 120 and trains ASP to the end
-    rec.event(resume.RESUMED_EVENT, **resumption.record())
-    rec.event("train_start", role="chief", step=120)
-    rec.event("phase_start", role="chief", step=120, protocol="asp")
-    rec.event("train_end", role="chief", step=300, train_time_s=10.0)
+    rec = _attempt(run_dir, resumption)  # attempt 2: restores 120 and trains ASP to the end
+    now = time.time()
+    rec.event("train_start", role="chief", step=120, time_s=now)
+    rec.event("phase_start", role="chief", step=120, protocol="asp", time_s=now)
+    rec.event("train_end", role="chief", step=300, train_time_s=10.0, time_s=now + 9.0)
     rec.close()
-    summary = {"run_id": "x", "wall_time_s": 10.0, "cost_usd": 0.0, "lost_steps": 0,
-               "global_steps": 300, "train_time_s": 10.0,
-               "phases": [{"protocol": "asp", "start_step": 120, "end_step": 300,
-                           "wall_s": 9.0}]}
-    resumption.fold_into(summary, hourly_usd=0.0)
+    summary = _summary(rec)
     assert [(p["protocol"], p["start_step"], p["end_step"]) for p in summary["phases"]] == [
         ("bsp", 0, 100), ("asp", 100, 300)]
     earlier_asp = next(p for p in killed.phases if p["protocol"] == "asp")["wall_s"]
-    assert summary["phases"][1]["wall_s"] == round(earlier_asp + 9.0, 3)
+    assert summary["phases"][1]["wall_s"] == pytest.approx(earlier_asp + 9.0, abs=0.002)
 
 
 def _sweep_of_two(sweep_dir: Path, fake_run, task: list[str]) -> None:
@@ -747,7 +777,7 @@ def _sweep_of_two(sweep_dir: Path, fake_run, task: list[str]) -> None:
     for seed in ("0", "1"):
         fake_run(sweep_dir / seed, "completed")
         (sweep_dir / seed / ".hydra" / "overrides.yaml").write_text(f"- job.seed={seed}\n")
-        sweep.append_run_row(sweep_dir / sweep.RUNS_CSV, [f"job.seed={seed}"],
+        index.append_run_row(sweep_dir / index.RUNS_CSV, [f"job.seed={seed}"],
                              sweep_dir / seed, results.read_summary(sweep_dir / seed))
     (sweep_dir / resume.MULTIRUN_FILE).write_text(
         yaml.safe_dump({"hydra": {"overrides": {"task": task, "hydra": []}}}))
@@ -759,15 +789,15 @@ def test_a_second_resume_of_a_sweep_refuses_before_it_touches_anything(tmp_path:
     in one line; runs.csv and launches.jsonl are as the winner left them."""
     sweep_dir = tmp_path / "sweep"
     _sweep_of_two(sweep_dir, fake_run, ["job.seed=0,1"])
-    before = (sweep_dir / sweep.RUNS_CSV).read_text()
+    before = (sweep_dir / index.RUNS_CSV).read_text()
     winner = results.RunDirLock(sweep_dir, resume.RESUME_LOCK_FILE)
     try:
         with pytest.raises(resume.ResumeRefused, match="is being resumed by a live orchestrator"):
             resume.start(["orchestrator", "--resume", str(sweep_dir)])
     finally:
         winner.release()
-    assert (sweep_dir / sweep.RUNS_CSV).read_text() == before
-    assert not (sweep_dir / sweep.LAUNCHES_FILE).exists()
+    assert (sweep_dir / index.RUNS_CSV).read_text() == before
+    assert not (sweep_dir / index.LAUNCHES_FILE).exists()
 
 
 def test_a_sweep_whose_experiment_was_renamed_is_refused_and_keeps_its_rows(tmp_path: Path,
@@ -779,11 +809,11 @@ def test_a_sweep_whose_experiment_was_renamed_is_refused_and_keeps_its_rows(tmp_
     for seed in ("0", "1"):
         (sweep_dir / seed / ".hydra" / "overrides.yaml").write_text(
             f"- +experiment=renamed_since\n- job.seed={seed}\n")
-    before = (sweep_dir / sweep.RUNS_CSV).read_text()
+    before = (sweep_dir / index.RUNS_CSV).read_text()
     for args in ([], ["dry_run=true"]):
         with pytest.raises(resume.ResumeRefused, match=r"no longer composes.*experiment"):
             resume.start(["orchestrator", "--resume", str(sweep_dir), *args])
-    assert (sweep_dir / sweep.RUNS_CSV).read_text() == before
+    assert (sweep_dir / index.RUNS_CSV).read_text() == before
 
 
 def test_a_torn_multirun_yaml_is_refused_not_a_completed_point_dropped(tmp_path: Path,

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import results, sweep
 from orchestrator.config.errors import ConfigError
+from orchestrator.rundir import index, results
 
 REPO = Path(__file__).resolve().parents[2]
 ENV = {**{k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"},
@@ -29,7 +29,7 @@ ENV = {**{k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"},
 # metrics row the supervisor writes for it), then waits to be killed.
 OWNER = """
 import sys, time
-from orchestrator import results
+from orchestrator.rundir import results
 rec = results.RunRecorder(sys.argv[1])
 rec.write_config({"name": "owned", "job": {"train_steps": 100}})
 rec.write_json(results.PLAN_FILE, {"experiment": "owned", "provider": "local", "workers": 2,
@@ -97,7 +97,7 @@ def test_a_dead_owners_lock_is_no_obstacle(owner) -> None:
 
 def test_killed_orchestrator_is_marked_by_release(owner) -> None:
     run_dir, proc = owner
-    assert sweep.mark_killed(run_dir) is None  # alive: left alone
+    assert index.mark_killed(run_dir) is None  # alive: left alone
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=30)
     assert results.run_status(run_dir) == results.STATUS_KILLED  # the next look says so
@@ -110,14 +110,14 @@ def test_killed_orchestrator_is_marked_by_release(owner) -> None:
     assert summary["global_steps"] == 80 and summary["final_accuracy"] == pytest.approx(0.91)
     assert summary["run_id"] == "owned-1" and summary["workers"] == 2
     assert set(results.SUMMARY_FIELDS) <= set(summary)
-    rows = list(csv.DictReader((run_dir / sweep.RUNS_CSV).open()))
+    rows = list(csv.DictReader((run_dir / index.RUNS_CSV).open()))
     assert len(rows) == 1 and rows[0]["status"] == "killed"
     kinds = [json.loads(ln)["kind"] for ln in (run_dir / results.EVENTS_FILE).open()]
     assert kinds[-1] == "killed"
     # idempotent: a second release adds nothing
     subprocess.run([sys.executable, "-m", "orchestrator.release", str(run_dir)], cwd=REPO,
                    env=ENV, capture_output=True, timeout=120, check=True)
-    assert len(list(csv.DictReader((run_dir / sweep.RUNS_CSV).open()))) == 1
+    assert len(list(csv.DictReader((run_dir / index.RUNS_CSV).open()))) == 1
 
 
 def test_killed_sweep_job_gets_its_row_in_the_sweeps_csv(tmp_path: Path) -> None:
@@ -135,8 +135,8 @@ def test_killed_sweep_job_gets_its_row_in_the_sweeps_csv(tmp_path: Path) -> None
         proc.kill()
         proc.wait(timeout=30)
     # the next run of the sweep looks beside itself before it starts
-    assert sweep.mark_killed_siblings(sweep_dir / "2") == [job]
-    rows = list(csv.DictReader((sweep_dir / sweep.RUNS_CSV).open()))
+    assert index.mark_killed_siblings(sweep_dir / "2") == [job]
+    rows = list(csv.DictReader((sweep_dir / index.RUNS_CSV).open()))
     assert rows == [rows[0]] and rows[0]["cluster.workers"] == "2"
     assert rows[0]["status"] == "killed" and rows[0]["run_dir"] == str(job)
 
@@ -255,5 +255,5 @@ def test_real_run_owns_its_dir_and_a_sigkilled_orchestrator_is_marked_killed(
     assert not live_processes_mentioning(str(run_dir))
     summary = json.loads((run_dir / results.SUMMARY_FILE).read_text())
     assert summary["status"] == "killed" and summary["global_steps"] > 0
-    rows = list(csv.DictReader((run_dir / sweep.RUNS_CSV).open()))
+    rows = list(csv.DictReader((run_dir / index.RUNS_CSV).open()))
     assert len(rows) == 1 and rows[0]["status"] == "killed"

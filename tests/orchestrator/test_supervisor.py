@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from orchestrator import results
 from orchestrator.plan import make_plan
+from orchestrator.rundir import results
 from orchestrator.runtime.control import ControlChannel
 from orchestrator.runtime.fleet import Fleet
 from orchestrator.runtime.progress import RunProgress
@@ -325,7 +325,7 @@ def test_a_replacement_is_provisioned_off_the_loop_which_keeps_following_the_run
 def test_a_killed_evaluator_is_started_again_and_counted_in_the_summary(fake_run):
     """The evaluator's process killed mid-run: started again on its host, and the summary
     counts it among the roles restarted, as it would a PS or a worker."""
-    from orchestrator.record import summarize
+    from orchestrator.rundir.record import summarize
 
     run = fake_run(knobs={"step_s": 0.1})
 

@@ -32,8 +32,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import results
 from orchestrator.controller import layout
+from orchestrator.rundir import results
 from provisioning.gce.storage import GcsStore, GcsUrl
 from tests.provisioning.baked_image import ENV, ZONES, BakedImage, fake_with_image, provider_args
 from tests.provisioning.gce_fixtures import BUCKET, storage_emulator

@@ -76,7 +76,7 @@ TIMING_FILE = REPO / ".bench" / "gce-fake.json"  # bake and sweep seconds of the
 
 
 def write_cifar10(root: Path, seed: int = 0) -> Path:
-    """CIFAR-10's binary layout (trainer/data.py DATASETS): 5 train batches and a test
+    """CIFAR-10's binary layout (trainer/datasets.py DATASETS): 5 train batches and a test
     batch of records `label byte + 3072 channel-major pixel bytes`, with random content."""
     rng = np.random.default_rng(seed)
     folder = root / "cifar-10-batches-bin"

@@ -120,8 +120,8 @@ def run_preempting(bed: Any, tmp_path: Path, moment: str, slot: str, policy: str
     and follow the run to its end, release.
     Returns the events, provider, fleet, supervisor and the preempted VM's name; asserts
     nothing is left."""
-    from orchestrator import results
     from orchestrator.plan import make_plan
+    from orchestrator.rundir import results
     from orchestrator.runtime.control import ControlChannel
     from orchestrator.runtime.progress import RunProgress
     from orchestrator.runtime.run import build_trainer_spec

@@ -183,7 +183,7 @@ def test_a_gs_data_dir_is_downloaded_once_into_the_cache(emulator: str, tmp_path
     from orchestrator.runtime import data as data_step
     from orchestrator.validate import compose_experiment
     from provisioning.gce.storage import cached_copy
-    from trainer.data import find_cifar_files
+    from trainer.datasets import find_cifar_files
 
     files = cifar10_bin(tmp_path / "src")
     url = f"gs://{BUCKET}/datasets/cifar10"

@@ -14,7 +14,7 @@ from rich.console import Console
 
 from orchestrator.display import render_plan
 from orchestrator.plan import make_plan
-from orchestrator.record import prediction_error
+from orchestrator.rundir.record import prediction_error
 from orchestrator.simulate import calibrate
 from orchestrator.simulate.band import predict_band
 from orchestrator.simulate.models import SimModels
@@ -112,13 +112,13 @@ def test_calibrate_command_fetches_the_dataset_as_a_run_does(tmp_path: Path) -> 
     """`calibrate +experiment=cifar10_res32` first gets the job's data as a run's data step
     does (it trained without it: "job.data_dir is required", as a traceback): offline, that
     step's one line, exit 2, before TensorFlow and with nothing measured."""
-    from trainer import data
+    from trainer import datasets
 
     done = subprocess.run(
         [sys.executable, "-m", "orchestrator.simulate.calibrate", "+experiment=cifar10_res32",
          f"data_cache={tmp_path / 'datasets'}"],
         capture_output=True, text=True, timeout=120,
-        env={**os.environ, data.MIRROR_ENV: "http://127.0.0.1:1",  # nothing listens there
+        env={**os.environ, datasets.MIRROR_ENV: "http://127.0.0.1:1",  # nothing listens there
              "XDG_CACHE_HOME": str(tmp_path)})
     assert done.returncode == 2, done.stderr
     lines = done.stderr.strip().splitlines()

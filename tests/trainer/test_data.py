@@ -20,21 +20,21 @@ import pytest
 from cifar_server import REAL_ARCHIVES, ArchiveServer, ServedArchive, make_archive, refused_url
 from rich.console import Console
 
-from trainer import data, http_fetch
+from trainer import data, datasets, http_fetch
 from trainer.problems import get_problem, train_dataset
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def use_archive(monkeypatch: pytest.MonkeyPatch, archive: ServedArchive,
-                base_url: str) -> data.Dataset:
+                base_url: str) -> datasets.Dataset:
     """Register ``archive`` (its own checksum and size) as its dataset's default download."""
     name, fmt, _ = REAL_ARCHIVES[archive.name]
-    real = data.DATASETS[name]
+    real = datasets.DATASETS[name]
     entry = replace(real.archive(fmt), md5=archive.md5, size=len(archive.data))
     ds = replace(real, archives=(entry,))
-    monkeypatch.setitem(data.DATASETS, name, ds)
-    monkeypatch.setenv(data.MIRROR_ENV, base_url)
+    monkeypatch.setitem(datasets.DATASETS, name, ds)
+    monkeypatch.setenv(datasets.MIRROR_ENV, base_url)
     return ds
 
 
@@ -110,7 +110,7 @@ def test_checksum_mismatch_is_rejected_and_nothing_is_cached(
         assert "\n" not in line
         assert f"expected {good.md5}" in line and "deleted it" in line
         assert not (tmp_path / f"{good.name}.part").exists()
-        assert not data.holds_files(ds.problem, tmp_path / ds.name)
+        assert not datasets.holds_files(ds.problem, tmp_path / ds.name)
         assert not (tmp_path / ds.name).exists()
         # the source is fixed: the next call downloads afresh and succeeds
         srv.behaviour.files[good.name] = good.data
@@ -149,7 +149,7 @@ def test_interrupted_download_is_resumed_by_the_next_run(
             data.fetch(ds, tmp_path, console=capture()[0])
         assert "\n" not in str(err.value)
         assert part.stat().st_size == half
-        assert not data.holds_files(ds.problem, tmp_path / ds.name)
+        assert not datasets.holds_files(ds.problem, tmp_path / ds.name)
         b.status = None  # the source is back
         console, out = capture()
         folder = data.fetch(ds, tmp_path, console=console)
@@ -172,7 +172,7 @@ def test_a_killed_fetch_leaves_no_data_and_the_next_one_resumes(
         proc = subprocess.Popen(
             [sys.executable, "-m", "trainer.data", "fetch", "cifar10", "--cache-dir",
              str(tmp_path)], cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            env={**os.environ, "PYTHONPATH": str(REPO), data.MIRROR_ENV: srv.base_url})
+            env={**os.environ, "PYTHONPATH": str(REPO), datasets.MIRROR_ENV: srv.base_url})
         try:
             deadline = time.monotonic() + 60
             while not (part.exists() and part.stat().st_size >= 16384):
@@ -183,7 +183,7 @@ def test_a_killed_fetch_leaves_no_data_and_the_next_one_resumes(
             proc.wait()
         have = part.stat().st_size
         assert 0 < have < len(archive.data)
-        assert not data.holds_files("image_cifar10", tmp_path / "cifar10")
+        assert not datasets.holds_files("image_cifar10", tmp_path / "cifar10")
         srv.behaviour.trickle_s = 0.0
         ds = use_archive(monkeypatch, archive, srv.base_url)
         folder = data.fetch(ds, tmp_path, console=capture()[0])
@@ -220,10 +220,10 @@ def test_second_run_downloads_nothing(tmp_path: Path, monkeypatch: pytest.Monkey
 def test_offline_is_one_line_naming_url_cache_and_what_to_do(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     url = refused_url()
-    monkeypatch.setenv(data.MIRROR_ENV, url)
+    monkeypatch.setenv(datasets.MIRROR_ENV, url)
     console, out = capture()
     with pytest.raises(data.FetchError) as err:
-        data.fetch(data.DATASETS["cifar10"], tmp_path, console=console)
+        data.fetch(datasets.DATASETS["cifar10"], tmp_path, console=console)
     line = str(err.value)
     assert line == (
         f"could not download {url}/cifar-10-binary.tar.gz: Connection refused; cache folder "
@@ -255,11 +255,11 @@ def test_an_incomplete_folder_is_never_taken_for_data(tmp_path: Path,
     with ArchiveServer() as srv:
         srv.behaviour.files[archive.name] = broken.data
         ds = use_archive(monkeypatch, broken, srv.base_url)
-        assert not data.holds_files(ds.problem, tmp_path / "cifar10")
+        assert not datasets.holds_files(ds.problem, tmp_path / "cifar10")
         with pytest.raises(data.FetchError, match=r"does not hold cifar-10-batches-bin/"):
             data.fetch(ds, tmp_path, console=capture()[0])
         assert [p.name for p in (tmp_path / "cifar10").iterdir()] == ["cifar-10-batches-bin"]
-        assert not data.holds_files(ds.problem, tmp_path / "cifar10")
+        assert not datasets.holds_files(ds.problem, tmp_path / "cifar10")
         srv.behaviour.files[archive.name] = archive.data
         ds = use_archive(monkeypatch, archive, srv.base_url)
         folder = data.fetch(ds, tmp_path, console=capture()[0])
@@ -272,7 +272,7 @@ def test_an_archive_placed_by_hand_is_verified_and_used(tmp_path: Path,
     archive = make_archive("cifar-100-binary.tar.gz")
     use_archive(monkeypatch, archive, refused_url())  # offline
     (tmp_path / archive.name).write_bytes(archive.data)
-    folder = data.fetch(data.DATASETS["cifar100"], tmp_path, console=capture()[0])
+    folder = data.fetch(datasets.DATASETS["cifar100"], tmp_path, console=capture()[0])
     check_arrays(get_problem("image_cifar100").load(str(folder), 0), archive)
     assert (tmp_path / archive.name).exists()  # the user's file stays
 
@@ -285,7 +285,7 @@ def run_cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]
 
 def test_cli_offline_exits_2_with_one_line(tmp_path: Path) -> None:
     res = run_cli("fetch", "cifar10", "--cache-dir", str(tmp_path),
-                  env={data.MIRROR_ENV: refused_url()})
+                  env={datasets.MIRROR_ENV: refused_url()})
     assert res.returncode == data.FETCH_ERROR_EXIT_CODE
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("data error: could not download http://127.")
@@ -325,7 +325,7 @@ def test_cache_root_precedence(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) 
 def test_registry_holds_the_published_checksums() -> None:
     """The MD5s and sizes on https://www.cs.toronto.edu/~kriz/cifar.html (checked against
     independent copies: torchvision, tensorflow-datasets' url checksums, and others)."""
-    published = {a.filename: (a.md5, a.size) for ds in data.DATASETS.values()
+    published = {a.filename: (a.md5, a.size) for ds in datasets.DATASETS.values()
                  for a in ds.archives}
     assert published == {
         "cifar-10-binary.tar.gz": ("c32a1d4ab5d03f1284b67883e8d87530", 170_052_171),
@@ -333,4 +333,4 @@ def test_registry_holds_the_published_checksums() -> None:
         "cifar-100-binary.tar.gz": ("03b5dce01913d631647c71ecec9e9cb8", 168_513_733),
         "cifar-100-python.tar.gz": ("eb9058c3a382ffc7106e4002c42a8d85", 169_001_437),
     }
-    assert data.dataset_for("image_cifar10").archive().folder == "cifar-10-batches-bin"
+    assert datasets.dataset_for("image_cifar10").archive().folder == "cifar-10-batches-bin"

@@ -30,7 +30,7 @@ from tests.provisioning.test_gce_ssh import fake_on_bed
 from tests.provisioning.test_gce_storage import cifar10_bin
 from tests.testbed import SshTestBed
 from tests.testbed.fixtures import host_python, ssh_testbed  # noqa: F401
-from trainer import data
+from trainer import data, datasets
 
 pytestmark = pytest.mark.slow
 FAST = dict(project=PROJECT, zones=tuple(ZONES), provision_s=0.05, staging_s=0.05,
@@ -107,7 +107,7 @@ def test_vms_get_an_unreachable_source_through_the_bucket_uploaded_once(
     # one upload for the two VMs, counted once, on the machine that needed it first
     uploads = [e.fields.get("data_uploaded_bytes") for e in first]
     assert sorted(uploads, key=str) == [expected, None], uploads
-    assert data.holds_files("image_cifar10", vms / DATASETS_DIR / "cifar10")
+    assert datasets.holds_files("image_cifar10", vms / DATASETS_DIR / "cifar10")
     # a restart: both VMs hold it (the registry fetch finds it first), nothing moves
     assert [e.fields["data"] for e in restart] == ["cached", "cached"], [e.fields for e in restart]
     assert [e.fields.get("data_uploaded_bytes") for e in restart] == [None, None]

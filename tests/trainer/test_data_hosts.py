@@ -23,7 +23,7 @@ from provisioning.registry import get_provider
 from provisioning.ssh.host_runner import DATASETS_DIR
 from tests.testbed import SshTestBed
 from tests.testbed.fixtures import provider_options, ssh_testbed  # noqa: F401
-from trainer import data
+from trainer import data, datasets
 from trainer.problems import get_problem
 
 #: The goal for a restart on a host that holds everything (docs/datasets.md).
@@ -108,7 +108,7 @@ def test_a_host_fetches_the_registry_dataset_itself(ssh_testbed: SshTestBed, tmp
     assert pushed.fields["data"] == "pushed"
     assert pushed.fields["data_pushed_bytes"] == data.folder_bytes(local)
     assert "source unreachable from the host" in pushed.fields["data_note"]
-    assert data.holds_files("image_cifar10", root / DATASETS_DIR / "cifar10")
+    assert datasets.holds_files("image_cifar10", root / DATASETS_DIR / "cifar10")
 
 
 @pytest.mark.slow

@@ -22,7 +22,7 @@ from orchestrator.runtime import data as data_step
 from orchestrator.validate import compose_experiment
 from provisioning.base import ClusterRequest, HostSpec, Role
 from provisioning.local import LocalHostRunner, LocalProvider
-from trainer import data
+from trainer import data, datasets
 from trainer.problems import get_problem
 
 ENV = {**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "250"}
@@ -84,7 +84,7 @@ def test_prepare_fetches_once_and_points_the_run_at_the_cache(
 
 def test_prepare_offline_raises_the_one_line_data_error(tmp_path: Path,
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(data.MIRROR_ENV, refused_url())
+    monkeypatch.setenv(datasets.MIRROR_ENV, refused_url())
     with pytest.raises(data_step.DataError) as err:
         data_step.prepare(cifar10_config(tmp_path))
     assert err.value.line().startswith("data error: could not download http://127.0.0.1:")
@@ -113,7 +113,7 @@ def test_offline_run_stops_with_one_line_before_provisioning(tmp_path: Path) -> 
     run_dir = tmp_path / "run"
     res = orchestrate("+experiment=cifar10_res32", "provider=local",  # no cloud credentials here
                       f"data_cache={tmp_path / 'cache'}", f"hydra.run.dir={run_dir}",
-                      env={data.MIRROR_ENV: url})
+                      env={datasets.MIRROR_ENV: url})
     assert res.returncode == 2
     assert res.stderr.strip().splitlines() == [
         f"data error: could not download {url}/cifar-10-binary.tar.gz: Connection refused; "
@@ -199,7 +199,7 @@ def test_machines_at_one_address_share_one_pushed_copy(tmp_path: Path,
     links = [(h.workdir / data_step.staged_path(folder)) for h in (chief, evaluator)]
     assert all(link.is_symlink() for link in links)
     assert {link.resolve().parent for link in links} == {tmp_path / "run" / "datasets"}
-    assert data.holds_files("image_cifar100", links[1])
+    assert datasets.holds_files("image_cifar100", links[1])
 
 
 @pytest.mark.slow
@@ -214,7 +214,7 @@ def test_a_run_trains_on_the_cached_download(tmp_path: Path,
     res = orchestrate("+experiment=digits_local", "job.problem=image_cifar10",
                       "cluster.workers=1", "job.train_steps=20", "job.batch_size=8",
                       "job.eval_frequency=0", f"data_cache={cache}", f"hydra.run.dir={run_dir}",
-                      "progress=false", env={data.MIRROR_ENV: refused_url()}, timeout=400)
+                      "progress=false", env={datasets.MIRROR_ENV: refused_url()}, timeout=400)
     assert res.returncode == 0, res.stderr[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "completed", summary["error"]

@@ -25,7 +25,7 @@ import json
 import os
 import socket
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -49,10 +49,24 @@ CHECK_FILES_EVERY_S = 2.0
 
 # Event fields filled by the framework (auto): time (unix s), kind, role; the rest is reported.
 EVENT_TIME = "time"  # auto, unix seconds
-EVENT_KIND = "kind"  # auto: provision, start, ready, train_start, phase_start, phase_end, step,
-#                      checkpoint, eval, failure, train_end, teardown, result_file_lost
-#                      (a result file was removed or truncated during the run and recreated)
+EVENT_KIND = "kind"  # auto: provision, provisioned, start, ready, train_start, phase_start,
+#                      phase_end, step, checkpoint, eval, failure, train_end, teardown,
+#                      result_file_lost (a result file was removed or truncated during the run
+#                      and recreated), resumed, killed; the trainer's kinds are trainer/events.py
+#                      EVENT_*, recovery's orchestrator/transient/recovery.py, stragglers'
+#                      transient/stragglers.py, deployment's runtime/deploy.py
 EVENT_ROLE = "role"  # auto: orchestrator | ps | worker | chief | evaluator
+#: The role of the events the orchestrator itself records (the others: trainer/layout.py ROLES).
+ROLE_ORCHESTRATOR = "orchestrator"
+
+# The orchestrator's own kinds, the same for a real and a simulated run.
+EVENT_PROVISION = "provision"  # hosts, provider: acquiring the hosts starts
+EVENT_PROVISIONED = "provisioned"  # hosts: every host is up
+EVENT_START = "start"  # roles: the trainer roles are being started
+EVENT_TEARDOWN = "teardown"  # the hosts are being released
+EVENT_RESULT_FILE_LOST = "result_file_lost"  # file, reason, lost_bytes
+EVENT_RESUMED = "resumed"  # orchestrator/resume.py Resumption.record(): a run continued
+EVENT_KILLED = "killed"  # index.mark_killed: the orchestrator died without a summary
 
 METRICS_FIELDS = ("wall_time_s", "global_step", "steps_per_sec", "loss", "eval_accuracy")
 
@@ -112,7 +126,7 @@ DETAIL_SUMMARY_FIELDS = (
     "eval_skipped",  # [{step, reason}] checkpoints never evaluated; null: no evaluator / sim
 )
 
-#: Every field of summary.json, in order: :class:`orchestrator.record.RunSummary`'s fields.
+#: Every field of summary.json, in order: :class:`orchestrator.rundir.record.RunSummary`'s fields.
 ALL_SUMMARY_FIELDS = (*SUMMARY_FIELDS, *TRANSIENT_SUMMARY_FIELDS, *PREDICTION_SUMMARY_FIELDS,
                       *SIM_SUMMARY_FIELDS, *DETAIL_SUMMARY_FIELDS)
 
@@ -240,13 +254,18 @@ class RunRecorder:
     Every method is safe to call after a failure. A result file removed or truncated during the
     run is recreated (with everything this recorder still knows for the whole-file ones) and a
     ``result_file_lost`` event says which file, how, and how many bytes were lost.
+
+    ``on_event`` sees every event record written, in order: the run's fold
+    (:meth:`orchestrator.rundir.record.RunState.apply`), which the summary is built from.
     """
 
-    def __init__(self, run_dir: Path, role: str = "orchestrator") -> None:
+    def __init__(self, run_dir: Path, role: str = ROLE_ORCHESTRATOR,
+                 on_event: Callable[[dict[str, Any]], None] | None = None) -> None:
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.lock = RunDirLock(self.run_dir)
         self.role = role
+        self.on_event = on_event
         self._whole: dict[str, str] = {}  # whole-file results written so far: name -> text
         self._checked = time.monotonic()
         self._events = _AppendFile(self.run_dir / EVENTS_FILE, on_loss=self._lost)
@@ -255,7 +274,7 @@ class RunRecorder:
         self._metrics = csv.DictWriter(self._metrics_fh, fieldnames=list(METRICS_FIELDS))
 
     def _lost(self, name: str, reason: str, lost_bytes: int) -> None:
-        self.event("result_file_lost", file=name, reason=reason, lost_bytes=lost_bytes)
+        self.event(EVENT_RESULT_FILE_LOST, file=name, reason=reason, lost_bytes=lost_bytes)
 
     def _write_whole(self, name: str, text: str) -> None:
         self._whole[name] = text
@@ -286,6 +305,8 @@ class RunRecorder:
         record = {EVENT_TIME: time_s if time_s is not None else time.time(), EVENT_KIND: kind,
                   EVENT_ROLE: role or self.role, **fields}
         self._events.write(json.dumps(_plain(record), sort_keys=False) + "\n")
+        if self.on_event is not None:
+            self.on_event(record)
         if time.monotonic() - self._checked > CHECK_FILES_EVERY_S:
             self._checked = time.monotonic()
             self.check_files()

@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from orchestrator import results
+from orchestrator.rundir import results
 from orchestrator.transient.recovery import (
     EVENT_RECOVERY_END,
     EVENT_RECOVERY_START,
@@ -33,7 +33,10 @@ from orchestrator.transient.recovery import (
     EVENT_SERVER_FAILURE,
     Action,
 )
+from orchestrator.transient.stragglers import EVENT_STRAGGLER_INJECTION_START, EVENT_STRAGGLER_START
 from provisioning import catalog
+from trainer import events as trainer_events
+from trainer.layout import ROLE_CHIEF, ROLE_EVALUATOR
 
 #: Measured summary fields compared with the prediction band's median (``prediction_error``).
 PREDICTION_COMPARED = ("wall_time_s", "train_time_s")
@@ -106,6 +109,10 @@ class RunState:
     resumed_lost_steps: int = 0  # the steps each resume lost (its `resumed` event's count)
     attempt_reach: int = 0  # the furthest the latest chief got (a resume or restart: from 0)
     attempt_restored: int | None = None  # the step the latest attempt's chief restored from
+    resumed_from: int | None = None  # the checkpoint step the latest resume continues from
+    # the chief's reported rates (every attempt's): a resumed run with nothing left to train
+    rates_sum: float = 0.0
+    rates_n: int = 0
     # roles started again after a loss, per role (in place, replaced, or by a restart)
     roles_restarted: dict[str, int] = field(default_factory=dict)
     lost_roles: list[str] = field(default_factory=list)  # losses awaiting their recovery_start
@@ -120,6 +127,37 @@ class RunState:
         """Seconds the attempts held hosts: each attempt's first to last event."""
         return sum(b - a for a, b in self.attempt_spans)
 
+    @property
+    def earlier_attempts_s(self) -> float:
+        """Seconds the attempts before the latest held hosts (0 for a run never resumed)."""
+        return sum(b - a for a, b in self.attempt_spans[:-1])
+
+    @property
+    def latest_attempt_s(self) -> float:
+        """The latest attempt's first to last event, in seconds."""
+        return self.attempt_spans[-1][1] - self.attempt_spans[-1][0] if self.attempt_spans \
+            else 0.0
+
+    @property
+    def run_lost_steps(self) -> int:
+        """Steps trained again, over every attempt: after restarts and damaged checkpoints
+        (:attr:`lost_steps`) and after each resume (its ``resumed`` event's count)."""
+        return self.lost_steps + self.resumed_lost_steps
+
+    def steps_per_sec(self, train_time_s: float | None) -> float | None:
+        """The run's rate: its global steps over the training time; a resumed run's latest
+        attempt trained from the step its chief restored, and one that had nothing left to
+        train keeps the mean rate its chiefs reported."""
+        if not self.resumes:
+            return round(self.global_step / train_time_s, 4) if train_time_s else None
+        start = self.resumed_from or 0
+        if self.attempt_restored is not None:
+            start = min(start, self.attempt_restored)
+        done = self.global_step - start
+        if train_time_s and done > 0:
+            return round(done / train_time_s, 4)
+        return round(self.rates_sum / self.rates_n, 4) if self.rates_n else None
+
     def apply(self, event: Mapping[str, Any]) -> None:
         """Fold one event record (as written to events.jsonl) into the state."""
         kind = event.get(results.EVENT_KIND)
@@ -127,16 +165,16 @@ class RunState:
         at = _number(event.get(results.EVENT_TIME))
         self.previous_at = self.last_at
         if at is not None:
-            if not self.attempt_spans or kind == "resumed":
+            if not self.attempt_spans or kind == results.EVENT_RESUMED:
                 self.attempt_spans.append([at, at])
             self.attempt_spans[-1][1] = at
             self.first_at = at if self.first_at is None else min(self.first_at, at)
             self.last_at = at if self.last_at is None else max(self.last_at, at)
         step = event.get("step")
-        if kind == "resumed" or (kind == "recovery_start"
+        if kind == results.EVENT_RESUMED or (kind == EVENT_RECOVERY_START
                                  and event.get("action") == Action.restart.value):
             self.attempt_reach = 0  # a new chief: the steps before were lost, and counted, there
-        if isinstance(step, int | float) and not isinstance(step, bool) and role == "chief":
+        if isinstance(step, int | float) and not isinstance(step, bool) and role == ROLE_CHIEF:
             self.global_step = max(self.global_step, int(step))
             self.attempt_reach = max(self.attempt_reach, int(step))
         handler = _HANDLERS.get(str(kind))
@@ -147,7 +185,7 @@ class RunState:
     def _train_start(self, event: Mapping[str, Any], at: float | None) -> None:
         self.train_start = at
         if self.resumes and self.attempt_restored is None and \
-                event.get(results.EVENT_ROLE) == "chief":
+                event.get(results.EVENT_ROLE) == ROLE_CHIEF:
             self.attempt_restored = int(event.get("step") or 0)
         if self.train_t0 is None:
             self.train_t0 = at
@@ -164,13 +202,18 @@ class RunState:
         self.resume_step = int(event.get("from_step") or 0)
         self.resumes += 1
         self.resumed_lost_steps += int(event.get("lost_steps") or 0)
+        self.resumed_from = self.resume_step
         self.attempt_restored = None
+        self.train_start = self.train_time_s = None  # the new attempt's are its own
         # the dead attempt's phase ended where its chief was last seen, not when this one starts
         self._close(self.global_step, self.previous_at)
 
     def _step(self, event: Mapping[str, Any], at: float | None) -> None:
         self.last_loss = _number(event.get("loss"))
         self.last_steps_per_sec = _number(event.get("steps_per_sec"))
+        if self.last_steps_per_sec and self.last_steps_per_sec > 0:  # metrics.csv's rates
+            self.rates_sum += self.last_steps_per_sec
+            self.rates_n += 1
 
     def _eval(self, event: Mapping[str, Any], at: float | None) -> None:
         self.final_accuracy = _number(event.get("accuracy"))
@@ -190,7 +233,7 @@ class RunState:
             self.saved_while_evaluator_down.add(self.last_checkpoint_step)
 
     def _ready(self, event: Mapping[str, Any], at: float | None) -> None:
-        if event.get(results.EVENT_ROLE) == "evaluator":
+        if event.get(results.EVENT_ROLE) == ROLE_EVALUATOR:
             self.evaluator_down = False
 
     def _phase_start(self, event: Mapping[str, Any], at: float | None) -> None:
@@ -222,7 +265,7 @@ class RunState:
         # a loss (revocation or crash): counted as a restart of its role if recovery starts
         # it again (the recovery_start that follows its loss events)
         self.lost_roles.append(str(event.get(results.EVENT_ROLE)))
-        self.evaluator_down = self.evaluator_down or event.get(results.EVENT_ROLE) == "evaluator"
+        self.evaluator_down = self.evaluator_down or event.get(results.EVENT_ROLE) == ROLE_EVALUATOR
 
     def _replacement_ready(self, event: Mapping[str, Any], at: float | None) -> None:
         self.replacements += 1
@@ -289,25 +332,25 @@ def join_phases(phases: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 _HANDLERS = {
-    "train_start": RunState._train_start,
-    "resumed": RunState._resumed,
-    "step": RunState._step,
-    "eval": RunState._eval,
-    "checkpoint": RunState._checkpoint,
-    "phase_start": RunState._phase_start,
-    "phase_end": RunState._phase_end,
-    "protocol_switch": RunState._protocol_switch,
-    "train_end": RunState._train_end,
-    "straggler_start": RunState._straggler_start,
-    "straggler_injection_start": RunState._straggler_injection_start,
+    trainer_events.EVENT_TRAIN_START: RunState._train_start,
+    results.EVENT_RESUMED: RunState._resumed,
+    trainer_events.EVENT_STEP: RunState._step,
+    trainer_events.EVENT_EVAL: RunState._eval,
+    trainer_events.EVENT_CHECKPOINT: RunState._checkpoint,
+    trainer_events.EVENT_PHASE_START: RunState._phase_start,
+    trainer_events.EVENT_PHASE_END: RunState._phase_end,
+    trainer_events.EVENT_PROTOCOL_SWITCH: RunState._protocol_switch,
+    trainer_events.EVENT_TRAIN_END: RunState._train_end,
+    EVENT_STRAGGLER_START: RunState._straggler_start,
+    EVENT_STRAGGLER_INJECTION_START: RunState._straggler_injection_start,
     EVENT_REVOCATION: RunState._revocation,
     EVENT_SERVER_FAILURE: RunState._server_failure,
-    "ready": RunState._ready,
-    "eval_skipped": RunState._eval_skipped,
+    trainer_events.EVENT_READY: RunState._ready,
+    trainer_events.EVENT_EVAL_SKIPPED: RunState._eval_skipped,
     EVENT_REPLACEMENT_READY: RunState._replacement_ready,
     EVENT_RECOVERY_START: RunState._recovery_start,
     EVENT_RECOVERY_END: RunState._recovery_end,
-    "failure": RunState._failure,
+    trainer_events.EVENT_FAILURE: RunState._failure,
 }
 
 
@@ -391,6 +434,10 @@ def summarize(state: RunState, plan: Mapping[str, Any], *, run_id: str, status: 
     cost (the real run prices the plan for ``wall_s``, the simulation bills host by host) and
     the error. ``ended_at`` (the time the run ended, on the events' clock): a run that never
     reported ``train_end`` has trained from its last ``train_start`` until then; None: unknown.
+
+    A resumed run's state holds every attempt's events (:class:`RunState` folds them in
+    order), and ``wall_s`` and ``cost_usd`` are the latest attempt's: the earlier attempts'
+    time is added here, priced at the plan's ``hourly_usd``, by the one rule for all players.
     """
     train_time = state.train_time_s
     if train_time is None and state.train_start is not None and ended_at is not None:
@@ -407,17 +454,18 @@ def summarize(state: RunState, plan: Mapping[str, Any], *, run_id: str, status: 
         workers=plan.get("workers"),
         parameter_servers=plan.get("parameter_servers"),
         global_steps=state.global_step,
-        wall_time_s=round(wall_s, 3),
+        wall_time_s=round(wall_s + state.earlier_attempts_s, 3),
         train_time_s=None if train_time is None else round(train_time, 3),
         final_accuracy=state.final_accuracy,
-        steps_per_sec=round(state.global_step / train_time, 4) if train_time else None,
-        cost_usd=round(cost_usd, 6),
+        steps_per_sec=state.steps_per_sec(train_time),
+        cost_usd=round(cost_usd + catalog.cost_usd([float(plan.get("hourly_usd") or 0.0)],
+                                                   state.earlier_attempts_s), 6),
         error=error,
         revocations=state.revocations,
         replacements=state.replacements,
         recoveries=state.recoveries,
         restarts=state.restarts,
-        lost_steps=state.lost_steps,
+        lost_steps=state.run_lost_steps,
         phases=state.all_phases(),
         switch_overhead_s=round(state.switch_overhead_s, 3),
         stragglers=state.stragglers_detected,
@@ -446,7 +494,7 @@ def eval_skipped(state: RunState, plan: Mapping[str, Any]) -> list[dict[str, Any
     evaluator was down, else :data:`NOT_EVALUATED`). None when the run has no evaluator (a
     simulated run models only the final evaluation: :func:`summarize` gives it None)."""
     hosts = plan.get("hosts") or []
-    if not any(isinstance(h, Mapping) and h.get("role") == "evaluator" for h in hosts):
+    if not any(isinstance(h, Mapping) and h.get("role") == ROLE_EVALUATOR for h in hosts):
         return None
 
     def reason(step: int) -> str:
@@ -460,14 +508,14 @@ def eval_skipped(state: RunState, plan: Mapping[str, Any]) -> list[dict[str, Any
 
 def killed_summary(run_dir: Path) -> RunSummary:
     """The summary of a run whose orchestrator died before writing one: the fold of the events
-    on disk, with plan.json and trainer_spec.json (its run id). The wall time runs from the
-    first event to the last; nothing was billed after the last one that anyone knows of."""
+    on disk, with plan.json and trainer_spec.json (its run id). Each attempt's wall time runs
+    from its first event to its last (the time between attempts held no hosts); nothing was
+    billed after the last one that anyone knows of."""
     run_dir = Path(run_dir)
     plan = results.read_json_object(run_dir / results.PLAN_FILE)
     spec = results.read_json_object(run_dir / results.SPEC_FILE)
     state = fold_events_file(run_dir / results.EVENTS_FILE)
-    wall = (state.last_at - state.first_at) if state.first_at is not None \
-        and state.last_at is not None else 0.0
+    wall = state.latest_attempt_s  # summarize adds the earlier attempts'
     return summarize(
         state, plan, run_id=spec.get("run_id") or run_dir.name, status=results.STATUS_KILLED,
         wall_s=wall, cost_usd=catalog.cost_usd([float(plan.get("hourly_usd") or 0.0)], wall),
