@@ -1,4 +1,5 @@
-"""gRPC keepalive of every role's client channels, in agreement with the servers' ping policy.
+"""gRPC keepalive of every role's client channels, in agreement with the servers' ping policy,
+and their reconnect backoff (a replaced peer is reached within CLIENT_RECONNECT's maximum).
 
 TF's servers (`tf.distribute.Server`, trainer/server.py) build their gRPC server with no
 channel arguments, and TF_GRPC_DEFAULT_OPTIONS reaches client channels only, so every server
@@ -35,9 +36,20 @@ CLIENT_KEEPALIVE: dict[str, int] = {
     "grpc.keepalive_permit_without_calls": 0,
     "grpc.http2.max_pings_without_data": 0,
 }
+# A channel whose peer went away retries its connection on gRPC's backoff, which TF caps at
+# 1 s: a replacement worker whose server was up waited for the chief's next try 0.4–1.1 s
+# before it rejoined (issue 36, docs/benchmark-history.md; 0.23 and 0.29 s with these).
+# Tries to a dead address are one refused or timed-out connect each (a timed-out one lasts
+# gRPC's 20 s minimum connect timeout), so trying more often costs nearly nothing.
+CLIENT_RECONNECT: dict[str, int] = {
+    "grpc.initial_reconnect_backoff_ms": 100,
+    "grpc.max_reconnect_backoff_ms": 200,
+}
 
 
 def grpc_client_options() -> str:
-    """CLIENT_KEEPALIVE as TF_GRPC_DEFAULT_OPTIONS spells it (``name=value,...``), which TF
-    reads once, when it creates its first channel: set it before TensorFlow is imported."""
-    return ",".join(f"{name}={value}" for name, value in CLIENT_KEEPALIVE.items())
+    """CLIENT_KEEPALIVE and CLIENT_RECONNECT as TF_GRPC_DEFAULT_OPTIONS spells them
+    (``name=value,...``), which TF reads once, when it creates its first channel: set it
+    before TensorFlow is imported."""
+    options = {**CLIENT_KEEPALIVE, **CLIENT_RECONNECT}
+    return ",".join(f"{name}={value}" for name, value in options.items())

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from bench.recovery import worker_recovery
+import json
+
+from bench.recovery import recovery_times, worker_recovery
 
 
 def step_events(rate_by_second: list[float], start: float = 0.0) -> list[dict]:
@@ -34,3 +36,36 @@ def test_back_means_a_sustained_rate_not_one_report() -> None:
 def test_never_back_is_none() -> None:
     events = step_events([50] * 10 + [20] * 10)
     assert worker_recovery(events, killed=10.0)["worker_recovery_s"] is None
+
+
+def test_where_the_worker_kill_time_goes() -> None:
+    # 50 steps/s before the kill at 10 s, 25 while worker 1 is away (share 0.5), 50 again
+    events = step_events([50] * 10 + [25] * 3 + [50] * 6)
+    events += [{"time": 10.0, "kind": "worker_failure", "role": "chief", "worker": 1},
+               {"time": 10.3, "kind": "replacement_ready", "role": "worker"},
+               {"time": 11.5, "kind": "ready", "role": "worker"},
+               {"time": 12.0, "kind": "worker_steps", "role": "chief", "worker": 0},
+               {"time": 12.5, "kind": "worker_rejoined", "role": "chief"},
+               {"time": 12.6, "kind": "worker_steps", "role": "chief", "worker": 0},
+               {"time": 13.5, "kind": "worker_steps", "role": "chief", "worker": 1}]
+    events.sort(key=lambda e: e["time"])
+    out = worker_recovery(events, killed=10.0)
+    assert round(out["replacement_started_s"], 6) == 0.3
+    assert out["replacement_ready_s"] == 1.5
+    assert out["worker_rejoin_s"] == 2.5
+    assert out["replacement_working_s"] == 3.5  # worker 1's report, not worker 0's
+    assert out["survivors_share"] is not None and 0.45 <= out["survivors_share"] <= 0.6
+
+
+def test_a_ps_kill_names_the_new_chiefs_import_and_trace(tmp_path) -> None:
+    events = [{"time": 30.0, "kind": "revocation", "role": "ps"},
+              {"time": 31.0, "kind": "startup", "role": "ps", "phases": {"import_tf": 1.0}},
+              {"time": 37.5, "kind": "train_start", "role": "chief"},
+              {"time": 37.6, "kind": "startup", "role": "chief",
+               "phases": {"import_tf": 4.5, "trace": 1.4}},
+              {"time": 38.0, "kind": "step", "role": "chief", "step": 10, "steps_per_sec": 9.0}]
+    (tmp_path / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    out = recovery_times(tmp_path)
+    assert out["ps_resume_s"] == 7.5 and out["ps_first_step_s"] == 8.0
+    assert out["ps_chief_import_s"] == 4.5  # the chief's, not the PS's own import
+    assert out["ps_chief_trace_s"] == 1.4

@@ -66,3 +66,14 @@ def test_a_long_silent_call_on_a_tensorflow_server_is_not_failed_by_its_ping_pol
     said = [ln for ln in client.stdout.splitlines() if ln.startswith(("ok", "failed"))]
     assert said and said[0].startswith("ok "), client.stdout + client.stderr[-2000:]
     assert "too_many_pings" not in client.stderr, client.stderr[-2000:]
+
+
+def test_a_restarted_peer_is_retried_sooner_than_tensorflows_one_second() -> None:
+    options = dict(item.split("=") for item in keepalive.grpc_client_options().split(","))
+    initial = int(options["grpc.initial_reconnect_backoff_ms"])
+    most = int(options["grpc.max_reconnect_backoff_ms"])
+    # TF caps the backoff at 1 s; a replacement at the same address waited up to that long
+    assert 0 < initial <= most < 1000
+    # the connect timeout (grpc.min_reconnect_backoff_ms) keeps gRPC's 20 s: a slow link's
+    # connect is not cut short
+    assert "grpc.min_reconnect_backoff_ms" not in options
