@@ -346,7 +346,7 @@ def main(argv: list[str] | None = None) -> int:
     """``python -m analysis report SOURCE --out DIR``."""
     parser = command_parser("report", description="Write an HTML report with plots and tables.")
     parser.add_argument("source", help="'reference' or a sweep/run directory of ours")
-    parser.add_argument("--out", type=Path, required=True, help="output directory")
+    parser.add_argument("-o", "--out", type=Path, required=True, help="output directory")
     args = parser.parse_args(argv)
     print(f"wrote {build_report(args.source, args.out)}")
     return 0
