@@ -14,12 +14,16 @@ import pickle
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from trainer.data import cache_root
 from trainer.datasets import find_cifar_files
 from trainer.registry import Registry
+
+if TYPE_CHECKING:
+    import numpy as np
+# numpy is imported by the loaders, not here: the orchestrator reads this registry (names,
+# data_dir needs) before it starts the roles, and numpy was 0.1 s of that critical path.
 
 SHUFFLE_BUFFER = 10_000
 CIFAR_SIDE = 32
@@ -147,6 +151,8 @@ def load_digits(data_dir: str | None = None, seed: int = 0) -> Arrays:
     The split is kept in the data cache (`digits_split_cache`): importing scikit-learn for it
     costs about 2 CPU s in the chief and in the evaluator, on the start-up's critical path.
     """
+    import numpy as np
+
     cached = digits_split_cache(seed)
     try:
         with np.load(cached) as z:
@@ -194,6 +200,8 @@ SYNTHETIC_TRAIN, SYNTHETIC_TEST = 2048, 512
 def load_synthetic(data_dir: str | None = None, seed: int = 0, shape: tuple[int, ...] =
                    SYNTHETIC_SHAPE, num_classes: int = SYNTHETIC_CLASSES) -> Arrays:
     """Random normal images with random labels: accuracy means nothing, speed does."""
+    import numpy as np
+
     rng = np.random.default_rng(seed)
     return Arrays(
         rng.standard_normal((SYNTHETIC_TRAIN, *shape), dtype=np.float32),
@@ -211,6 +219,8 @@ def read_cifar_bin(path: Path, label_bytes: int) -> tuple[np.ndarray, np.ndarray
     CIFAR-100 has two label bytes (coarse, fine); the last one (fine) is the label.
     Returns uint8 NHWC images and int32 labels.
     """
+    import numpy as np
+
     record = label_bytes + CIFAR_RECORD_PIXELS
     raw = np.fromfile(path, dtype=np.uint8)
     if raw.size % record:
@@ -223,6 +233,8 @@ def read_cifar_bin(path: Path, label_bytes: int) -> tuple[np.ndarray, np.ndarray
 
 def read_cifar_pickle(path: Path, label_key: bytes) -> tuple[np.ndarray, np.ndarray]:
     """Python-pickle CIFAR: a dict with b"data" (N x 3072 uint8) and the label list."""
+    import numpy as np
+
     with open(path, "rb") as f:
         batch = pickle.load(f, encoding="bytes")
     data = np.asarray(batch[b"data"], dtype=np.uint8)
@@ -232,6 +244,8 @@ def read_cifar_pickle(path: Path, label_key: bytes) -> tuple[np.ndarray, np.ndar
 
 def load_cifar(problem: str, data_dir: str | None, num_classes: int) -> Arrays:
     """Read either CIFAR format; per-channel statistics come from the train split."""
+    import numpy as np
+
     train_paths, test_paths, fmt, label = find_cifar_files(problem, data_dir)
     read = read_cifar_bin if fmt == "bin" else read_cifar_pickle
 

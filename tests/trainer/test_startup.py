@@ -1,6 +1,7 @@
-"""Start-up cuts (trainer/startup.py, trainer/problems.py): what each role imports, the
-digits split cache, and the `startup` event's wall and CPU phases. Each import check runs in
-a fresh interpreter, so what it finds in `sys.modules` is what the role would import."""
+"""Start-up cuts (trainer/startup.py, trainer/problems.py): what each role and the
+orchestrator import, the digits split cache, and the `startup` event's wall and CPU phases.
+Each import check runs in a fresh interpreter, so what it finds in `sys.modules` is what the
+role would import."""
 
 from __future__ import annotations
 
@@ -110,3 +111,17 @@ def test_worker_kernel_threads_share_the_host_among_its_workers() -> None:
     assert intra_op_threads(spread, 0, cpus=16) == 16  # its own VM
     assert intra_op_threads(spread, 2, cpus=16) == 8
     assert intra_op_threads(spread, 1, cpus=1) == 1  # never 0
+
+
+def test_the_orchestrators_registry_reads_import_no_numpy() -> None:
+    """The orchestrator reads the problem registry (validation, the data step) before it
+    starts the roles: numpy stays out of that critical path; a loader still has it."""
+    found = run_python("""
+import json, sys
+from trainer import problems
+needs = problems.get_problem("image_cifar10").requires_data_dir
+before = "numpy" in sys.modules
+arrays = problems.get_problem("synthetic").load(None, 0)
+print(json.dumps({"needs": needs, "numpy": before, "shape": list(arrays.input_shape)}))
+""")
+    assert found == {"needs": True, "numpy": False, "shape": [32, 32, 3]}, found
