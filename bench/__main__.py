@@ -5,8 +5,8 @@ next to a baseline taken in the same run where one exists. The sections, in the 
 order:
 
 * ``bench/throughput.py``: the local parameter-server cluster (ASP and BSP, 1 and 2 workers)
-  against a plain single-process TensorFlow loop; ASP with 1 worker (the goal figure, ≥ 0.8×)
-  several times, each run next to its own baseline;
+  against a plain single-process TensorFlow loop; ASP with 1 worker (the goal figure, ≥ 0.95×)
+  several times, interleaved with the loop, each run against the two loops around it;
 * ``bench/protocols.py``: BSP against ASP with 1 and 2 workers, PROTOCOL_REPEATS rounds, each
   ratio taken within a round, and the in-place BSP→ASP switch's overhead;
 * ``bench/startup.py``: command start → first training step over the throughput runs, next
