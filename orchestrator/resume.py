@@ -44,7 +44,6 @@ orchestrator/killpoints.py.
 
 from __future__ import annotations
 
-import csv
 import os
 import shutil
 import signal
@@ -189,18 +188,6 @@ def bucket_checkpoint_step(storage: str, run_id: str, run_dir: Path,
     return max(steps, default=0)
 
 
-def measured_steps_per_sec(run_dir: Path) -> float | None:
-    """The mean training speed the run's metrics recorded (None before any)."""
-    speeds = []
-    for row in csv.DictReader(_lines(run_dir / results.METRICS_FILE)):
-        try:
-            speeds.append(float(row.get("steps_per_sec") or 0))
-        except ValueError:
-            continue
-    speeds = [s for s in speeds if s > 0]
-    return sum(speeds) / len(speeds) if speeds else None
-
-
 def _check_composes(point: PointPlan, search: list[str]) -> None:
     """The point's recorded command line composes with this code and config (an experiment
     renamed or deleted since would fail the replay after the records were rewritten)."""
@@ -236,13 +223,6 @@ def _plan_unstarted(point: PointPlan, search: list[str]) -> dict[str, Any]:
             raise
         raise ResumeRefused(f"resume: sweep point {' '.join(point.overrides)} no longer "
                             f"composes with this code: {explain(err).line()}") from None
-
-
-def _lines(path: Path) -> list[str]:
-    try:
-        return path.read_text().splitlines()
-    except (OSError, UnicodeDecodeError):
-        return []
 
 
 def _read_yaml(path: Path) -> Any:
@@ -335,9 +315,10 @@ def inspect(target: Target, retry: bool) -> None:
         point.est_train_time_s = plan.get("est_train_time_s")
         phases = plan.get("phases") or [{}]
         point.total_steps = int(phases[-1].get("end_step") or 0)
-        point.last_step = fold_events_file(point.run_dir / results.EVENTS_FILE).attempt_reach
+        state = fold_events_file(point.run_dir / results.EVENTS_FILE)
+        point.last_step = state.attempt_reach
         if point.est_train_time_s is None and point.total_steps:  # no model: its own speed
-            sps = measured_steps_per_sec(point.run_dir)
+            sps = state.mean_steps_per_sec
             point.est_train_time_s = point.total_steps / sps if sps else None
         if point.action == RESUME:
             store = point.run_dir / results.CHECKPOINT_DIR

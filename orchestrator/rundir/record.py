@@ -156,7 +156,13 @@ class RunState:
         done = self.global_step - start
         if train_time_s and done > 0:
             return round(done / train_time_s, 4)
-        return round(self.rates_sum / self.rates_n, 4) if self.rates_n else None
+        mean = self.mean_steps_per_sec
+        return None if mean is None else round(mean, 4)
+
+    @property
+    def mean_steps_per_sec(self) -> float | None:
+        """The mean of the rates the run reported (metrics.csv's), every attempt's."""
+        return self.rates_sum / self.rates_n if self.rates_n else None
 
     def apply(self, event: Mapping[str, Any]) -> None:
         """Fold one event record (as written to events.jsonl) into the state."""

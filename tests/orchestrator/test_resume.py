@@ -349,6 +349,12 @@ def test_dry_run_says_kept_resumed_and_started_with_the_cost(tmp_path: Path, fak
     # 50 of 100 steps left at 100 s for 100 steps and $3.6/h: 50 s, $0.05
     assert "resumed from step 50 (killed at step 80, 30 steps lost); about $0.0500" in lines[1]
     assert "1 kept, 1 resumed, 0 started" in lines[2]
+    # a plan with no time model: the point's own reported speed (40 steps/s) prices the rest
+    plan = json.loads((sweep_dir / "1" / results.PLAN_FILE).read_text())
+    del plan["est_train_time_s"]
+    (sweep_dir / "1" / results.PLAN_FILE).write_text(json.dumps(plan))
+    resume.inspect(target, retry=False)
+    assert points[1].est_train_time_s == pytest.approx(100 / 40.0)
 
 
 def test_kill_point_names_are_checked() -> None:
