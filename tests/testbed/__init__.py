@@ -214,7 +214,9 @@ class HostSignals:
     def role_pids(self, host: Any) -> list[int]:
         """Live processes of the host other than its sshd and sshd's sessions: what runs
         there for a run (the host's only service is sshd)."""
-        return [p for p in self.pids(host) if not _comm(p).startswith("sshd")]
+        # a process that ended between the listing and the read of its name (an sshd session
+        # closing) has no name any more: it is gone, not left
+        return [p for p in self.pids(host) if (comm := _comm(p)) and not comm.startswith("sshd")]
 
     def processes_left(self, hosts: list[Any], within_s: float = 5.0) -> dict[str, list[int]]:
         """The role processes still alive on `hosts` once they had `within_s` to end (a
@@ -402,6 +404,7 @@ def _is_live(pid: int) -> bool:
 
 
 def _comm(pid: int) -> str:
+    """The process's name; "" when it is gone."""
     try:
         return Path(f"/proc/{pid}/comm").read_text().strip()
     except OSError:
