@@ -67,6 +67,11 @@ EVENT_TEARDOWN = "teardown"  # the hosts are being released
 EVENT_RESULT_FILE_LOST = "result_file_lost"  # file, reason, lost_bytes
 EVENT_RESUMED = "resumed"  # orchestrator/resume.py Resumption.record(): a run continued
 EVENT_KILLED = "killed"  # index.mark_killed: the orchestrator died without a summary
+#: The deployer's (orchestrator/runtime/deploy.py): one per machine and deployment once it is set
+#: up (what crossed the orchestrator's link to it: `bytes_sent`; how it got the dataset), and a
+#: role process's exit (its code), which the supervisor and the chief's watch read.
+EVENT_HOST_SETUP = "host_setup"
+EVENT_PROCESS_EXIT = "process_exit"
 
 METRICS_FIELDS = ("wall_time_s", "global_step", "steps_per_sec", "loss", "eval_accuracy")
 

@@ -41,6 +41,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from orchestrator.rundir.results import EVENT_HOST_SETUP, EVENT_PROCESS_EXIT
 from orchestrator.runtime import data
 from provisioning.base import (
     STOP_GRACE_S,
@@ -89,10 +90,6 @@ def role_lease_s(contact_grace_s: float) -> float:
     drop the provider waits out and still end once it gave up on them."""
     return LEASE_S + max(0.0, contact_grace_s)
 
-#: One per machine and deployment, once it is set up: what crossed the orchestrator's link to
-#: it meanwhile (`bytes_sent`: setup, spec, lease, data) and how it got the dataset.
-EVENT_HOST_SETUP = "host_setup"
-EVENT_PROCESS_EXIT = "process_exit"
 # Without this the trainer's stdout is block-buffered into the pipe and events arrive late.
 DEFAULT_ENV = {"PYTHONUNBUFFERED": "1"}
 _SERVER_ROLES = (Role.PS, Role.WORKER)

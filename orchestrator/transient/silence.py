@@ -38,7 +38,6 @@ from typing import Any, Protocol
 
 from orchestrator.config.schema import ExperimentConfig
 from orchestrator.rundir import results
-from orchestrator.runtime.deploy import EVENT_PROCESS_EXIT
 from orchestrator.transient.recovery import Action, RecordedEvent, RecoveryDecision
 from provisioning.base import Role
 from trainer import events
@@ -84,7 +83,7 @@ class ChiefWatch:
         now = time.monotonic() if now is None else now
         if kind == events.EVENT_TRAIN_START:
             self.heard_at, self.silent_ps = now, set()
-        elif kind in (events.EVENT_TRAIN_END, EVENT_PROCESS_EXIT):  # the exit: the deployer's event
+        elif kind in (events.EVENT_TRAIN_END, results.EVENT_PROCESS_EXIT):  # the exit: the deployer's event
             self.heard_at = None
         elif self.heard_at is not None:
             self.heard_at = now
