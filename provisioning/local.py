@@ -62,7 +62,7 @@ from provisioning.journal import (
 from provisioning.registry import register_provider
 
 LOCAL_ADDRESS = "127.0.0.1"
-#: How often wait() checks a process that has not exited yet.
+#: How often wait(timeout_s) checks a process that has not exited yet (wait() blocks instead).
 WAIT_POLL_INTERVAL_S = 0.02
 #: Default delay before a replacement host is "ready" (GCE measured 66-78 s; tests use 0).
 PROVISION_DELAY_S = 0.0
@@ -202,7 +202,12 @@ class LocalProcess(RemoteProcess):
     def wait(self, timeout_s: float | None = None) -> int:
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while (code := self.poll()) is None:
-            if deadline is not None and time.monotonic() >= deadline:
+            if deadline is None:  # block until the leader exits, left unreaped for poll() to
+                # kill its group first: a lost role's exit is seen at once, not a poll later
+                with contextlib.suppress(ChildProcessError):  # reaped meanwhile: poll() has it
+                    os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOWAIT)
+                continue
+            if time.monotonic() >= deadline:
                 raise TimeoutError(f"process {self.pid} still running after {timeout_s} s")
             time.sleep(WAIT_POLL_INTERVAL_S)
         return code

@@ -269,7 +269,7 @@ class Deployment:
         self.ready_timeout_s = ready_timeout_s
         self.stop_grace_s = stop_grace_s
         self.tasks: dict[tuple[Role, int], RoleTask] = {}
-        self._events: queue.Queue[TrainerEvent] = queue.Queue()
+        self._events: queue.Queue[TrainerEvent | None] = queue.Queue()  # None: `wake`
         self._tearing_down = threading.Event()
         self._lock = threading.Lock()
         self.lease_token = uuid.uuid4().hex[:12]  # this deployment's generation
@@ -442,16 +442,28 @@ class Deployment:
             task.ready.wait(READY_POLL_INTERVAL_S)
 
     def next_event(self, timeout_s: float | None = None) -> TrainerEvent | None:
-        """The next event, waiting up to `timeout_s` (None = forever); None if none came."""
+        """The next event, waiting up to `timeout_s` (None = forever); None if none came or
+        `wake` ended the wait."""
         try:
             return self._events.get(timeout=timeout_s)
         except queue.Empty:
             return None
 
+    def wake(self) -> None:
+        """End a `next_event` wait now (from any thread): work the waiter does between
+        events is ready (a background replacement's hosts), so it need not wait out its
+        timeout before starting their roles."""
+        self._events.put(None)
+
     def events(self, timeout_s: float) -> Iterator[TrainerEvent]:
-        """Events as they come; stops once no event arrives for `timeout_s`."""
-        while (event := self.next_event(timeout_s)) is not None:
-            yield event
+        """Events as they come (wake-ups skipped); stops once none arrives for `timeout_s`."""
+        while True:
+            try:
+                event = self._events.get(timeout=timeout_s)
+            except queue.Empty:
+                return
+            if event is not None:
+                yield event
 
     def teardown(self) -> None:
         """Stop every process on every host (chief and evaluator first, then workers and

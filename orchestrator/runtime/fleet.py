@@ -177,9 +177,15 @@ class Fleet:
         """`replace` in a background thread, with each new machine's `runner.setup()`: on a
         real cloud a VM takes minutes to create, boot and set up, and the supervisor keeps
         following events, polls and checkpoint syncs meanwhile. One at a time; the cluster
-        changes only when `finish_replace` hands the new hosts over."""
+        changes only when `finish_replace` hands the new hosts over; the running deployment's
+        `next_event` is woken when it is done, so the supervisor starts their roles at once."""
         assert self._replacing is None, "a replacement is already under way"
-        self._replacing = _Replacement(self.provider, self.cluster, list(host_ids))
+        self._replacing = _Replacement(self.provider, self.cluster, list(host_ids),
+                                       self._wake)
+
+    def _wake(self) -> None:
+        if self.deployments:
+            self.deployment.wake()
 
     @property
     def replacing(self) -> bool:
@@ -257,12 +263,16 @@ class Fleet:
 
 
 class _Replacement:
-    """`provider.replace(cluster, host_ids)` and the new machines' setup, in a thread."""
+    """`provider.replace(cluster, host_ids)` and the new machines' setup, in a thread;
+    `on_done()` once it is over, whatever the outcome."""
 
-    def __init__(self, provider: Provider, cluster: Cluster, host_ids: list[HostId]) -> None:
+    def __init__(self, provider: Provider, cluster: Cluster, host_ids: list[HostId],
+                 on_done: Callable[[], None]) -> None:
         self._provider, self._cluster, self._ids = provider, cluster, host_ids
+        self._on_done = on_done
         self.new: Cluster | None = None  # what provider.replace returned
         self.error: BaseException | None = None  # what provider.replace or a setup raised
+        self._done = threading.Event()  # set before `on_done`: the woken caller finds it over
         self._thread = threading.Thread(target=self._work, name="replace-hosts", daemon=True)
         self._thread.start()
 
@@ -275,8 +285,11 @@ class _Replacement:
                 self._provider.runner(host).setup()
         except BaseException as error:  # handed to the supervisor by `Fleet.finish_replace`
             self.error = error
+        finally:
+            self._done.set()
+            self._on_done()
 
     def finished(self, wait: bool) -> bool:
         if wait:
             self._thread.join()
-        return not self._thread.is_alive()
+        return self._done.is_set()

@@ -2,7 +2,9 @@
 recovery, stragglers and the online sync policy. A machine lost during the first deployment
 (`Supervisor.deploy`) is decided by the same recovery policies as any later loss.
 
-One loop, one thread. Each turn handles at most one trainer event, then a tick:
+One loop, one thread. Each turn handles at most one trainer event, then a tick (every TICK_S,
+and at once when a recovery decision is due or the background replacement woke the loop: a
+lost worker's replacement process starts milliseconds after its exit, not ticks later):
 
 1. the provider is polled for the whole cluster, once per POLL_INTERVAL_S (one API call,
    whatever the cluster's size): hosts that left RUNNING become losses, deduplicated against
@@ -209,10 +211,10 @@ class Supervisor:
         eval_deadline: float | None = None
         next_tick = 0.0
         while self.state.error is None:
-            event = self.fleet.deployment.next_event(TICK_S)
+            event = self.fleet.deployment.next_event(self.due_in())
             if event is not None:
                 self.handle(event)
-            if time.monotonic() >= next_tick or event is None:
+            if time.monotonic() >= next_tick or event is None or self.due_in() == 0:
                 self.tick()
                 next_tick = time.monotonic() + TICK_S
             if self.pending or self.awaiting_restart or self.held or self.replacing:
@@ -449,6 +451,15 @@ class Supervisor:
         self.apply(self.planner.retry_restart(losses, self.progress_now(losses), self.now_s()))
 
     # --- periodic checks ---------------------------------------------------------------------
+    def due_in(self) -> float:
+        """Seconds until a pending recovery decision may be executed, TICK_S at most (0: now;
+        none while a replacement is under way: one change of hosts at a time). The loop waits
+        no longer for an event, and ticks at once when one is due."""
+        if self.replacing is not None or not self.pending:
+            return TICK_S
+        first = min(d.execute_at_s for d in self.pending)
+        return min(TICK_S, max(0.0, first - self.now_s()))
+
     def tick(self) -> None:
         now = self.now_s()
         if time.monotonic() >= self.next_poll:

@@ -322,6 +322,24 @@ def test_a_replacement_is_provisioned_off_the_loop_which_keeps_following_the_run
         t.host.id for t in run.fleet.deployment.tasks.values()}
 
 
+def test_a_finished_background_replacement_wakes_the_loop_with_its_hosts_ready(fake_run):
+    """The supervisor waits for trainer events; the background replacement ends that wait
+    when it is done (the loop then starts the new host's role at once, not a tick later),
+    and its hosts are ready to hand over by then. With no role left to send an event, only
+    the wake-up can end this wait (a hang would be stopped by pytest's timeout)."""
+    run = fake_run()
+    run.fleet.deploy()
+    run.fleet.stop_roles()
+    deployment = run.fleet.deployment
+    list(deployment.events(0.5))  # drain what the stopped roles sent
+    lost = run.fleet.cluster.hosts_for(Role.WORKER)[1]
+    run.fleet.begin_replace([lost.id])
+    assert deployment.next_event(timeout_s=None) is None  # woken, not an event
+    new_hosts = run.fleet.finish_replace()
+    assert new_hosts is not None and [h.spec.name for h in new_hosts] == [lost.spec.name]
+    assert lost.id not in {h.id for h in run.fleet.cluster.hosts}
+
+
 def test_a_killed_evaluator_is_started_again_and_counted_in_the_summary(fake_run):
     """The evaluator's process killed mid-run: started again on its host, and the summary
     counts it among the roles restarted, as it would a PS or a worker."""
