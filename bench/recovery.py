@@ -185,7 +185,7 @@ def transient_lines(transient: dict[str, Any]) -> list[str]:
         "| replacement VM ready 66–78 s + TF warm start 12 s (CM-DARE) |",
         f"| worker kill → the chief knows (`worker_failure`) | "
         f"{spread(transient['worker_detect_s'])} | |",
-        f"| the replacement worker's own start-up (`startup`, at nice 10) | "
+        f"| the replacement worker's own start-up (`startup`) | "
         f"{spread(transient['replacement_startup_s'])} | |",
         f"| worker kill → the replacement's process started (`replacement_ready`) | "
         f"{spread(transient['replacement_started_s'])} | |",
@@ -212,8 +212,11 @@ def transient_lines(transient: dict[str, Any]) -> list[str]:
         f"the global steps of the next {RECOVERY_SUSTAIN_S:.0f} s reach 80 % of the rate of "
         f"the {RECOVERY_BEFORE_S:.0f} s before the kill. The survivors never stop (the "
         "coordinator reruns the lost closure at once); on shared cores what dented their rate "
-        "was the replacement's own start-up (seconds of TensorFlow import beside them), so a "
-        "server that joins a running job now imports at nice 10 (trainer/server.py). "
+        "was the replacement's own start-up (seconds of TensorFlow import beside them). A "
+        "server that joins a running job imports in a thread at nice 10 (trainer/server.py), "
+        "but where each role leads its own session and the kernel groups sessions "
+        "(autogroup, on here) that ranks it only against its own process's threads: the "
+        "survivors still share the cores with it. "
         "Where a worker kill's time goes, in order: the replacement's process started, its "
         "server up, rejoined (the chief's gRPC channel to that address reconnects on its own "
         "backoff, at most 0.2 s apart: trainer/keepalive.py), its first closures (its first "

@@ -33,7 +33,12 @@ SIGNAL_POLL_S = 0.2
 # thread at this nice value: on a shared host (the local backend: every role on the same
 # cores) its import CPU would otherwise come out of the survivors' training, which then ran
 # at ~70 % until it was done. Nice is per thread on Linux, and the server's own threads are
-# created later by the main thread, so they serve at normal priority.
+# created later by the main thread, so they serve at normal priority. Where the kernel groups
+# sessions (autogroup: /proc/sys/kernel/sched_autogroup_enabled) and the role leads its own
+# session (the local and SSH backends start it so), nice ranks the thread only against its
+# own process's threads: the survivors then share the cores with it evenly (measured,
+# docs/benchmark-history.md); the group's nice is left alone, as a starved import would only
+# delay the rejoin.
 LATE_JOIN_IMPORT_NICE = 10
 
 
