@@ -153,10 +153,12 @@ class _Launcher:
 _launcher = _Launcher()
 
 
-def _leader_exited(pid: int) -> bool:
-    """True once `pid` has exited, without reaping it: its zombie keeps the pgid from reuse."""
+def _leader_exited(pid: int, block: bool = False) -> bool:
+    """True once `pid` has exited, without reaping it: its zombie keeps the pgid from reuse.
+    `block`: wait until it has (its exit seen when it happens, not a poll later)."""
+    flags = os.WEXITED | os.WNOWAIT | (0 if block else os.WNOHANG)
     try:
-        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+        return os.waitid(os.P_PID, pid, flags) is not None
     except ChildProcessError:  # already reaped by another thread
         return True
 
@@ -202,10 +204,8 @@ class LocalProcess(RemoteProcess):
     def wait(self, timeout_s: float | None = None) -> int:
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while (code := self.poll()) is None:
-            if deadline is None:  # block until the leader exits, left unreaped for poll() to
-                # kill its group first: a lost role's exit is seen at once, not a poll later
-                with contextlib.suppress(ChildProcessError):  # reaped meanwhile: poll() has it
-                    os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOWAIT)
+            if deadline is None:  # until the leader exits, left unreaped for poll() to kill
+                _leader_exited(self.pid, block=True)  # its group first
                 continue
             if time.monotonic() >= deadline:
                 raise TimeoutError(f"process {self.pid} still running after {timeout_s} s")
